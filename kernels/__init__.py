@@ -1,0 +1,6 @@
+"""Device code for xstage: Triton kernels, one kernel family per file (installed as ``xstage.kernels``).
+
+- ``remote_store``: the X-Stage microbenchmark (bursts of stores to a peer or local buffer, gaps between them,
+  device timestamps around each burst's issue and drain).
+- ``sync``: small device-side helpers everything reuses: the global timer, the system-scope fence, flags.
+"""

@@ -1,0 +1,108 @@
+"""X-Stage microbenchmark: trains of remote-store bursts separated by compute gaps.
+
+Each program of a persistent grid issues ``N_BURSTS`` consecutive bursts of ``burst_elems`` int32 stores to a
+destination buffer — a peer GPU's buffer reached through a symmetric-memory peer pointer, or local memory as
+the control — and between bursts it leaves the store path alone for ``gap_cycles`` (it spins on its SM's
+cycle counter, as an SM busy with compute would). Around each burst it records timestamps in SM cycles
+(%clock64, fine-grained; the host converts them to ns with a calibrated clock rate and aligns programs with
+the global timer read at the program's start):
+
+  t_issue_start  before the burst's first store is issued (after a CTA barrier)
+  t_issue_end    after the burst's last store is issued by every warp of the program (CTA barrier, then timer)
+  t_drained      with ``DRAIN``: after every thread's ``fence.acq_rel.sys`` returned, i.e. the burst's stores
+                 are performed at system scope (visible at the destination)
+
+``t_issue_end - t_issue_start`` is the sender-visible issue time: short bursts cost only their issue, while a
+sustained train fills the outstanding capacity between issue and visibility (the X-Stage) and later stores
+stall. ``t_drained - t_issue_end`` is the drain side.
+
+Legend: P = programs, B = bursts in the train, N = int32 elements per program per burst, V = int32 per store
+(store width 4*V bytes), R = rows of V elements stored per program per loop step.
+
+Destination layout: ``dst[B, P, N]`` int32 (each burst writes fresh lines: a combine or an all-to-all writes
+distinct rows too). Payload: ``payload(i) = (i * 0x9E3779B1) ^ seed`` in int32 over the global element index
+``i``, computed in registers (no loads on the issue path), so the destination's contents are checkable bit for
+bit. Timestamps: ``ts[P, B, 3]`` int64 cycles; ``cal[P, 2]``: (global timer ns, cycles) at the program's start.
+
+Under Triton's interpreter (``DEVICE=False``) there is no timer (all timestamps are 0) and no gap; the data path
+is the same.
+"""
+import triton
+import triton.language as tl
+
+from .sync import clock64, fence_sys, globaltimer
+
+PAYLOAD_MULT = tl.constexpr(-1640531535)  # 0x9E3779B1 as int32: Knuth's multiplicative hash
+
+
+@triton.jit
+def payload(idx, seed):
+    """Store value for global element index ``idx`` (int64 tensor) -> int32."""
+    return (idx.to(tl.int32) * PAYLOAD_MULT) ^ seed
+
+
+@triton.jit
+def burst_gap_store_kernel(
+    dst_addr,              # int64: address of dst[B, P, N] int32 (peer pointer or local)
+    ts_ptr,                # *int64 [P, B, 3] cycles
+    cal_ptr,               # *int64 [P, 2]: global timer (ns) and cycle counter at the program's start
+    burst_elems,           # N (multiple of R*V)
+    gap_cycles,            # int64 gap after each burst (after its drain with DRAIN), in SM cycles
+    seed,                  # int32 payload seed
+    N_BURSTS: tl.constexpr,
+    V: tl.constexpr,
+    R: tl.constexpr,
+    DRAIN: tl.constexpr,
+    DEVICE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)  # symmetric buffers are 16 B aligned
+    BLOCK: tl.constexpr = R * V
+    offs = tl.arange(0, R)[:, None] * V + tl.arange(0, V)[None, :]  # [R, V]: each thread stores V contiguous
+    offs = tl.max_contiguous(tl.multiple_of(offs, [V, V]), [1, V])  # store width is exactly 4*V bytes
+    tl.store(cal_ptr + pid * 2, globaltimer(DEVICE))
+    tl.store(cal_ptr + pid * 2 + 1, clock64(DEVICE))
+    for b in range(N_BURSTS):
+        base = tl.multiple_of((b * n_prog + pid).to(tl.int64) * burst_elems, BLOCK)
+        tl.debug_barrier()
+        t0 = clock64(DEVICE)
+        for start in range(0, burst_elems, BLOCK):
+            idx = tl.multiple_of(base + start, BLOCK) + offs
+            tl.store(dst + idx, payload(idx, seed))
+        tl.debug_barrier()
+        t1 = clock64(DEVICE)
+        t2 = t1
+        if DRAIN:
+            fence_sys(DEVICE)
+            tl.debug_barrier()
+            t2 = clock64(DEVICE)
+        rec = ts_ptr + (pid * N_BURSTS + b) * 3
+        tl.store(rec + 0, t0)
+        tl.store(rec + 1, t1)
+        tl.store(rec + 2, t2)
+        if DEVICE:
+            until = t2 + gap_cycles
+            now = clock64(DEVICE)
+            while now < until:
+                now = clock64(DEVICE)
+
+
+@triton.jit
+def stream_store_kernel(
+    dst_addr,              # int64: address of dst[total] int32 (peer pointer or local)
+    elems_per_program,     # int32 elements each program writes (multiple of R*V)
+    seed,
+    V: tl.constexpr,
+    R: tl.constexpr,
+):
+    """Peak-bandwidth variant: one long burst per program, no timers (timed from the host with events)."""
+    pid = tl.program_id(0)
+    dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)
+    BLOCK: tl.constexpr = R * V
+    offs = tl.arange(0, R)[:, None] * V + tl.arange(0, V)[None, :]
+    offs = tl.max_contiguous(tl.multiple_of(offs, [V, V]), [1, V])
+    base = tl.multiple_of(pid.to(tl.int64) * elems_per_program, BLOCK)
+    for start in range(0, elems_per_program, BLOCK):
+        idx = tl.multiple_of(base + start, BLOCK) + offs
+        tl.store(dst + idx, payload(idx, seed))

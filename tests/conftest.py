@@ -1,0 +1,19 @@
+"""Markers: ``gpu`` (one CUDA GPU), ``multigpu`` (two NVLink peers), ``browser``; skipped where missing."""
+import os
+import shutil
+
+import pytest
+import torch
+
+import xstage  # noqa: F401  (turns on the Triton interpreter on CPU-only machines before kernels load)
+
+
+def pytest_collection_modifyitems(config, items):
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if "gpu" in item.keywords and n < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "multigpu" in item.keywords and n < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2 CUDA GPUs, {n} visible"))
+        if "browser" in item.keywords and not (shutil.which("chromium") or os.environ.get("XSTAGE_CHROMIUM")):
+            item.add_marker(pytest.mark.skip(reason="needs a headless Chromium"))

@@ -1,0 +1,179 @@
+"""xstage reproduce: parameter checks before anything runs, and one end-to-end run on tiny notebooks."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from xstage import reproduce
+from xstage.report import export_figure, find_chrome, write_index
+
+PARAMS = '''source: str = "auto"  # gpu | recorded | simulated | auto
+burst_kib: int = 64  # burst size
+gap_us = 2.5
+sizes = [1, 2, 4]
+verbose = False
+label: str | None = None
+'''
+
+FIGURE_CELL = '''import plotly.graph_objects as go
+from xstage.report import export_figure
+fig = go.Figure(go.Scatter(x=sizes, y=[burst_kib * s for s in sizes]))
+export_figure(fig, "tiny", "A tiny figure.", provenance={"machine": "testbox"}, paper="1.18x", ours="1.20x")
+print("burst_kib", burst_kib, "source", source)
+'''
+
+
+def make_notebook(path: Path, parameters: str, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    pcell = nbformat.v4.new_code_cell(parameters)
+    pcell.metadata["tags"] = ["parameters"]
+    nb.cells = [pcell] + [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture
+def nbdir(tmp_path: Path) -> Path:
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    make_notebook(d / "01_tiny.ipynb", PARAMS, "x = burst_kib * 2")
+    make_notebook(d / "02_other.ipynb", "n_boot = 10\n", "y = n_boot")
+    (d / "scratch.ipynb").write_text("not a study notebook: not NN_*", encoding="utf-8")
+    return d
+
+
+def test_declared_types(nbdir: Path) -> None:
+    params = reproduce.inspect_parameters(nbdir / "01_tiny.ipynb")
+    assert {k: v["type"] for k, v in params.items()} == {
+        "source": "str", "burst_kib": "int", "gap_us": "float", "sizes": "list[int]", "verbose": "bool",
+        "label": "str | None"}
+
+
+def test_discovery_sorted_and_filtered(nbdir: Path) -> None:
+    assert [p.name for p in reproduce.discover_notebooks(nbdir)] == ["01_tiny.ipynb", "02_other.ipynb"]
+    assert [p.name for p in reproduce.discover_notebooks(nbdir, ["02"])] == ["02_other.ipynb"]
+    with pytest.raises(reproduce.ParameterError, match="matches no notebook"):
+        reproduce.discover_notebooks(nbdir, ["nope"])
+
+
+def test_unknown_parameter_is_rejected_before_running(nbdir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    rc = reproduce.main(["--notebooks", str(nbdir), "--out", str(out), "-p", "burst_kb", "64"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "unknown parameter 'burst_kb'" in err
+    assert "burst_kib" in err and "n_boot" in err  # lists the valid names
+    assert not out.exists()
+
+
+def test_ill_typed_value_is_rejected(nbdir: Path, tmp_path: Path, capsys) -> None:
+    rc = reproduce.main(["--notebooks", str(nbdir), "--out", str(tmp_path / "run"), "-p", "burst_kib", "banana"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err == "error: parameter 'burst_kib' expects int, got 'banana'"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("gap_us", "fast", "parameter 'gap_us' expects float, got 'fast'"),
+    ("verbose", "maybe", "parameter 'verbose' expects bool, got 'maybe'"),
+    ("sizes", "1,two", "parameter 'sizes' expects list[int], got '1,two'"),
+    ("source", "cloud", "parameter 'source' expects one of auto, gpu, recorded, simulated, got 'cloud'"),
+])
+def test_ill_typed_values(nbdir: Path, name: str, value: str, message: str) -> None:
+    with pytest.raises(reproduce.ParameterError) as exc:
+        reproduce.resolve_parameters(reproduce.discover_notebooks(nbdir), {name: value})
+    assert str(exc.value) == message
+
+
+def test_values_convert_to_declared_types(nbdir: Path, tmp_path: Path) -> None:
+    yaml_file = tmp_path / "params.yaml"
+    yaml_file.write_text("gap_us: 3\nsizes: [8, 16]\nn_boot: 200\n", encoding="utf-8")
+    args = reproduce.argparse.ArgumentParser()
+    reproduce.add_arguments(args)
+    ns = args.parse_args(["--notebooks", str(nbdir), "-f", str(yaml_file), "-p", "n_boot", "50",
+                          "-p", "verbose", "true", "-p", "label", "none", "--source", "simulated"])
+    notebooks = reproduce.discover_notebooks(nbdir)
+    resolved = reproduce.resolve_parameters(notebooks, reproduce._overrides(ns))
+    assert resolved[notebooks[0]] == {"gap_us": 3.0, "sizes": [8, 16], "verbose": True, "label": None,
+                                      "source": "simulated"}
+    assert resolved[notebooks[1]] == {"n_boot": 50}  # -p wins over -f; only declared names are injected
+    # source defaults to "auto", injected only where declared
+    resolved = reproduce.resolve_parameters(notebooks, {"sizes": "1,2,4"})
+    assert resolved[notebooks[0]] == {"source": "auto", "sizes": [1, 2, 4]}
+    assert resolved[notebooks[1]] == {}
+
+
+def test_bad_parameters_file(nbdir: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n", encoding="utf-8")
+    assert reproduce.main(["--notebooks", str(nbdir), "-f", str(bad)]) == 2
+    assert "must be a mapping" in capsys.readouterr().err
+
+
+def test_export_figure_outside_a_run_writes_nothing(monkeypatch, tmp_path: Path) -> None:
+    go = pytest.importorskip("plotly.graph_objects")
+    monkeypatch.delenv("XSTAGE_RUN_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    fig = go.Figure()
+    assert export_figure(fig, "nothing", "caption") is fig
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(find_chrome() is None, reason="no Chrome/Chromium for kaleido")
+def test_export_figure_png(monkeypatch, tmp_path: Path) -> None:
+    go = pytest.importorskip("plotly.graph_objects")
+    monkeypatch.setenv("XSTAGE_RUN_DIR", str(tmp_path))
+    monkeypatch.delenv("XSTAGE_NO_PNG", raising=False)
+    export_figure(go.Figure(go.Bar(y=[1, 3, 2])), "bars", "Bars.", paper="3")
+    png = tmp_path / "figures" / "bars.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rec = json.loads((tmp_path / "figures" / "manifest.jsonl").read_text().splitlines()[-1])
+    assert rec["png"] == "figures/bars.png"
+    assert "bars.png" in write_index(tmp_path).read_text()
+
+
+def test_reproduce_end_to_end(tmp_path: Path, monkeypatch, capsys) -> None:
+    pytest.importorskip("papermill")
+    monkeypatch.setenv("XSTAGE_NO_PNG", "1")  # PNG export has its own (browser) test; keep this one fast
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    make_notebook(d / "01_figure.ipynb", PARAMS, FIGURE_CELL)
+    make_notebook(d / "02_broken.ipynb", "n_boot = 10\n", "raise ValueError('deliberate failure')")
+    run = tmp_path / "run"
+
+    rc = reproduce.main(["--notebooks", str(d), "--out", str(run), "-p", "burst_kib", "128",
+                         "--timeout", "120"])
+    out = capsys.readouterr().out
+    assert rc == 1  # 02 failed ...
+
+    for name in ("01_figure.ipynb", "01_figure.html", "02_broken.ipynb", "02_broken.html", "summary.csv",
+                 "run.json", "index.html", "figures/tiny.html", "figures/tiny.json", "figures/plotly.min.js",
+                 "figures/manifest.jsonl"):
+        assert (run / name).is_file(), name
+    rows = list(csv.DictReader((run / "summary.csv").open()))
+    assert [(r["notebook"], r["source"], r["status"]) for r in rows] == [
+        ("01_figure", "auto", "ok"), ("02_broken", "auto", "failed")]  # ... and 01 still ran
+    assert "deliberate failure" in rows[1]["error"]
+    assert "01_figure" in out and "failed" in out
+
+    executed = nbformat.read(str(run / "01_figure.ipynb"), as_version=4)
+    outputs = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+    assert "burst_kib 128 source auto" in outputs
+
+    (rec,) = [json.loads(line) for line in (run / "figures" / "manifest.jsonl").read_text().splitlines()]
+    assert rec["name"] == "tiny" and rec["notebook"] == "01_figure" and rec["paper"] == "1.18x"
+    assert rec["provenance"]["machine"] == "testbox" and "date_utc" in rec["provenance"]
+    fig_html = (run / "figures" / "tiny.html").read_text()
+    assert 'src="plotly.min.js"' in fig_html and "cdn.plot.ly" not in fig_html
+    index = (run / "index.html").read_text()
+    assert "A tiny figure." in index and "1.18x" in index and "1.20x" in index and "testbox" in index
+    assert "figures/plotly.min.js" in index and "02_broken.html" in index

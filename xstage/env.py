@@ -1,0 +1,100 @@
+"""Where we are running: GPUs or not, the interpreter, the machine's name, and provenance for recorded data."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("auto", "gpu", "recorded", "simulated")
+# Multicast (NVLS) stays off: a program using it can take a shared host's GPUs out of service.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def apply_safe_env() -> None:
+    for k, v in SAFE_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def interpreted() -> bool:
+    """True when Triton kernels run in the CPU interpreter (no device timers, no inline PTX)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def require_gpus(n: int, what: str) -> None:
+    """Clear error before any launch when ``what`` needs ``n`` GPUs and fewer are visible."""
+    have = gpu_count()
+    if have < n:
+        raise RuntimeError(f"{what} needs {n} CUDA GPU(s) (NVLink peers for remote stores); {have} visible. "
+                           f"Use source='recorded' to replay data/ or source='simulated' for the model.")
+
+
+def resolve_source(source: str, gpus_needed: int = 2) -> str:
+    """``auto`` -> ``gpu`` when enough GPUs are visible, else ``recorded``; other values are checked."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if source == "auto":
+        return "gpu" if gpu_count() >= gpus_needed else "recorded"
+    if source == "gpu":
+        require_gpus(gpus_needed, "source='gpu'")
+    return source
+
+
+def machine_name() -> str:
+    """Short name of this machine's GPUs, e.g. ``h200x2`` (the folder under data/)."""
+    n = gpu_count()
+    if n == 0:
+        return "cpu"
+    name = torch.cuda.get_device_name(0).lower().replace("nvidia", "").strip().split()[0]
+    return f"{name}x{n}"
+
+
+def _git_commit() -> str:
+    if os.environ.get("XSTAGE_GIT_COMMIT"):
+        return os.environ["XSTAGE_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(command: str, params: dict) -> dict:
+    """Everything a recorded file's JSON sidecar says about where its numbers came from."""
+    import triton
+
+    n = gpu_count()
+    props = torch.cuda.get_device_properties(0) if n else None
+    return {
+        "machine": machine_name(),
+        "gpu_name": torch.cuda.get_device_name(0) if n else "none",
+        "gpu_count": n,
+        "sm_count": props.multi_processor_count if props else 0,
+        "driver": _driver() if n else "none",
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "params": params,
+    }

@@ -1,0 +1,154 @@
+"""Host side of the X-Stage microbenchmark: validated launchers, the reference, and one measurement.
+
+Kernel -> launcher -> reference, in that order (the kernels are in ``xstage.kernels.remote_store``).
+Legend: P = programs, B = bursts per train, N = int32 elements per program per burst, W = world size.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from . import env
+from .kernels.remote_store import burst_gap_store_kernel, stream_store_kernel
+from .kernels.sync import clock_calibration_kernel
+
+STORE_BYTES = (4, 8, 16)
+TARGETS = ("remote", "local")
+NUM_WARPS = 4
+MAX_BURST_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class BurstGapPoint:
+    """One configuration of the burst-gap microbenchmark (a row key in recorded data)."""
+
+    target: str          # "remote": peer (rank + 1) % W through NVLink; "local": this GPU's memory (control)
+    programs: int        # P issuing programs (persistent CTAs)
+    burst_bytes: int     # bytes each program stores per burst
+    gap_ns: int          # time between one burst's end (or drain) and the next burst
+    store_bytes: int     # bytes per store instruction per thread (4, 8 or 16)
+    n_bursts: int        # B consecutive bursts per launch
+    drain: bool          # also wait for each burst to be performed at system scope (fence), timing the drain
+
+    def validate(self, max_programs: int | None = None) -> None:
+        """Raise ValueError with the offending field before anything launches."""
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+        if self.store_bytes not in STORE_BYTES:
+            raise ValueError(f"store_bytes must be one of {STORE_BYTES}, got {self.store_bytes}")
+        if self.programs < 1 or (max_programs is not None and self.programs > max_programs):
+            raise ValueError(f"programs must be in [1, {max_programs}], got {self.programs}")
+        if self.n_bursts < 1:
+            raise ValueError(f"n_bursts must be >= 1, got {self.n_bursts}")
+        if self.gap_ns < 0:
+            raise ValueError(f"gap_ns must be >= 0, got {self.gap_ns}")
+        if not (self.store_bytes <= self.burst_bytes <= MAX_BURST_BYTES):
+            raise ValueError(f"burst_bytes must be in [{self.store_bytes}, {MAX_BURST_BYTES}], got {self.burst_bytes}")
+        if self.burst_bytes & (self.burst_bytes - 1):
+            raise ValueError(f"burst_bytes must be a power of two, got {self.burst_bytes}")
+
+    @property
+    def dst_elems(self) -> int:
+        return self.n_bursts * self.programs * self.burst_bytes // 4
+
+    def key(self) -> tuple:
+        return tuple(asdict(self).values())
+
+
+def _rows_per_step(burst_elems: int, v: int, num_warps: int) -> int:
+    return min(32 * num_warps, burst_elems // v)
+
+
+def calibrate_clock(device: torch.device, spin_ns: int = 20_000_000) -> dict:
+    """SM cycles per ns (over a ``spin_ns`` spin) and the global timer's resolution; 1.0 / 0 when interpreted."""
+    if env.interpreted():
+        return {"cycles_per_ns": 1.0, "globaltimer_tick_ns": 0}
+    out = torch.zeros(5, dtype=torch.int64, device=device)
+    clock_calibration_kernel[(1,)](out, spin_ns, DEVICE=True, num_warps=1)
+    g0, g1, c0, c1, tick = out.tolist()
+    return {"cycles_per_ns": (c1 - c0) / (g1 - g0), "globaltimer_tick_ns": tick}
+
+
+def launch_burst_gap(dst_addr: int, ts: torch.Tensor, cal: torch.Tensor, p: BurstGapPoint, seed: int,
+                     cycles_per_ns: float = 1.0) -> None:
+    """Launch one train of bursts into the buffer at ``dst_addr`` (int32 [B, P, N]); timestamps into ``ts``
+    (int64 [P, B, 3], cycles) and ``cal`` (int64 [P, 2])."""
+    p.validate()
+    if ts.dtype != torch.int64 or ts.numel() < p.programs * p.n_bursts * 3:
+        raise ValueError(f"ts must be int64 with >= {p.programs * p.n_bursts * 3} elements")
+    if cal.dtype != torch.int64 or cal.numel() < p.programs * 2:
+        raise ValueError(f"cal must be int64 with >= {p.programs * 2} elements")
+    device_timers = not env.interpreted()
+    if p.drain and not device_timers:
+        raise ValueError("drain timing needs a GPU (fence and timers are inline PTX)")
+    n = p.burst_bytes // 4
+    v = p.store_bytes // 4
+    burst_gap_store_kernel[(p.programs,)](
+        dst_addr, ts, cal, n, int(round(p.gap_ns * cycles_per_ns)), seed,
+        N_BURSTS=p.n_bursts, V=v, R=_rows_per_step(n, v, NUM_WARPS), DRAIN=p.drain, DEVICE=device_timers,
+        num_warps=NUM_WARPS,
+    )
+
+
+def launch_stream(dst_addr: int, programs: int, bytes_per_program: int, store_bytes: int = 16, rows: int = 128,
+                  num_warps: int = NUM_WARPS, seed: int = 0) -> None:
+    """One long burst per program (peak-bandwidth measurement); ``rows`` x ``store_bytes`` per loop step."""
+    v = store_bytes // 4
+    if store_bytes not in STORE_BYTES or bytes_per_program % (rows * store_bytes):
+        raise ValueError(f"bytes_per_program ({bytes_per_program}) must be a multiple of rows*store_bytes "
+                         f"({rows}*{store_bytes}); store_bytes in {STORE_BYTES}")
+    stream_store_kernel[(programs,)](dst_addr, bytes_per_program // 4, seed, V=v, R=rows, num_warps=num_warps)
+
+
+# ----------------------------------------------------------------------------------------------- reference
+def payload_reference(start: int, count: int, seed: int) -> torch.Tensor:
+    """The kernel's payload for global element indices [start, start+count), exactly (int32 wraparound)."""
+    idx = torch.arange(start, start + count, dtype=torch.int64)
+    val = ((idx & 0xFFFFFFFF) * 0x9E3779B1 & 0xFFFFFFFF) ^ (seed & 0xFFFFFFFF)
+    return torch.where(val >= 2**31, val - 2**32, val).to(torch.int32)
+
+
+POISON = -0x21524111  # 0xDEADBEEF as int32: what an unwritten element still holds
+
+
+def check_destination(buf: torch.Tensor, p: BurstGapPoint, seed: int) -> None:
+    """Bit-exact check of a destination buffer against the payload; raises naming the first bad element."""
+    got = buf[: p.dst_elems].cpu()
+    want = payload_reference(0, p.dst_elems, seed)
+    bad = torch.nonzero(got != want)
+    if bad.numel():
+        i = int(bad[0])
+        n = p.burst_bytes // 4
+        b, rest = divmod(i, p.programs * n)
+        prog, off = divmod(rest, n)
+        unwritten = int((got == POISON).sum())
+        raise AssertionError(f"{bad.numel()} of {p.dst_elems} elements differ ({unwritten} still poisoned); first "
+                             f"at burst {b}, program {prog}, element {off}: got {int(got[i])}, want {int(want[i])}")
+
+
+# ------------------------------------------------------------------------------------ one measurement
+def to_ns(ts: np.ndarray, cal: np.ndarray, cycles_per_ns: float) -> np.ndarray:
+    """ts[P, B, 3] cycles -> ns on the global timer's time base, using each program's start (cal[P, 2])."""
+    g0, c0 = cal[:, 0].astype(np.float64), cal[:, 1].astype(np.float64)
+    return g0[:, None, None] + (ts.astype(np.float64) - c0[:, None, None]) / cycles_per_ns
+
+
+def summarize_timestamps(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
+    """ts_ns[P, B, 3] (ns) -> per-burst statistics over programs, each an array of length B."""
+    t0, t1, t2 = ts_ns[..., 0], ts_ns[..., 1], ts_ns[..., 2]
+    issue = t1 - t0
+    gap = np.full(t0.shape[1], np.nan)
+    if t0.shape[1] > 1:
+        gap[1:] = np.median(t0[:, 1:] - t2[:, :-1], axis=0)
+    return {
+        "issue_ns": np.median(issue, axis=0),
+        "issue_ns_max": issue.max(axis=0),
+        "issue_ns_min": issue.min(axis=0),
+        "span_ns": t1.max(axis=0) - t0.min(axis=0),
+        "drain_ns": np.median(t2 - t1, axis=0),
+        "drain_ns_max": (t2 - t1).max(axis=0),
+        "gap_meas_ns": gap,
+        "start_skew_ns": t0.max(axis=0) - t0.min(axis=0),
+    }

@@ -1,0 +1,325 @@
+"""Figure export and the run folder's report.
+
+A notebook makes a plotly figure and hands it to :func:`export_figure`, which returns it unchanged so the
+cell still displays it. When ``XSTAGE_RUN_DIR`` is set (``xstage reproduce`` / ``make reproduce`` set it),
+the figure is also written into the run folder::
+
+    <run>/figures/plotly.min.js     one copy of plotly.js shared by every page (no network needed to view)
+    <run>/figures/<name>.html       the interactive figure
+    <run>/figures/<name>.json       the figure itself (index.html inlines it)
+    <run>/figures/<name>.png        static image, when a Chrome/Chromium is there for kaleido
+    <run>/figures/manifest.jsonl    one JSON line per exported figure: caption, notebook, provenance, paper
+
+:func:`write_index` then writes ``<run>/index.html``: the notebooks' summary table and every figure with its
+caption, its provenance and the paper's number beside ours. Outside a run nothing is written.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_ENV = "XSTAGE_RUN_DIR"
+NOTEBOOK_ENV = "XSTAGE_NOTEBOOK"
+PLOTLY_JS = "plotly.min.js"
+MANIFEST = "manifest.jsonl"
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# provenance keys shown first, in this order, under each figure (the rest follow)
+_PROVENANCE_ORDER = ("machine", "gpu_name", "gpu_count", "driver", "cuda", "torch", "triton", "python",
+                     "git_commit", "date_utc", "source", "command")
+
+_png_note_printed = False
+_kaleido_server_started = False
+
+
+def run_dir() -> Path | None:
+    """The run folder from ``XSTAGE_RUN_DIR``, or None outside a reproduce run."""
+    value = os.environ.get(RUN_DIR_ENV, "").strip()
+    return Path(value) if value else None
+
+
+def find_chrome() -> str | None:
+    """Path of a Chrome/Chromium that kaleido can drive for PNG export, or None."""
+    if os.environ.get("BROWSER_PATH"):
+        return os.environ["BROWSER_PATH"]
+    for exe in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
+        path = shutil.which(exe)
+        if path:
+            return path
+    try:  # kaleido's own search (typical install locations, a browser it downloaded itself)
+        from choreographer.browsers.chromium import Chromium
+
+        return Chromium.find_browser(skip_local=False)
+    except Exception:  # noqa: BLE001 - any failure just means "no browser"
+        return None
+
+
+def _note(msg: str) -> None:
+    print(f"note: {msg}", file=sys.stderr)
+
+
+def _default_provenance() -> dict[str, Any]:
+    """Where the figure was rendered: machine, GPUs, versions, commit, date (xstage.env.provenance)."""
+    try:
+        from xstage import env
+
+        prov = env.provenance(command=f"notebook {os.environ.get(NOTEBOOK_ENV, '?')}", params={})
+        prov.pop("params", None)
+        return prov
+    except Exception as exc:  # noqa: BLE001 - provenance must never break a figure
+        import platform
+
+        return {"python": platform.python_version(),
+                "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "provenance_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _jsonable(obj: Any) -> Any:
+    try:
+        json.dumps(obj)
+        return obj
+    except TypeError:
+        if isinstance(obj, dict):
+            return {str(k): _jsonable(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple, set)):
+            return [_jsonable(v) for v in obj]
+        if hasattr(obj, "item"):  # numpy / torch scalars
+            try:
+                return obj.item()
+            except Exception:  # noqa: BLE001
+                pass
+        return str(obj)
+
+
+def _ensure_plotly_js(figdir: Path) -> None:
+    target = figdir / PLOTLY_JS
+    if target.exists():
+        return
+    from plotly.offline import get_plotlyjs
+
+    tmp = figdir / f".{PLOTLY_JS}.{os.getpid()}.tmp"
+    tmp.write_text(get_plotlyjs(), encoding="utf-8")
+    os.replace(tmp, target)  # atomic: two notebooks may race here
+
+
+def _write_png(fig, path: Path) -> bool:
+    """PNG through kaleido; False (with one note line) when no browser or export fails."""
+    global _png_note_printed, _kaleido_server_started
+    if os.environ.get("XSTAGE_NO_PNG"):
+        return False
+    chrome = find_chrome()
+    if not chrome:
+        if not _png_note_printed:
+            _note("PNG export skipped: no Chrome/Chromium found for kaleido (install Debian's 'chromium' or set "
+                  "BROWSER_PATH); the HTML figures are written anyway.")
+            _png_note_printed = True
+        return False
+    os.environ.setdefault("BROWSER_PATH", chrome)
+    try:
+        if not _kaleido_server_started:
+            try:
+                import kaleido
+
+                kaleido.start_sync_server(silence_warnings=True)  # one browser for all figures: ~0.2 s each
+            except Exception:  # noqa: BLE001 - fall back to a browser per image
+                pass
+            _kaleido_server_started = True
+        fig.write_image(str(path))
+        return True
+    except Exception as exc:  # noqa: BLE001
+        _note(f"PNG export of {path.name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return False
+
+
+def export_figure(fig, name: str, caption: str, provenance: dict | None = None, paper: str | None = None,
+                  *, ours: str | None = None):
+    """Write ``fig`` into the run folder (if any) and return it, so a cell can end with this call.
+
+    name:       file stem, e.g. ``"fig3_backpressure"`` (letters, digits, ``_ . -``).
+    caption:    one or two sentences shown under the figure in index.html.
+    provenance: where the numbers came from, e.g. the JSON sidecar of the recorded data; its keys override
+                the rendering machine's (machine, GPU, versions, commit, date) collected here.
+    paper:      the paper's number for this figure, e.g. ``"1.18x geomean, 1.62x max (84 configs)"``.
+    ours:       our number for the same quantity, shown beside the paper's.
+    """
+    run = run_dir()
+    if run is None:
+        return fig
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"figure name {name!r}: use letters, digits, '_', '.', '-' (it becomes a file name)")
+    figdir = run / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    _ensure_plotly_js(figdir)
+    fig.write_html(str(figdir / f"{name}.html"), include_plotlyjs=PLOTLY_JS, full_html=True,
+                   div_id=f"fig-{name}")
+    (figdir / f"{name}.json").write_text(fig.to_json(), encoding="utf-8")
+    png = _write_png(fig, figdir / f"{name}.png")
+
+    prov = _default_provenance()
+    prov.update(provenance or {})
+    record = {
+        "name": name,
+        "caption": caption,
+        "notebook": os.environ.get(NOTEBOOK_ENV) or None,
+        "provenance": _jsonable(prov),
+        "paper": None if paper is None else str(paper),
+        "ours": None if ours is None else str(ours),
+        "html": f"figures/{name}.html",
+        "json": f"figures/{name}.json",
+        "png": f"figures/{name}.png" if png else None,
+        "exported_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    with open(figdir / MANIFEST, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=False) + "\n")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- index.html
+
+def read_manifest(run: Path) -> list[dict]:
+    """Figures of a run, last export of each name wins, in first-export order."""
+    path = Path(run) / "figures" / MANIFEST
+    if not path.exists():
+        return []
+    records: dict[str, dict] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            records[rec["name"]] = rec
+    return list(records.values())
+
+
+def _read_summary(run: Path) -> list[dict]:
+    path = Path(run) / "summary.csv"
+    if not path.exists():
+        return []
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _provenance_html(prov: dict) -> str:
+    if not prov:
+        return ""
+    keys = [k for k in _PROVENANCE_ORDER if k in prov] + [k for k in prov if k not in _PROVENANCE_ORDER]
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(json.dumps(prov[k]) if isinstance(prov[k], (dict, list)) else prov[k])}</td></tr>"
+                   for k in keys)
+    gpu = prov.get("gpu_name")
+    short = " · ".join(_e(x) for x in (
+        prov.get("machine"),
+        f"{gpu} x{prov.get('gpu_count')}" if gpu and gpu != "none" else None,
+        f"torch {prov['torch']}" if prov.get("torch") else None,
+        f"triton {prov['triton']}" if prov.get("triton") else None,
+        prov.get("date_utc"),
+    ) if x)
+    return f"<details class='prov'><summary>provenance: {short}</summary><table>{rows}</table></details>"
+
+
+def _figure_html(run: Path, rec: dict) -> str:
+    name = rec["name"]
+    body = ""
+    jpath = run / rec.get("json", f"figures/{name}.json")
+    if jpath.exists():
+        try:
+            import plotly.io as pio
+
+            fig = pio.from_json(jpath.read_text(encoding="utf-8"))
+            body = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"fig-{name}")
+        except Exception:  # noqa: BLE001 - fall back to the standalone page
+            body = ""
+    if not body:
+        body = f"<iframe src='{_e(rec.get('html'))}' loading='lazy'></iframe>"
+    links = [f"<a href='{_e(rec.get('html'))}'>html</a>"]
+    if rec.get("png"):
+        links.append(f"<a href='{_e(rec['png'])}'>png</a>")
+    numbers = ""
+    if rec.get("paper") or rec.get("ours"):
+        numbers = ("<table class='numbers'><tr><th>paper</th><th>ours</th></tr>"
+                   f"<tr><td>{_e(rec.get('paper') or '—')}</td><td>{_e(rec.get('ours') or '(see figure)')}</td></tr>"
+                   "</table>")
+    nb = f" <span class='nb'>from {_e(rec['notebook'])}</span>" if rec.get("notebook") else ""
+    return (f"<section class='figure' id='{_e(name)}'><h3>{_e(name)}{nb}</h3>{body}"
+            f"<p class='caption'>{_e(rec.get('caption'))}</p>{numbers}"
+            f"{_provenance_html(rec.get('provenance') or {})}<p class='links'>{' · '.join(links)}</p></section>")
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
+.summary td.failed{color:#b00;font-weight:bold}.summary td.ok{color:#070}
+.figure{border-top:1px solid #ddd;margin-top:1.5em;padding-top:.5em}.nb{font-weight:normal;color:#666;font-size:.8em}
+.caption{font-style:italic}.prov{font-size:.85em;color:#444}.numbers td{font-weight:bold}
+iframe{width:100%;height:520px;border:0}
+"""
+
+
+def write_index(run: Path) -> Path:
+    """Write ``<run>/index.html``: the notebooks' summary table, then every exported figure."""
+    run = Path(run)
+    run.mkdir(parents=True, exist_ok=True)
+    figures = read_manifest(run)
+    summary = _read_summary(run)
+    meta = {}
+    if (run / "run.json").exists():
+        try:
+            meta = json.loads((run / "run.json").read_text(encoding="utf-8"))
+        except ValueError:
+            meta = {}
+
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>xstage run {_e(run.name)}</title>"
+             f"<style>{_CSS}</style>"]
+    if figures and (run / "figures" / PLOTLY_JS).exists():
+        parts.append(f"<script src='figures/{PLOTLY_JS}'></script>")
+    parts.append(f"</head><body><h1>xstage run {_e(run.name)}</h1>")
+    if meta:
+        bits = [f"{_e(k)}: {_e(meta[k])}" for k in ("started_utc", "host", "python", "git_commit", "only") if meta.get(k)]
+        if meta.get("parameters"):
+            bits.append(f"parameters: {_e(json.dumps(meta['parameters']))}")
+        parts.append("<p>" + "<br>".join(bits) + "</p>")
+
+    parts.append("<h2>Notebooks</h2>")
+    if summary:
+        cols = [c for c in ("notebook", "source", "seconds", "status") if c in summary[0]]
+        parts.append("<table class='summary'><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>")
+        for row in summary:
+            cells = []
+            for c in cols:
+                val = row.get(c, "")
+                if c == "notebook" and (run / f"{val}.html").exists():
+                    cells.append(f"<td><a href='{_e(val)}.html'>{_e(val)}</a></td>")
+                elif c == "status":
+                    cls = "ok" if val == "ok" else "failed"
+                    title = f" title='{_e(row.get('error'))}'" if row.get("error") else ""
+                    cells.append(f"<td class='{cls}'{title}>{_e(val)}</td>")
+                else:
+                    cells.append(f"<td>{_e(val)}</td>")
+            parts.append("<tr>" + "".join(cells) + "</tr>")
+        parts.append("</table>")
+    else:
+        parts.append("<p>(no summary.csv in this run)</p>")
+
+    parts.append(f"<h2>Figures ({len(figures)})</h2>")
+    if not figures:
+        parts.append("<p>No figure was exported in this run.</p>")
+    parts.extend(_figure_html(run, rec) for rec in figures)
+    parts.append("</body></html>")
+    out = run / "index.html"
+    out.write_text("\n".join(parts), encoding="utf-8")
+    return out
+
+
+if __name__ == "__main__":  # python -m xstage.report RUN_DIR  -> (re)write RUN_DIR/index.html
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m xstage.report RUN_DIR")
+    print(write_index(Path(sys.argv[1])))

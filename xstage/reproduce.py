@@ -1,0 +1,456 @@
+"""Reproduce the figures: run every study notebook into a fresh run folder and write its report.
+
+    python -m xstage.reproduce                       # all notebooks/NN_*.ipynb, source=auto
+    python -m xstage.reproduce --only 02 -p n_boot 200
+    python -m xstage.reproduce -f params.yaml --source recorded
+
+Each run gets ``runs/<UTC timestamp>/`` (or ``--out``) holding the executed notebooks and their HTML, the
+figures (see xstage.report), ``summary.csv``, ``run.json`` and ``index.html``. Overrides are checked against
+every selected notebook's ``parameters`` cell before anything runs: an unknown name or a value that does not
+convert to the declared type exits with status 2 and one line. A failing notebook does not stop the others;
+the exit status is 1 if any failed.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from xstage.env import SOURCES
+
+NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
+DEFAULT_SOURCE = "auto"
+_PKG_PARENT = Path(__file__).resolve().parent.parent  # the repo root in a checkout / editable install
+
+
+class ParameterError(ValueError):
+    """A bad override: unknown name, or a value that does not fit the declared type."""
+
+
+# ------------------------------------------------------------------------------------------- discovery
+
+def repo_root() -> Path:
+    """The checkout this package lives in; the current directory when installed elsewhere."""
+    return _PKG_PARENT if (_PKG_PARENT / "notebooks").is_dir() else Path.cwd()
+
+
+def discover_notebooks(directory: Path | None = None, only: list[str] | None = None) -> list[Path]:
+    """``notebooks/NN_*.ipynb`` sorted; ``only`` keeps those whose name contains any of the given strings."""
+    directory = Path(directory) if directory else repo_root() / "notebooks"
+    if not directory.is_dir():
+        raise ParameterError(f"notebook folder {directory} does not exist")
+    found = sorted(directory.glob(NOTEBOOK_GLOB))
+    if not found:
+        raise ParameterError(f"no notebooks matching {NOTEBOOK_GLOB} in {directory}")
+    if only:
+        wanted = [w.strip().lower() for item in only for w in item.split(",") if w.strip()]
+        picked = [p for p in found if any(w in p.stem.lower() for w in wanted)]
+        if not picked:
+            raise ParameterError(f"--only {','.join(wanted)} matches no notebook "
+                                 f"(available: {', '.join(p.stem for p in found)})")
+        found = picked
+    return found
+
+
+# ------------------------------------------------------------------------------------------- parameter types
+
+_SIMPLE = {"int": "int", "float": "float", "bool": "bool", "str": "str", "list": "list", "tuple": "list",
+           "sequence": "list", "dict": "dict", "mapping": "dict"}
+
+
+def _split_optional(ann: str) -> tuple[str, bool]:
+    ann = ann.strip()
+    m = re.fullmatch(r"(?:typing\.)?Optional\[(.*)\]", ann)
+    if m:
+        return m.group(1).strip(), True
+    m = re.fullmatch(r"(?:typing\.)?Union\[(.*)\]", ann)
+    parts = [p.strip() for p in (m.group(1) if m else ann).split("|" if not m else ",")]
+    if len(parts) > 1 and any(p in ("None", "NoneType") for p in parts):
+        rest = [p for p in parts if p not in ("None", "NoneType")]
+        if len(rest) == 1:
+            return rest[0], True
+    return ann, False
+
+
+def _from_annotation(ann: str) -> str | None:
+    """'int', 'list[int]', 'Optional[float]', 'str | None' ... -> a type spec; None if not understood."""
+    base, optional = _split_optional(ann)
+    base = re.sub(r"^(typing|collections\.abc)\.", "", base)
+    m = re.fullmatch(r"(\w+)(?:\[(.*)\])?", base)
+    if not m:
+        return None
+    head, inner = m.group(1).lower(), m.group(2)
+    kind = _SIMPLE.get(head)
+    if kind is None:
+        return None
+    if kind == "list" and inner:
+        elem = _from_annotation(inner.split(",")[0])  # tuple[int, ...] -> int
+        if elem in ("int", "float", "bool", "str"):
+            kind = f"list[{elem}]"
+    return f"{kind} | None" if optional else kind
+
+
+def _from_default(default: str | None) -> str:
+    try:
+        value = ast.literal_eval(default) if default is not None else None
+    except (ValueError, SyntaxError, TypeError):
+        return "any"
+    if value is None:
+        return "any"
+    for typ, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (dict, "dict")):
+        if isinstance(value, typ):
+            return name
+    if isinstance(value, (list, tuple)):
+        kinds = {_from_default(repr(v)) for v in value}
+        if len(kinds) == 1 and (k := kinds.pop()) in ("int", "float", "bool", "str"):
+            return f"list[{k}]"
+        if kinds == {"int", "float"}:
+            return "list[float]"
+        return "list"
+    return "any"
+
+
+def declared_type(param: dict) -> str:
+    """Type spec of one ``papermill.inspect_notebook`` entry: its annotation, else its default's type."""
+    ann = param.get("inferred_type_name")
+    if ann and ann != "None":
+        spec = _from_annotation(ann)
+        if spec:
+            return spec
+    return _from_default(param.get("default"))
+
+
+_TRUE = {"true", "yes", "on", "1", "y", "t"}
+_FALSE = {"false", "no", "off", "0", "n", "f"}
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError):
+        try:
+            import yaml
+
+            return yaml.safe_load(text)
+        except Exception:  # noqa: BLE001
+            return text
+
+
+def _convert(value: Any, spec: str) -> Any:
+    """Convert ``value`` (a CLI string or a YAML value) to ``spec``; raise ValueError if it does not fit."""
+    if spec.endswith(" | None"):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "")):
+            return None
+        return _convert(value, spec[: -len(" | None")])
+    if spec == "any":
+        return _literal(value) if isinstance(value, str) else value
+    if spec == "int":
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                return int(text)
+            except ValueError:
+                return int(text, 0)  # 0x40, 1_024
+        raise ValueError
+    if spec == "float":
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip())
+        raise ValueError
+    if spec == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError
+    if spec == "str":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ValueError
+    if spec == "dict":
+        if isinstance(value, str):
+            value = _literal(value)
+        if isinstance(value, dict):
+            return value
+        raise ValueError
+    if spec.startswith("list"):
+        elem = spec[5:-1] if spec.startswith("list[") else "any"
+        if isinstance(value, str):
+            text = value.strip()
+            parsed = _literal(text) if text.startswith(("[", "(")) else None
+            if isinstance(parsed, (list, tuple)):
+                items = list(parsed)
+            elif text == "":
+                items = []
+            else:  # "1,2,4" or a single value
+                items = [t.strip() for t in text.split(",")]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        elif value is not None and not isinstance(value, dict):
+            items = [value]
+        else:
+            raise ValueError
+        return [_convert(v, elem) for v in items]
+    raise ValueError(f"unsupported type {spec}")
+
+
+def convert_value(name: str, value: Any, spec: str) -> Any:
+    """``_convert`` with the user-facing message: ``parameter 'x' expects int, got 'banana'``."""
+    try:
+        out = _convert(value, spec)
+    except (ValueError, TypeError, OverflowError):
+        raise ParameterError(f"parameter {name!r} expects {spec}, got {value!r}") from None
+    if name == "source" and out not in SOURCES:
+        raise ParameterError(f"parameter 'source' expects one of {', '.join(SOURCES)}, got {value!r}")
+    return out
+
+
+def inspect_parameters(notebook: Path) -> dict[str, dict]:
+    """Declared parameters of a notebook: name -> papermill's entry plus ``type`` (our type spec)."""
+    import papermill
+
+    params = papermill.inspect_notebook(str(notebook))
+    for entry in params.values():
+        entry["type"] = declared_type(entry)
+    return params
+
+
+def resolve_parameters(notebooks: list[Path], overrides: dict[str, Any],
+                       declared: dict[Path, dict[str, dict]] | None = None) -> dict[Path, dict[str, Any]]:
+    """Per-notebook parameters to inject, validated before anything runs.
+
+    Each override goes to the notebooks that declare it, converted to that notebook's declared type;
+    ``source`` is injected as ``auto`` into notebooks that declare it unless overridden.
+    Raises ParameterError for a name no selected notebook declares or a value that does not convert.
+    """
+    declared = declared if declared is not None else {nb: inspect_parameters(nb) for nb in notebooks}
+    valid = sorted({name for params in declared.values() for name in params})
+    for name in overrides:
+        if name not in valid:
+            raise ParameterError(f"unknown parameter {name!r}: no selected notebook declares it "
+                                 f"(valid: {', '.join(valid) or 'none'})")
+    resolved: dict[Path, dict[str, Any]] = {}
+    for nb in notebooks:
+        params = declared[nb]
+        inject = {}
+        if "source" in params and "source" not in overrides:
+            inject["source"] = DEFAULT_SOURCE
+        for name, value in overrides.items():
+            if name in params:
+                inject[name] = convert_value(name, value, params[name]["type"])
+        resolved[nb] = inject
+    return resolved
+
+
+def load_parameters_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ParameterError(f"cannot read parameters file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ParameterError(f"parameters file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ParameterError(f"parameters file {path} must be a mapping of parameter name to value")
+    return data
+
+
+# ------------------------------------------------------------------------------------------- running
+
+def _new_run_dir(base: Path) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run = base / stamp
+    i = 1
+    while run.exists():
+        run = base / f"{stamp}-{i}"
+        i += 1
+    run.mkdir(parents=True)
+    return run
+
+
+def _git_commit(root: Path) -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _to_html(executed: Path) -> None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(executed), as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    executed.with_suffix(".html").write_text(body, encoding="utf-8")
+
+
+def _error_line(exc: BaseException) -> str:
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if ename:  # papermill.PapermillExecutionError: the notebook's own exception
+        return f"{ename}: {evalue}".strip().splitlines()[0]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def execute(notebooks: list[Path], params: dict[Path, dict[str, Any]], run: Path, timeout: int) -> list[dict]:
+    """Run each notebook with papermill into ``run``; never stops on a failure. Returns the summary rows."""
+    import papermill
+    from tqdm.auto import tqdm
+
+    rows = []
+    saved = {k: os.environ.get(k) for k in ("XSTAGE_RUN_DIR", "XSTAGE_NOTEBOOK", "PYTHONPATH")}
+    os.environ["XSTAGE_RUN_DIR"] = str(run.resolve())
+    # the kernel imports the same xstage as this process, installed or not
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PKG_PARENT), saved["PYTHONPATH"]) if p)
+    try:
+        bar = tqdm(notebooks, desc="notebooks", unit="nb", file=sys.stderr)
+        for nb in bar:
+            bar.set_postfix_str(nb.stem)
+            os.environ["XSTAGE_NOTEBOOK"] = nb.stem
+            out = run / nb.name
+            t0 = time.perf_counter()
+            status, error = "ok", ""
+            try:
+                papermill.execute_notebook(str(nb), str(out), parameters=params[nb], kernel_name="python3",
+                                           execution_timeout=timeout, progress_bar=False, cwd=str(nb.parent))
+            except Exception as exc:  # noqa: BLE001 - one failing notebook must not stop the others
+                status, error = "failed", _error_line(exc)
+            seconds = round(time.perf_counter() - t0, 1)
+            if out.exists():
+                try:
+                    _to_html(out)
+                except Exception as exc:  # noqa: BLE001
+                    tqdm.write(f"note: HTML of {out.name} not written: {_error_line(exc)}", file=sys.stderr)
+            rows.append({"notebook": nb.stem, "source": params[nb].get("source", DEFAULT_SOURCE),
+                         "seconds": seconds, "status": status, "error": error})
+            tqdm.write(f"{nb.stem}: {status} in {seconds:.1f} s" + (f" - {error}" if error else ""),
+                       file=sys.stderr)
+        bar.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--notebooks", type=Path, metavar="DIR",
+                        help="folder of NN_*.ipynb notebooks (default: the checkout's notebooks/)")
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="run only notebooks whose name contains NAME, e.g. 01 or fit (repeatable, or a,b)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="run folder (default: runs/<UTC timestamp>/ in the checkout)")
+    parser.add_argument("--source", choices=SOURCES,
+                        help="data source for every notebook that declares `source` (default: auto)")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", dest="parameters", default=[],
+                        metavar=("NAME", "VALUE"), help="override a notebook parameter (repeatable)")
+    parser.add_argument("-f", "--parameters-file", type=Path, metavar="YAML",
+                        help="overrides from a YAML mapping; -p and --source win over it")
+    parser.add_argument("--timeout", type=int, default=600, metavar="S",
+                        help="per-cell execution timeout in seconds (default: 600)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the selected notebooks and their parameters, run nothing")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if args.parameters_file:
+        overrides.update(load_parameters_file(args.parameters_file))
+    if args.source:
+        overrides["source"] = args.source
+    for name, value in args.parameters:
+        overrides[name] = value
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        notebooks = discover_notebooks(args.notebooks, args.only)
+        declared = {nb: inspect_parameters(nb) for nb in notebooks}
+        if args.list:
+            for nb in notebooks:
+                print(nb.stem)
+                for name, p in declared[nb].items():
+                    print(f"    {name}: {p['type']} = {p['default']}" + (f"  # {p['help']}" if p["help"] else ""))
+            return 0
+        overrides = _overrides(args)
+        params = resolve_parameters(notebooks, overrides, declared)
+    except ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    root = repo_root()
+    if args.out:
+        run_folder = Path(args.out)
+        run_folder.mkdir(parents=True, exist_ok=True)
+    else:
+        run_folder = _new_run_dir(root / "runs")
+    meta = {
+        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "git_commit": _git_commit(root),
+        "only": args.only,
+        "parameters": dict(overrides),
+        "notebooks": [nb.stem for nb in notebooks],
+    }
+    (run_folder / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+    print(f"run folder: {run_folder}", file=sys.stderr)
+
+    rows = execute(notebooks, params, run_folder, args.timeout)
+
+    import pandas as pd
+
+    from xstage.report import write_index
+
+    table = pd.DataFrame(rows, columns=["notebook", "source", "seconds", "status", "error"])
+    table.to_csv(run_folder / "summary.csv", index=False)
+    print(table[["notebook", "source", "seconds", "status"]].to_string(index=False))
+    for row in rows:
+        if row["status"] != "ok":
+            print(f"{row['notebook']} failed: {row['error']} (see {run_folder / (row['notebook'] + '.html')})")
+    index = write_index(run_folder)
+    print(f"report: {index}")
+    return 1 if any(r["status"] != "ok" for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xstage reproduce", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
