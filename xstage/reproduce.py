@@ -226,11 +226,38 @@ def convert_value(name: str, value: Any, spec: str) -> Any:
     return out
 
 
+def _ast_parameters(notebook: Path) -> dict[str, dict]:
+    """Top-level assignments of the ``parameters`` cell, in papermill's entry format (a fallback)."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    cell = next((c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        return {}
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError:  # magics etc.: papermill's answer stands
+        return {}
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            name, ann = node.target.id, ast.unparse(node.annotation)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, ann = node.targets[0].id, "None"
+        else:
+            continue
+        found[name] = {"name": name, "inferred_type_name": ann, "help": "",
+                       "default": ast.get_source_segment(cell.source, node.value)}
+    return found
+
+
 def inspect_parameters(notebook: Path) -> dict[str, dict]:
     """Declared parameters of a notebook: name -> papermill's entry plus ``type`` (our type spec)."""
     import papermill
 
     params = papermill.inspect_notebook(str(notebook))
+    for name, entry in _ast_parameters(notebook).items():
+        params.setdefault(name, entry)  # papermill skips e.g. `x: int | None = None`
     for entry in params.values():
         entry["type"] = declared_type(entry)
     return params

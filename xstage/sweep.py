@@ -163,6 +163,7 @@ def burst_gap_job(world, grid: BurstGapGrid, folder: str, meta: dict, check: boo
 def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", params=None, command: str = "") -> Path:
     """Run (or resume) the burst-gap sweep into ``out``; returns the CSV path. Validates before launching."""
     out = Path(out)
+    grid.validate()  # parameters first (with a nominal 132-SM GPU), then the hardware
     if source == "gpu":
         env.require_gpus(grid.world_size, "the burst-gap sweep")
         sms = torch.cuda.get_device_properties(0).multi_processor_count
