@@ -106,3 +106,25 @@ def stream_store_kernel(
     for start in range(0, elems_per_program, BLOCK):
         idx = tl.multiple_of(base + start, BLOCK) + offs
         tl.store(dst + idx, payload(idx, seed))
+
+
+@triton.jit
+def stream_store_tma_kernel(
+    dst_addr,              # int64: address of dst[total] int32 (peer pointer or local)
+    elems_per_program,     # int32 elements each program writes (multiple of R*C)
+    seed,
+    R: tl.constexpr,       # rows per bulk store
+    C: tl.constexpr,       # int32 per row (C*4 bytes inner box)
+):
+    """Peak-bandwidth variant through the bulk tensor copy engine (TMA): registers -> shared -> one
+    ``cp.async.bulk.tensor`` store of an [R, C] tile per step, so the fabric sees whole-tile writes instead of
+    per-thread 16-byte stores. Same payload as the other kernels."""
+    pid = tl.program_id(0)
+    dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)
+    rows_total = elems_per_program // C
+    base = pid.to(tl.int64) * elems_per_program
+    desc = tl.make_tensor_descriptor(dst + base, shape=[rows_total, C], strides=[C, 1], block_shape=[R, C])
+    offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    for r0 in range(0, rows_total, R):
+        idx = base + r0 * C + offs
+        desc.store([r0, 0], payload(idx, seed))

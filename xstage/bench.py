@@ -38,11 +38,12 @@ def median(xs: list[float]) -> float:
 BW_PROGRAMS_PER_SM = (1, 2, 4, 8)
 BW_WARPS = (4, 8, 16)
 BW_UNROLL = (1, 2, 4)
+BW_TMA_ROWS = (16, 32, 64)
 
 
 def bandwidth_worker(world, out_rows: list, bytes_per_program: int = 4 << 20, reps: int = 10) -> None:
     """Rank 0 measures; the others wait. Appends rows (schema ``bandwidth``) to ``out_rows`` on rank 0."""
-    from .remote_store import launch_stream
+    from .remote_store import launch_stream, launch_stream_tma, payload_reference
 
     rank, dev = world.local_ranks[0], world.device(0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -64,6 +65,23 @@ def bandwidth_worker(world, out_rows: list, bytes_per_program: int = 4 << 20, re
                         rows += [dict(method="sm_store", target=target, programs=programs, num_warps=warps, rows=r,
                                       store_bytes=16, bytes=total, repeat=i, ms=m, gbps=total / m / 1e6)
                                  for i, m in enumerate(ms)]
+            for pps in BW_PROGRAMS_PER_SM[:3]:
+                for tile_rows in BW_TMA_ROWS:
+                    programs, total = pps * sms, pps * sms * bytes_per_program
+                    ms = time_ms(lambda: launch_stream_tma(addr, programs, bytes_per_program, tile_rows, 64),
+                                 reps=reps)
+                    rows += [dict(method="sm_tma_store", target=target, programs=programs, num_warps=4,
+                                  rows=tile_rows, store_bytes=tile_rows * 256, bytes=total, repeat=i, ms=m,
+                                  gbps=total / m / 1e6) for i, m in enumerate(ms)]
+        # both store paths write the payload bit for bit (checked on the local target)
+        for launch in (lambda: launch_stream(local.data_ptr(), sms, bytes_per_program, seed=11),
+                       lambda: launch_stream_tma(local.data_ptr(), sms, bytes_per_program, seed=11)):
+            local.fill_(-1)
+            launch()
+            torch.cuda.synchronize()
+            n = sms * bytes_per_program // 4
+            if not torch.equal(local[:n].cpu(), payload_reference(0, n, 11)):
+                raise AssertionError("stream store kernel wrote wrong data")
         # copy engine: a cross-device copy in this process (cudaMemcpyPeerAsync), same byte counts
         for total in sorted({pps * sms * bytes_per_program for pps in BW_PROGRAMS_PER_SM}):
             src = torch.randint(-2**31, 2**31 - 1, (total // 4,), dtype=torch.int32, device=dev)

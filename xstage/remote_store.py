@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import env
-from .kernels.remote_store import burst_gap_store_kernel, stream_store_kernel
+from .kernels.remote_store import burst_gap_store_kernel, stream_store_kernel, stream_store_tma_kernel
 from .kernels.sync import clock_calibration_kernel
 
 STORE_BYTES = (4, 8, 16)
@@ -100,6 +100,23 @@ def launch_stream(dst_addr: int, programs: int, bytes_per_program: int, store_by
         raise ValueError(f"bytes_per_program ({bytes_per_program}) must be a multiple of rows*store_bytes "
                          f"({rows}*{store_bytes}); store_bytes in {STORE_BYTES}")
     stream_store_kernel[(programs,)](dst_addr, bytes_per_program // 4, seed, V=v, R=rows, num_warps=num_warps)
+
+
+def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def launch_stream_tma(dst_addr: int, programs: int, bytes_per_program: int, rows: int = 32, cols: int = 64,
+                      num_warps: int = NUM_WARPS, seed: int = 0) -> None:
+    """One long burst per program through TMA bulk stores of [rows, cols] int32 tiles."""
+    import triton
+
+    if bytes_per_program % (rows * cols * 4) or cols * 4 % 16 or cols > 256 or rows > 256:
+        raise ValueError(f"bytes_per_program ({bytes_per_program}) must be a multiple of rows*cols*4 "
+                         f"({rows}*{cols}*4); cols*4 a multiple of 16; rows, cols <= 256")
+    triton.set_allocator(_tma_scratch)  # device-side tensor descriptors need a little global scratch
+    stream_store_tma_kernel[(programs,)](dst_addr, bytes_per_program // 4, seed, R=rows, C=cols,
+                                         num_warps=num_warps)
 
 
 # ----------------------------------------------------------------------------------------------- reference

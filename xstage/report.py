@@ -130,7 +130,11 @@ def _write_png(fig, path: Path) -> bool:
             except Exception:  # noqa: BLE001 - fall back to a browser per image
                 pass
             _kaleido_server_started = True
-        fig.write_image(str(path))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The kopts argument is ignored")  # plotly+kaleido server
+            fig.write_image(str(path))
         return True
     except Exception as exc:  # noqa: BLE001
         _note(f"PNG export of {path.name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

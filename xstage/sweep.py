@@ -124,15 +124,16 @@ def burst_gap_job(world, grid: BurstGapGrid, folder: str, meta: dict, check: boo
     sms = torch.cuda.get_device_properties(world.device(0)).multi_processor_count if not world.emulated else 4
     points = grid.points(sms)
     csv = Path(folder) / f"{data.BURST_GAP.name}.csv"
-    todo_flags = [None]
+    todo_flags, seed = [None], random.randrange(2**30)
     if rank0:
         meta = {**meta, "sm_count": sms}
         data.start_file(folder, data.BURST_GAP, meta)
         done = data.done_keys(csv, data.BURST_GAP)
-        todo_flags = [[p.key() not in done for p in points]]
-    if not world.emulated:
+        todo_flags = [([p.key() not in done for p in points], seed)]
+    if not world.emulated:  # every rank needs the same todo list and seeds (receivers check senders' payloads)
         world.dist.broadcast_object_list(todo_flags, src=0)
-    todo = [p for p, t in zip(points, todo_flags[0]) if t]
+    flags, seed = todo_flags[0]
+    todo = [p for p, t in zip(points, flags) if t]
     if not todo:
         return
     clock = {r: calibrate_clock(world.device(r)) for r in world.local_ranks}
@@ -147,11 +148,11 @@ def burst_gap_job(world, grid: BurstGapGrid, folder: str, meta: dict, check: boo
     symm, local = allocate(world, todo)
     if check:  # bit-exact destinations before any timing: one small and one large point per target
         for t in grid.targets:
-            for p in (todo[0], todo[-1]):
-                check_point(world, symm, local, replace(p, target=t, drain=False), seed=random.randrange(2**31))
+            for i, p in enumerate((todo[0], todo[-1])):
+                check_point(world, symm, local, replace(p, target=t, drain=False), seed=seed + 7919 * i)
     bar = tqdm(todo, desc="burst-gap", disable=not rank0, file=sys.stderr, mininterval=2)
-    for p in bar:
-        df = measure_point(world, symm, local, p, grid.repeats, seed=random.randrange(2**31), clock=clock)
+    for i, p in enumerate(bar):
+        df = measure_point(world, symm, local, p, grid.repeats, seed=seed + i, clock=clock)
         parts = [df]
         if not world.emulated:
             parts = [None] * world.world_size
