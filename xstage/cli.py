@@ -13,6 +13,7 @@ anything launches; errors are one line, exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     command = "xstage " + shlex.join(argv)
+    if os.environ.get("OUT"):  # the device machine's output folder: record it as $OUT, not as a local path
+        command = command.replace(os.environ["OUT"].rstrip("/") + "/", "$OUT/")
     try:
         if args.cmd == "sweep":
             from .sweep import BurstGapGrid, run_burst_gap

@@ -148,8 +148,11 @@ def check_destination(buf: torch.Tensor, p: BurstGapPoint, seed: int) -> None:
 # ------------------------------------------------------------------------------------ one measurement
 def to_ns(ts: np.ndarray, cal: np.ndarray, cycles_per_ns: float) -> np.ndarray:
     """ts[P, B, 3] cycles -> ns on the global timer's time base, using each program's start (cal[P, 2])."""
-    g0, c0 = cal[:, 0].astype(np.float64), cal[:, 1].astype(np.float64)
-    return g0[:, None, None] + (ts.astype(np.float64) - c0[:, None, None]) / cycles_per_ns
+    # Subtract in int64 first: the global timer counts ns since the epoch (~1.8e18), where a float64 step is
+    # 256 ns. Times are relative to the launch's earliest program start.
+    g0 = (cal[:, 0] - cal[:, 0].min()).astype(np.float64)
+    cycles = (ts - cal[:, 1][:, None, None]).astype(np.float64)
+    return g0[:, None, None] + cycles / cycles_per_ns
 
 
 def summarize_timestamps(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
