@@ -329,12 +329,39 @@ def _git_commit(root: Path) -> str | None:
         return None
 
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _plotly_outputs_as_html(nb) -> bool:
+    """Give plotly's mimetype-only outputs an HTML rendering (nbconvert cannot draw the mimetype)."""
+    import plotly.io as pio
+
+    found = False
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if PLOTLY_MIME in data and "text/html" not in data:
+                data["text/html"] = pio.to_html(dict(data[PLOTLY_MIME]), include_plotlyjs=False,
+                                                full_html=False, validate=False, default_height=525)
+                found = True
+    return found
+
+
 def _to_html(executed: Path) -> None:
+    """``<run>/<notebook>.html``; plotly figures use the run's one ``figures/plotly.min.js`` (works offline)."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    from xstage.report import PLOTLY_JS, _ensure_plotly_js
+
     nb = nbformat.read(str(executed), as_version=4)
+    has_plotly = _plotly_outputs_as_html(nb)
     body, _ = HTMLExporter().from_notebook_node(nb)
+    if has_plotly:
+        figdir = executed.parent / "figures"
+        figdir.mkdir(exist_ok=True)
+        _ensure_plotly_js(figdir)
+        body = body.replace("</head>", f'<script src="figures/{PLOTLY_JS}"></script>\n</head>', 1)
     executed.with_suffix(".html").write_text(body, encoding="utf-8")
 
 
