@@ -22,8 +22,8 @@ label: str | None = None
 FIGURE_CELL = '''import plotly.graph_objects as go
 from xstage.report import export_figure
 fig = go.Figure(go.Scatter(x=sizes, y=[burst_kib * s for s in sizes]))
-export_figure(fig, "tiny", "A tiny figure.", provenance={"machine": "testbox"}, paper="1.18x", ours="1.20x")
 print("burst_kib", burst_kib, "source", source)
+export_figure(fig, "tiny", "A tiny figure.", provenance={"machine": "testbox"}, paper="1.18x", ours="1.20x")
 '''
 
 
@@ -168,6 +168,8 @@ def test_reproduce_end_to_end(tmp_path: Path, monkeypatch, capsys) -> None:
     executed = nbformat.read(str(run / "01_figure.ipynb"), as_version=4)
     outputs = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
     assert "burst_kib 128 source auto" in outputs
+    nb_html = (run / "01_figure.html").read_text()  # the displayed figure, drawn offline by the run's plotly.js
+    assert "plotly-graph-div" in nb_html and 'src="figures/plotly.min.js"' in nb_html
 
     (rec,) = [json.loads(line) for line in (run / "figures" / "manifest.jsonl").read_text().splitlines()]
     assert rec["name"] == "tiny" and rec["notebook"] == "01_figure" and rec["paper"] == "1.18x"

@@ -137,7 +137,8 @@ def _write_png(fig, path: Path) -> bool:
             fig.write_image(str(path))
         return True
     except Exception as exc:  # noqa: BLE001
-        _note(f"PNG export of {path.name} skipped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _note(f"PNG export of {path.name} skipped: {type(exc).__name__}: {first}")
         return False
 
 
@@ -217,8 +218,10 @@ def _provenance_html(prov: dict) -> str:
     if not prov:
         return ""
     keys = [k for k in _PROVENANCE_ORDER if k in prov] + [k for k in prov if k not in _PROVENANCE_ORDER]
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(json.dumps(prov[k]) if isinstance(prov[k], (dict, list)) else prov[k])}</td></tr>"
-                   for k in keys)
+    def cell(v: Any) -> str:
+        return _e(json.dumps(v) if isinstance(v, (dict, list)) else v)
+
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{cell(prov[k])}</td></tr>" for k in keys)
     gpu = prov.get("gpu_name")
     short = " · ".join(_e(x) for x in (
         prov.get("machine"),
@@ -287,7 +290,8 @@ def write_index(run: Path) -> Path:
         parts.append(f"<script src='figures/{PLOTLY_JS}'></script>")
     parts.append(f"</head><body><h1>xstage run {_e(run.name)}</h1>")
     if meta:
-        bits = [f"{_e(k)}: {_e(meta[k])}" for k in ("started_utc", "host", "python", "git_commit", "only") if meta.get(k)]
+        keys = ("started_utc", "host", "python", "git_commit", "only")
+        bits = [f"{_e(k)}: {_e(meta[k])}" for k in keys if meta.get(k)]
         if meta.get("parameters"):
             bits.append(f"parameters: {_e(json.dumps(meta['parameters']))}")
         parts.append("<p>" + "<br>".join(bits) + "</p>")
