@@ -11,6 +11,8 @@ the global timer read at the program's start):
   t_issue_end    after the burst's last store is issued by every warp of the program (CTA barrier, then timer)
   t_drained      with ``DRAIN``: after every thread's ``fence.acq_rel.sys`` returned, i.e. the burst's stores
                  are performed at system scope (visible at the destination)
+  t_released     with ``SYNC``: after a grid-wide barrier, so that every program starts its gap and its next
+                 burst together (without it, programs drift apart over a train and stop contending)
 
 ``t_issue_end - t_issue_start`` is the sender-visible issue time: short bursts cost only their issue, while a
 sustained train fills the outstanding capacity between issue and visibility (the X-Stage) and later stores
@@ -22,7 +24,7 @@ Legend: P = programs, B = bursts in the train, N = int32 elements per program pe
 Destination layout: ``dst[B, P, N]`` int32 (each burst writes fresh lines: a combine or an all-to-all writes
 distinct rows too). Payload: ``payload(i) = (i * 0x9E3779B1) ^ seed`` in int32 over the global element index
 ``i``, computed in registers (no loads on the issue path), so the destination's contents are checkable bit for
-bit. Timestamps: ``ts[P, B, 3]`` int64 cycles; ``cal[P, 2]``: (global timer ns, cycles) at the program's start.
+bit. Timestamps: ``ts[P, B, 4]`` int64 cycles; ``cal[P, 2]``: (global timer ns, cycles) at the program's start.
 
 Under Triton's interpreter (``DEVICE=False``) there is no timer (all timestamps are 0) and no gap; the data path
 is the same.
@@ -44,15 +46,19 @@ def payload(idx, seed):
 @triton.jit
 def burst_gap_store_kernel(
     dst_addr,              # int64: address of dst[B, P, N] int32 (peer pointer or local)
-    ts_ptr,                # *int64 [P, B, 3] cycles
+    ts_ptr,                # *int64 [P, B, 4] cycles: issue start, issue end, drained, released (gap start)
     cal_ptr,               # *int64 [P, 2]: global timer (ns) and cycle counter at the program's start
+    bar_ptr,               # *int32 [B] grid-barrier arrival counters (zeroed by the host), used with SYNC
+    status_ptr,            # *int64 [P, 2] (burst + 1, arrivals seen) of a grid barrier that timed out; 0 if none
     burst_elems,           # N (multiple of R*V)
-    gap_cycles,            # int64 gap after each burst (after its drain with DRAIN), in SM cycles
+    gap_cycles,            # int64 gap after each burst (after its drain / barrier), in SM cycles
     seed,                  # int32 payload seed
+    max_polls,             # bound on each grid-barrier spin
     N_BURSTS: tl.constexpr,
     V: tl.constexpr,
     R: tl.constexpr,
     DRAIN: tl.constexpr,
+    SYNC: tl.constexpr,    # grid barrier after each burst: every program starts its gap (and next burst) together
     DEVICE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -77,12 +83,26 @@ def burst_gap_store_kernel(
             fence_sys(DEVICE)
             tl.debug_barrier()
             t2 = clock64(DEVICE)
-        rec = ts_ptr + (pid * N_BURSTS + b) * 3
+        t3 = t2
+        if SYNC and DEVICE:  # bounded grid barrier (all P programs must be resident; a timeout is reported)
+            tl.atomic_add(bar_ptr + b, 1, sem="release", scope="gpu")
+            seen = tl.atomic_add(bar_ptr + b, 0, sem="acquire", scope="gpu")
+            polls = 0
+            while (seen < n_prog) & (polls < max_polls):
+                seen = tl.atomic_add(bar_ptr + b, 0, sem="acquire", scope="gpu")
+                polls += 1
+            if seen < n_prog:
+                tl.store(status_ptr + pid * 2, (b + 1).to(tl.int64))
+                tl.store(status_ptr + pid * 2 + 1, seen.to(tl.int64))
+            tl.debug_barrier()
+            t3 = clock64(DEVICE)
+        rec = ts_ptr + (pid * N_BURSTS + b) * 4
         tl.store(rec + 0, t0)
         tl.store(rec + 1, t1)
         tl.store(rec + 2, t2)
+        tl.store(rec + 3, t3)
         if DEVICE:
-            until = t2 + gap_cycles
+            until = t3 + gap_cycles
             now = clock64(DEVICE)
             while now < until:
                 now = clock64(DEVICE)

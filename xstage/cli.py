@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--bursts", type=int, default=d.n_bursts)
     bg.add_argument("--repeats", type=int, default=d.repeats)
     bg.add_argument("--drain", action="store_true", help="time each burst's drain (fence) instead of pure issue")
+    bg.add_argument("--no-sync", action="store_true",
+                    help="no grid barrier between bursts (programs drift apart: the free-running variant)")
     bg.add_argument("--world-size", type=int, default=d.world_size)
     bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu")
 
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
             grid = BurstGapGrid(burst_kib=args.burst_kib, gap_us=args.gap_us, programs=args.programs,
                                 store_bytes=args.store_bytes, targets=args.targets, n_bursts=args.bursts,
-                                repeats=args.repeats, drain=(True,) if args.drain else (False,),
+                                repeats=args.repeats, drain=(True,) if args.drain else (False,), sync=not args.no_sync,
                                 world_size=args.world_size)
             print(run_burst_gap(grid, args.out, source=args.source, command=command))
         elif args.cmd == "bench":

@@ -36,13 +36,16 @@ class Schema:
 
 
 BURST_GAP = Schema(
-    "burst_gap", 1,
+    "burst_gap", 2,
     {"target": "str", "programs": "int64", "burst_bytes": "int64", "gap_ns": "int64", "store_bytes": "int64",
-     "n_bursts": "int64", "drain": "bool", "rank": "int64", "repeat": "int64", "burst": "int64",
+     "n_bursts": "int64", "drain": "bool", "sync": "bool", "rank": "int64", "repeat": "int64", "burst": "int64",
      "issue_ns": "float64", "issue_ns_max": "float64", "issue_ns_min": "float64", "span_ns": "float64",
      "drain_ns": "float64", "drain_ns_max": "float64", "gap_meas_ns": "float64", "start_skew_ns": "float64"},
-    ("target", "programs", "burst_bytes", "gap_ns", "store_bytes", "n_bursts", "drain"),
+    ("target", "programs", "burst_bytes", "gap_ns", "store_bytes", "n_bursts", "drain", "sync"),
 )
+# Older schema versions that load with a documented migration (the file itself is never rewritten):
+#   burst_gap v1 had no grid barrier between bursts, so every v1 row is sync=False.
+MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False)}
 
 BANDWIDTH = Schema(
     "bandwidth", 1,
@@ -94,6 +97,8 @@ def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
     meta = {**meta, "schema": schema.name, "schema_version": schema.version}
     if csv.exists() and side.exists():
         old = read_meta(side, schema)
+        if old["schema_version"] != schema.version:
+            raise DataError(f"{csv} holds schema v{old['schema_version']}; record v{schema.version} elsewhere")
         old.setdefault("runs", []).append({k: meta[k] for k in ("git_commit", "date_utc", "command", "params")})
         meta = old
     elif csv.exists():
@@ -134,19 +139,23 @@ def read_meta(side: Path, schema: Schema) -> dict:
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise DataError(f"{side} lacks provenance fields {missing}")
+    if meta["schema"] == schema.name and (schema.name, meta["schema_version"]) in MIGRATIONS:
+        return meta
     if meta["schema"] != schema.name or meta["schema_version"] != schema.version:
         raise DataError(f"{side} holds schema {meta['schema']!r} v{meta['schema_version']}, "
                         f"expected {schema.name!r} v{schema.version}")
     return meta
 
 
-def read_rows(csv: Path, schema: Schema) -> pd.DataFrame:
+def read_rows(csv: Path, schema: Schema, version: int | None = None) -> pd.DataFrame:
     if not csv.is_file():
         raise DataError(f"missing data file {csv}")
     try:
         df = pd.read_csv(csv)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise DataError(f"{csv} is not a readable CSV: {e}") from e
+    if version is not None and version != schema.version:
+        df = MIGRATIONS[(schema.name, version)](df)
     missing = [c for c in schema.columns if c not in df.columns]
     if missing:
         raise DataError(f"{csv} lacks columns {missing} (schema {schema.name} v{schema.version})")
@@ -161,7 +170,7 @@ def load(folder: Path | str, schema: Schema = BURST_GAP) -> tuple[pd.DataFrame, 
     """Rows and provenance of one recorded study; clear errors naming the file."""
     csv, side = paths(folder, schema)
     meta = read_meta(side, schema)
-    return read_rows(csv, schema), meta
+    return read_rows(csv, schema, meta["schema_version"]), meta
 
 
 def done_keys(csv: Path, schema: Schema) -> set[tuple]:

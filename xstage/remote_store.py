@@ -31,6 +31,7 @@ class BurstGapPoint:
     store_bytes: int     # bytes per store instruction per thread (4, 8 or 16)
     n_bursts: int        # B consecutive bursts per launch
     drain: bool          # also wait for each burst to be performed at system scope (fence), timing the drain
+    sync: bool = True    # grid barrier after each burst: all programs start each gap and burst together
 
     def validate(self, max_programs: int | None = None) -> None:
         """Raise ValueError with the offending field before anything launches."""
@@ -71,25 +72,52 @@ def calibrate_clock(device: torch.device, spin_ns: int = 20_000_000) -> dict:
     return {"cycles_per_ns": (c1 - c0) / (g1 - g0), "globaltimer_tick_ns": tick}
 
 
-def launch_burst_gap(dst_addr: int, ts: torch.Tensor, cal: torch.Tensor, p: BurstGapPoint, seed: int,
-                     cycles_per_ns: float = 1.0) -> None:
-    """Launch one train of bursts into the buffer at ``dst_addr`` (int32 [B, P, N]); timestamps into ``ts``
-    (int64 [P, B, 3], cycles) and ``cal`` (int64 [P, 2])."""
+MAX_POLLS = 2_000_000  # grid-barrier spin bound (~100x the longest burst we time)
+
+
+def burst_gap_buffers(p: BurstGapPoint, device) -> dict[str, torch.Tensor]:
+    """Timestamps ts[P, B, 4], start calibration cal[P, 2], barrier counters bar[B], timeout status[P, 2]."""
+    return {"ts": torch.empty(p.programs * p.n_bursts * 4, dtype=torch.int64, device=device),
+            "cal": torch.empty(p.programs * 2, dtype=torch.int64, device=device),
+            "bar": torch.zeros(p.n_bursts, dtype=torch.int32, device=device),
+            "status": torch.zeros(p.programs * 2, dtype=torch.int64, device=device)}
+
+
+def launch_burst_gap(dst_addr: int, bufs: dict[str, torch.Tensor], p: BurstGapPoint, seed: int,
+                     cycles_per_ns: float = 1.0, max_polls: int = MAX_POLLS, planted_missing: int = 0) -> None:
+    """Launch one train of bursts into the buffer at ``dst_addr`` (int32 [B, P, N]); ``bufs`` from
+    :func:`burst_gap_buffers` (zeroes the barrier counters and status itself). ``planted_missing`` > 0
+    makes every grid barrier wait for that many programs that never come (tests: a timeout, not a hang)."""
     p.validate()
-    if ts.dtype != torch.int64 or ts.numel() < p.programs * p.n_bursts * 3:
-        raise ValueError(f"ts must be int64 with >= {p.programs * p.n_bursts * 3} elements")
-    if cal.dtype != torch.int64 or cal.numel() < p.programs * 2:
-        raise ValueError(f"cal must be int64 with >= {p.programs * 2} elements")
+    for name, numel in (("ts", p.programs * p.n_bursts * 4), ("cal", p.programs * 2), ("bar", p.n_bursts),
+                        ("status", p.programs * 2)):
+        if name not in bufs or bufs[name].numel() < numel:
+            raise ValueError(f"bufs[{name!r}] must hold >= {numel} elements (use burst_gap_buffers)")
     device_timers = not env.interpreted()
     if p.drain and not device_timers:
         raise ValueError("drain timing needs a GPU (fence and timers are inline PTX)")
+    bufs["bar"].fill_(-planted_missing)
+    bufs["status"].zero_()
     n = p.burst_bytes // 4
     v = p.store_bytes // 4
+    warps = max(1, min(NUM_WARPS, n // v // 32))  # every thread stores: no replicated lanes on small bursts
     burst_gap_store_kernel[(p.programs,)](
-        dst_addr, ts, cal, n, int(round(p.gap_ns * cycles_per_ns)), seed,
-        N_BURSTS=p.n_bursts, V=v, R=_rows_per_step(n, v, NUM_WARPS), DRAIN=p.drain, DEVICE=device_timers,
-        num_warps=NUM_WARPS,
+        dst_addr, bufs["ts"], bufs["cal"], bufs["bar"], bufs["status"], n, int(round(p.gap_ns * cycles_per_ns)),
+        seed, max_polls,
+        N_BURSTS=p.n_bursts, V=v, R=_rows_per_step(n, v, warps), DRAIN=p.drain, SYNC=p.sync, DEVICE=device_timers,
+        num_warps=warps,
     )
+
+
+def check_barrier_status(status: torch.Tensor, p: BurstGapPoint, rank: int) -> None:
+    """Raise naming the program and burst whose grid barrier timed out (instead of having hung)."""
+    st = status[: p.programs * 2].view(p.programs, 2).cpu()
+    bad = torch.nonzero(st[:, 0])
+    if bad.numel():
+        prog = int(bad[0])
+        raise RuntimeError(f"rank {rank}: program {prog} timed out at the grid barrier after burst "
+                           f"{int(st[prog, 0]) - 1}: saw {int(st[prog, 1])} of {p.programs} arrivals "
+                           f"({bad.numel()} programs timed out; are all {p.programs} programs resident?)")
 
 
 def launch_stream(dst_addr: int, programs: int, bytes_per_program: int, store_bytes: int = 16, rows: int = 128,
@@ -147,7 +175,7 @@ def check_destination(buf: torch.Tensor, p: BurstGapPoint, seed: int) -> None:
 
 # ------------------------------------------------------------------------------------ one measurement
 def to_ns(ts: np.ndarray, cal: np.ndarray, cycles_per_ns: float) -> np.ndarray:
-    """ts[P, B, 3] cycles -> ns on the global timer's time base, using each program's start (cal[P, 2])."""
+    """ts[P, B, 4] cycles -> ns on the global timer's time base, using each program's start (cal[P, 2])."""
     # Subtract in int64 first: the global timer counts ns since the epoch (~1.8e18), where a float64 step is
     # 256 ns. Times are relative to the launch's earliest program start.
     g0 = (cal[:, 0] - cal[:, 0].min()).astype(np.float64)
@@ -156,12 +184,12 @@ def to_ns(ts: np.ndarray, cal: np.ndarray, cycles_per_ns: float) -> np.ndarray:
 
 
 def summarize_timestamps(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
-    """ts_ns[P, B, 3] (ns) -> per-burst statistics over programs, each an array of length B."""
-    t0, t1, t2 = ts_ns[..., 0], ts_ns[..., 1], ts_ns[..., 2]
+    """ts_ns[P, B, 4] (ns) -> per-burst statistics over programs, each an array of length B."""
+    t0, t1, t2, t3 = ts_ns[..., 0], ts_ns[..., 1], ts_ns[..., 2], ts_ns[..., 3]
     issue = t1 - t0
     gap = np.full(t0.shape[1], np.nan)
     if t0.shape[1] > 1:
-        gap[1:] = np.median(t0[:, 1:] - t2[:, :-1], axis=0)
+        gap[1:] = np.median(t0[:, 1:] - t3[:, :-1], axis=0)
     return {
         "issue_ns": np.median(issue, axis=0),
         "issue_ns_max": issue.max(axis=0),

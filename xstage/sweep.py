@@ -18,8 +18,8 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data, env
-from .remote_store import (POISON, BurstGapPoint, calibrate_clock, check_destination, launch_burst_gap,
-                           summarize_timestamps, to_ns)
+from .remote_store import (POISON, BurstGapPoint, burst_gap_buffers, calibrate_clock, check_barrier_status,
+                           check_destination, launch_burst_gap, summarize_timestamps, to_ns)
 
 KIB = 1024
 
@@ -36,13 +36,14 @@ class BurstGapGrid:
     n_bursts: int = 8
     repeats: int = 5
     drain: tuple[bool, ...] = (False,)
+    sync: bool = True
     world_size: int = 2
 
     def program_counts(self, sm_count: int) -> tuple[int, ...]:
         return self.programs or (1, 4, 16, sm_count // 2, sm_count, 2 * sm_count)
 
     def points(self, sm_count: int) -> list[BurstGapPoint]:
-        pts = [BurstGapPoint(t, p, kib * KIB, int(round(g * 1000)), w, self.n_bursts, d)
+        pts = [BurstGapPoint(t, p, kib * KIB, int(round(g * 1000)), w, self.n_bursts, d, self.sync)
                for d in self.drain for t in self.targets for w in self.store_bytes
                for p in self.program_counts(sm_count) for g in self.gap_us for kib in self.burst_kib]
         return pts
@@ -65,29 +66,24 @@ def _dst_addr(world, symm, local, rank: int, target: str) -> int:
     return symm.ptr((rank + 1) % world.world_size) if target == "remote" else local[rank].data_ptr()
 
 
-def _timestamp_buffers(world, p: BurstGapPoint):
-    ts = {r: torch.empty(p.programs * p.n_bursts * 3, dtype=torch.int64, device=world.device(r))
-          for r in world.local_ranks}
-    cal = {r: torch.empty(p.programs * 2, dtype=torch.int64, device=world.device(r)) for r in world.local_ranks}
-    return ts, cal
-
-
 def measure_point(world, symm, local, p: BurstGapPoint, repeats: int, seed: int = 0,
                   clock: dict | None = None) -> pd.DataFrame:
     """Warm-up train, then ``repeats`` trains on every local rank; per-burst rows for every rank."""
-    ts, cal = _timestamp_buffers(world, p)
+    bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
     cpn = {r: (clock or {}).get(r, {"cycles_per_ns": 1.0})["cycles_per_ns"] for r in world.local_ranks}
     rows = []
     for rep in range(-1, repeats):
         world.barrier()
         for r in world.local_ranks:
-            launch_burst_gap(_dst_addr(world, symm, local, r, p.target), ts[r], cal[r], p, seed + r, cpn[r])
+            launch_burst_gap(_dst_addr(world, symm, local, r, p.target), bufs[r], p, seed + r, cpn[r])
         world.barrier()
+        for r in world.local_ranks:
+            check_barrier_status(bufs[r]["status"], p, r)
         if rep < 0:
             continue
         for r in world.local_ranks:
-            ns = to_ns(ts[r].view(p.programs, p.n_bursts, 3).cpu().numpy(),
-                       cal[r].view(p.programs, 2).cpu().numpy(), cpn[r])
+            ns = to_ns(bufs[r]["ts"].view(p.programs, p.n_bursts, 4).cpu().numpy(),
+                       bufs[r]["cal"].view(p.programs, 2).cpu().numpy(), cpn[r])
             s = {k: np.round(v, 1) for k, v in summarize_timestamps(ns).items()}  # 0.1 ns; a cycle is ~0.5 ns
             rows.append(pd.DataFrame({**asdict(p), "rank": r, "repeat": rep, "burst": np.arange(p.n_bursts), **s}))
     return pd.concat(rows, ignore_index=True)
@@ -100,11 +96,12 @@ def check_point(world, symm, local, p: BurstGapPoint, seed: int) -> None:
         symm.local(r)[: p.dst_elems].fill_(POISON)
         local[r][: p.dst_elems].fill_(POISON)
     world.barrier()
-    ts, cal = _timestamp_buffers(world, p)
+    bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
     for r in world.local_ranks:
-        launch_burst_gap(_dst_addr(world, symm, local, r, p.target), ts[r], cal[r], p, seed + r)
+        launch_burst_gap(_dst_addr(world, symm, local, r, p.target), bufs[r], p, seed + r)
     world.barrier()
     for r in world.local_ranks:
+        check_barrier_status(bufs[r]["status"], p, r)
         if p.target == "remote":
             check_destination(symm.local(r), p, seed + (r - 1) % world.world_size)
         else:
