@@ -91,7 +91,7 @@ def burst_gap_store_kernel(
             while (seen < n_prog) & (polls < max_polls):
                 seen = tl.atomic_add(bar_ptr + b, 0, sem="acquire", scope="gpu")
                 polls += 1
-            if seen < n_prog:
+            if (seen < n_prog) & (tl.load(status_ptr + pid * 2) == 0):  # keep the first barrier that timed out
                 tl.store(status_ptr + pid * 2, (b + 1).to(tl.int64))
                 tl.store(status_ptr + pid * 2 + 1, seen.to(tl.int64))
             tl.debug_barrier()

@@ -36,16 +36,26 @@ class Schema:
 
 
 BURST_GAP = Schema(
-    "burst_gap", 2,
+    "burst_gap", 3,
     {"target": "str", "programs": "int64", "burst_bytes": "int64", "gap_ns": "int64", "store_bytes": "int64",
      "n_bursts": "int64", "drain": "bool", "sync": "bool", "rank": "int64", "repeat": "int64", "burst": "int64",
      "issue_ns": "float64", "issue_ns_max": "float64", "issue_ns_min": "float64", "span_ns": "float64",
-     "drain_ns": "float64", "drain_ns_max": "float64", "gap_meas_ns": "float64", "start_skew_ns": "float64"},
+     "drain_ns": "float64", "drain_ns_max": "float64", "gap_meas_ns": "float64", "barrier_ns": "float64",
+     "idle_ns": "float64", "start_skew_ns": "float64"},
     ("target", "programs", "burst_bytes", "gap_ns", "store_bytes", "n_bursts", "drain", "sync"),
 )
+# Columns (per configuration, rank, repeat, burst; medians over programs unless named _max/_min):
+#   issue_ns     sender-visible issue time of the burst (CTA barrier -> all warps issued)
+#   span_ns      first program's issue start -> last program's issue end
+#   drain_ns     issue end -> every thread's fence.acq_rel.sys returned (drain runs only)
+#   gap_meas_ns  previous burst's release -> this burst's issue start (the requested gap, as run)
+#   barrier_ns   the grid barrier after this burst (sync runs)
+#   idle_ns      previous burst's issue end -> this burst's issue start: all store-free time (fence, barrier, gap)
 # Older schema versions that load with a documented migration (the file itself is never rewritten):
 #   burst_gap v1 had no grid barrier between bursts, so every v1 row is sync=False.
-MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False)}
+#   burst_gap v2 did not record barrier_ns / idle_ns (NaN).
+MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False, barrier_ns=float("nan"), idle_ns=float("nan")),
+              ("burst_gap", 2): lambda df: df.assign(barrier_ns=float("nan"), idle_ns=float("nan"))}
 
 BANDWIDTH = Schema(
     "bandwidth", 1,

@@ -227,6 +227,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
             T = T * rng.lognormal(0.0, noise, size=T.shape)
             row = {**asdict(p), "rank": 0, "repeat": rep, "burst": np.arange(p.n_bursts), "issue_ns": T,
                    "issue_ns_max": T, "issue_ns_min": T, "span_ns": T + skew_ns, "drain_ns": 0.0,
-                   "drain_ns_max": 0.0, "gap_meas_ns": float(p.gap_ns), "start_skew_ns": skew_ns}
+                   "drain_ns_max": 0.0, "gap_meas_ns": float(p.gap_ns), "barrier_ns": 0.0,
+                   "idle_ns": float(p.gap_ns), "start_skew_ns": skew_ns}
             out.append(pd.DataFrame(row))
     return pd.concat(out, ignore_index=True)[list(BURST_GAP.columns)]

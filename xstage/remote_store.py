@@ -188,8 +188,10 @@ def summarize_timestamps(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
     t0, t1, t2, t3 = ts_ns[..., 0], ts_ns[..., 1], ts_ns[..., 2], ts_ns[..., 3]
     issue = t1 - t0
     gap = np.full(t0.shape[1], np.nan)
-    if t0.shape[1] > 1:
+    idle = np.full(t0.shape[1], np.nan)
+    if t0.shape[1] > 1:  # both refer to the time before burst k (k >= 1)
         gap[1:] = np.median(t0[:, 1:] - t3[:, :-1], axis=0)
+        idle[1:] = np.median(t0[:, 1:] - t1[:, :-1], axis=0)
     return {
         "issue_ns": np.median(issue, axis=0),
         "issue_ns_max": issue.max(axis=0),
@@ -198,5 +200,7 @@ def summarize_timestamps(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
         "drain_ns": np.median(t2 - t1, axis=0),
         "drain_ns_max": (t2 - t1).max(axis=0),
         "gap_meas_ns": gap,
+        "barrier_ns": np.median(t3 - t2, axis=0),
+        "idle_ns": idle,
         "start_skew_ns": t0.max(axis=0) - t0.min(axis=0),
     }
