@@ -70,8 +70,13 @@ REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count",
 
 
 def paths(folder: Path | str, schema: Schema) -> tuple[Path, Path]:
+    """The study's CSV (a sweep writes plain ``.csv``; recorded files may be committed gzip-compressed as
+    ``.csv.gz``, which loading reads too) and its JSON sidecar."""
     folder = Path(folder)
-    return folder / f"{schema.name}.csv", folder / f"{schema.name}.json"
+    csv = folder / f"{schema.name}.csv"
+    if not csv.exists() and csv.with_suffix(".csv.gz").exists():
+        csv = csv.with_suffix(".csv.gz")
+    return csv, folder / f"{schema.name}.json"
 
 
 def machine_dir(machine: str) -> Path:
@@ -82,7 +87,7 @@ def recorded_machines(schema: Schema = BURST_GAP) -> list[str]:
     """Machines under data/ that hold this study (``paper`` excluded)."""
     if not DATA_ROOT.is_dir():
         return []
-    return sorted(p.name for p in DATA_ROOT.iterdir() if (p / f"{schema.name}.csv").is_file())
+    return sorted(p.name for p in DATA_ROOT.iterdir() if paths(p, schema)[0].is_file())
 
 
 # ------------------------------------------------------------------------------------------------- write
@@ -104,6 +109,8 @@ def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
     Continuing keeps the first run's provenance and appends this run's to ``meta['runs']``.
     """
     csv, side = paths(folder, schema)
+    if csv.suffix == ".gz":
+        raise DataError(f"{csv} is compressed: gunzip it to resume or extend that sweep, or record elsewhere")
     meta = {**meta, "schema": schema.name, "schema_version": schema.version}
     if csv.exists() and side.exists():
         old = read_meta(side, schema)

@@ -4,6 +4,11 @@ repeat, so a configuration's repeats never sit on both sides).
 
 Residuals are log(predicted / measured) per (configuration, burst) after taking the median over repeats and
 ranks: relative errors, so 100 ns bursts and 3 ms bursts weigh alike.
+
+What is compared: the model describes the whole GPU's burst (P * b bytes), so the measured quantity is the
+burst's span (first program's issue start -> last program's issue end) in grid-synchronised runs. The gap the
+model sees is the store-free time between bursts as run: the requested gap plus the harness's grid-barrier
+time, measured in the same sweep on the smallest bursts of each (programs, gap) (``idle_ns`` - gap).
 """
 from __future__ import annotations
 
@@ -15,22 +20,33 @@ from scipy.optimize import least_squares
 
 from .model import KIB, BurstGapParams, train
 
-CONFIG = ["target", "store_bytes", "programs", "burst_bytes", "gap_ns", "n_bursts", "drain"]
+CONFIG = ["target", "store_bytes", "programs", "burst_bytes", "gap_ns", "n_bursts", "drain", "sync"]
 PARAM_NAMES = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_ns"]
 UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB", "overhead_ns": "ns"}
 
 
-def tidy_for_fit(df: pd.DataFrame, target: str = "remote", store_bytes: int = 16) -> pd.DataFrame:
-    """One row per (configuration, burst): the median issue time over repeats and ranks (issue only)."""
+def tidy_for_fit(df: pd.DataFrame, target: str = "remote", store_bytes: int = 16,
+                 measure: str = "span_ns") -> pd.DataFrame:
+    """One row per (configuration, burst): the median ``measure`` over repeats and ranks (issue-only runs),
+    with ``gap_eff_ns``: the gap plus the harness's measured barrier time (see the module docstring)."""
     sel = df[(df.target == target) & (df.store_bytes == store_bytes) & (~df.drain.astype(bool))]
     if sel.empty:
         raise ValueError(f"no issue-time rows for target={target!r}, store_bytes={store_bytes}")
-    return sel.groupby(CONFIG + ["burst"], as_index=False)["issue_ns"].median()
+    if measure not in ("span_ns", "issue_ns"):
+        raise ValueError(f"measure must be 'span_ns' or 'issue_ns', got {measure!r}")
+    t = sel.groupby(CONFIG + ["burst"], as_index=False)[[measure, "idle_ns"]].median()
+    t = t.rename(columns={measure: "issue_ns"})
+    smallest = t[(t.burst_bytes == t.burst_bytes.min()) & (t.burst > 0)]
+    harness = (smallest.groupby(["programs", "gap_ns"])["idle_ns"].median() - smallest.groupby(
+        ["programs", "gap_ns"])["gap_ns"].first()).clip(lower=0).rename("harness_ns")
+    t = t.merge(harness.reset_index(), on=["programs", "gap_ns"], how="left")
+    t["gap_eff_ns"] = t.gap_ns + t.harness_ns.fillna(0.0)
+    return t.drop(columns=["idle_ns", "harness_ns"])
 
 
 def _as_arrays(t: pd.DataFrame):
     """Configurations as arrays [n_cfg] and measured times [n_cfg, n_bursts] (NaN where absent)."""
-    cfgs = t[CONFIG].drop_duplicates().reset_index(drop=True)
+    cfgs = t[CONFIG + ["gap_eff_ns"]].drop_duplicates(subset=CONFIG).reset_index(drop=True)
     n = int(t.n_bursts.max())
     idx = t.merge(cfgs.reset_index(), on=CONFIG)["index"].to_numpy()
     meas = np.full((len(cfgs), n), np.nan)
@@ -39,7 +55,8 @@ def _as_arrays(t: pd.DataFrame):
 
 
 def predict(cfgs: pd.DataFrame, prm: BurstGapParams, n_bursts: int) -> np.ndarray:
-    T, _ = train(cfgs.burst_bytes.to_numpy(), cfgs.programs.to_numpy(), cfgs.gap_ns.to_numpy(), n_bursts, prm)
+    gap = cfgs.gap_eff_ns if "gap_eff_ns" in cfgs else cfgs.gap_ns
+    T, _ = train(cfgs.burst_bytes.to_numpy(), cfgs.programs.to_numpy(), gap.to_numpy(), n_bursts, prm)
     return T
 
 
@@ -126,13 +143,14 @@ def kfold_heldout(cfgs, meas, x0, k: int = 5, seed: int = 0) -> pd.DataFrame:
 
 
 def fit_burst_gap(df: pd.DataFrame, target: str = "remote", store_bytes: int = 16, n_bootstrap: int = 100,
-                  k_folds: int = 5, seed: int = 0, uncertainty: str = "bootstrap") -> FitResult:
+                  k_folds: int = 5, seed: int = 0, uncertainty: str = "bootstrap",
+                  measure: str = "span_ns") -> FitResult:
     """Fit the three Burst-Gap parameters (+ the benchmark's fixed overhead) to sweep rows ``df``."""
     if uncertainty not in ("bootstrap", "jacobian"):
         raise ValueError(f"uncertainty must be 'bootstrap' or 'jacobian', got {uncertainty!r}")
     if n_bootstrap < 0 or k_folds < 2:
         raise ValueError(f"need n_bootstrap >= 0 and k_folds >= 2, got {n_bootstrap}, {k_folds}")
-    cfgs, meas = _as_arrays(tidy_for_fit(df, target, store_bytes))
+    cfgs, meas = _as_arrays(tidy_for_fit(df, target, store_bytes, measure))
     if len(cfgs) < 2 * k_folds:
         raise ValueError(f"{len(cfgs)} configurations are too few to fit and cross-validate ({k_folds} folds)")
     x0 = _initial_guess(cfgs, meas)
