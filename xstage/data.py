@@ -176,6 +176,7 @@ def read_rows(csv: Path, schema: Schema, version: int | None = None) -> pd.DataF
     missing = [c for c in schema.columns if c not in df.columns]
     if missing:
         raise DataError(f"{csv} lacks columns {missing} (schema {schema.name} v{schema.version})")
+    df = df[list(schema.columns) + [c for c in df.columns if c not in schema.columns]]
     try:
         df = df.astype(schema.columns)
     except (ValueError, TypeError) as e:

@@ -150,24 +150,34 @@ def steady_slowdown(burst_bytes, programs, gap_ns, prm: BurstGapParams, n_bursts
 
 
 def sustained_rate(burst_bytes, programs, prm: BurstGapParams, n_bursts: int = 64):
-    """Aggregate bytes/ns of the last burst of a gapless train (converges to the drain rate when I > D)."""
+    """Aggregate bytes/ns over the last burst of a gapless train, its fixed overhead included (the stage
+    drains during it too); converges to the drain rate when I > D."""
     T, _ = train(burst_bytes, programs, 0.0, n_bursts, prm)
-    return burst_bytes_total(programs, burst_bytes) / (T[..., -1] - prm.overhead_ns)
+    return burst_bytes_total(programs, burst_bytes) / T[..., -1]
 
 
 # ------------------------------------------------------------------------------------ event simulation
 def simulate_train(burst_bytes: int, programs: int, gap_ns: float, n_bursts: int, prm: BurstGapParams,
-                   groups: int = 8, chunks: int = 8, skew_ns: float = 0.0, rng=None) -> np.ndarray:
-    """Event simulation of the outstanding-store queue; returns per-burst issue times [groups, n_bursts].
+                   groups: int = 8, chunks: int | None = None, skew_ns: float = 0.0, rng=None) -> np.ndarray:
+    """Event simulation of the outstanding-store queue; per-burst issue times [groups, n_bursts]."""
+    start, end = simulate_train_times(burst_bytes, programs, gap_ns, n_bursts, prm, groups, chunks, skew_ns, rng)
+    return end - start
+
+
+def simulate_train_times(burst_bytes: int, programs: int, gap_ns: float, n_bursts: int, prm: BurstGapParams,
+                         groups: int = 8, chunks: int | None = None, skew_ns: float = 0.0, rng=None):
+    """Event simulation of the outstanding-store queue; (start, end) of every group's bursts [groups, n].
 
     The P programs are simulated as ``min(groups, P)`` groups (each issuing for P/groups programs, with a
     random start offset up to ``skew_ns``), each burst in ``chunks`` chunks. A chunk enters the stage when it
     is issued if the stage has room (else the group waits until enough earlier chunks have drained); the
-    stage is a FIFO that drains at D.
+    stage is a FIFO that drains at D. ``chunks=None``: 8, or more so that a chunk is at most C/4.
     """
     rng = rng or np.random.default_rng(0)
     G = int(min(groups, programs))
     per_group = programs / G
+    if chunks is None:
+        chunks = max(8, int(np.ceil(4 * burst_bytes * per_group / prm.capacity_bytes)))
     c = burst_bytes * per_group / chunks                  # bytes per chunk
     t_chunk = c * prm.issue_ns_per_kib / KIB / per_group  # a group issues per_group programs' worth at once
     D, C = prm.drain_gbps, prm.capacity_bytes
@@ -178,10 +188,11 @@ def simulate_train(burst_bytes: int, programs: int, gap_ns: float, n_bursts: int
     last_depart = 0.0
     start = np.full((G, n_bursts), np.nan)
     end = np.full((G, n_bursts), np.nan)
-    heap = [(float(rng.uniform(0, skew_ns)) if skew_ns else 0.0, g, 0, 0) for g in range(G)]  # (t, g, burst, chunk)
+    # (time, since: when this chunk first asked (FIFO among waiters, so groups share the drain fairly), g, k, j)
+    heap = [(t0, t0, g, 0, 0) for g, t0 in enumerate(rng.uniform(0, skew_ns, G) if skew_ns else np.zeros(G))]
     heapq.heapify(heap)
     while heap:
-        t, g, k, j = heapq.heappop(heap)
+        t, since, g, k, j = heapq.heappop(heap)
         if j == 0 and np.isnan(start[g, k]):
             start[g, k] = t
             t += prm.overhead_ns
@@ -194,19 +205,19 @@ def simulate_train(burst_bytes: int, programs: int, gap_ns: float, n_bursts: int
                 t_free = dep
                 if need <= 0:
                     break
-            heapq.heappush(heap, (t_free, g, k, j))
+            heapq.heappush(heap, (t_free, since, g, k, j))
             continue
         t_done = t + t_chunk
         last_depart = max(t_done, last_depart) + c / D
         stage.append((last_depart, c))
         held += c
         if j + 1 < chunks:
-            heapq.heappush(heap, (t_done, g, k, j + 1))
+            heapq.heappush(heap, (t_done, t_done, g, k, j + 1))
         else:
             end[g, k] = t_done
             if k + 1 < n_bursts:
-                heapq.heappush(heap, (t_done + gap_ns, g, k + 1, 0))
-    return end - start
+                heapq.heappush(heap, (t_done + gap_ns, t_done + gap_ns, g, k + 1, 0))
+    return start, end
 
 
 def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0, noise: float = 0.03,
@@ -222,12 +233,14 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
         tgt = prm if p.target == "remote" else BurstGapParams(prm.issue_ns_per_kib, 10 * prm.drain_gbps,
                                                               prm.capacity_kib, prm.overhead_ns)
         for rep in range(grid.repeats):
-            T = np.median(simulate_train(p.burst_bytes, p.programs, p.gap_ns, p.n_bursts, tgt, skew_ns=skew_ns,
-                                         rng=rng), axis=0)
-            T = T * rng.lognormal(0.0, noise, size=T.shape)
+            start, end = simulate_train_times(p.burst_bytes, p.programs, p.gap_ns, p.n_bursts, tgt,
+                                              skew_ns=skew_ns, rng=rng)
+            noise_k = rng.lognormal(0.0, noise, size=p.n_bursts)
+            T = np.median(end - start, axis=0) * noise_k
+            span = (end.max(axis=0) - start.min(axis=0)) * noise_k
             row = {**asdict(p), "rank": 0, "repeat": rep, "burst": np.arange(p.n_bursts), "issue_ns": T,
-                   "issue_ns_max": T, "issue_ns_min": T, "span_ns": T + skew_ns, "drain_ns": 0.0,
+                   "issue_ns_max": T, "issue_ns_min": T, "span_ns": span, "drain_ns": 0.0,
                    "drain_ns_max": 0.0, "gap_meas_ns": float(p.gap_ns), "barrier_ns": 0.0,
-                   "idle_ns": float(p.gap_ns), "start_skew_ns": skew_ns}
+                   "idle_ns": float(p.gap_ns), "start_skew_ns": float(np.ptp(start[:, 0]))}
             out.append(pd.DataFrame(row))
     return pd.concat(out, ignore_index=True)[list(BURST_GAP.columns)]
