@@ -60,6 +60,11 @@ def predict(cfgs: pd.DataFrame, prm: BurstGapParams, n_bursts: int) -> np.ndarra
     return T
 
 
+# physically sensible ranges (log space): issue 0.01..1e4 ns/KiB, drain 1..1e6 GB/s, capacity 1 KiB..100 GiB,
+# overhead 1 ps..100 us; a fit that ends on a bound says the data do not constrain that parameter
+LOG_BOUNDS = (np.log([1e-2, 1.0, 1.0, 1e-3]), np.log([1e4, 1e6, 1e8, 1e5]))
+
+
 def _params(x) -> BurstGapParams:
     return BurstGapParams(*np.exp(x))
 
@@ -71,7 +76,9 @@ def _solve(cfgs, meas, x0, max_nfev: int = 400):
     def resid(x):
         return (np.log(predict(cfgs, _params(x), n)) - np.log(meas))[mask]
 
-    return least_squares(resid, x0, loss="soft_l1", f_scale=0.1, method="trf", x_scale="jac", max_nfev=max_nfev)
+    x0 = np.clip(x0, LOG_BOUNDS[0] + 1e-9, LOG_BOUNDS[1] - 1e-9)
+    return least_squares(resid, x0, loss="soft_l1", f_scale=0.1, method="trf", x_scale="jac", max_nfev=max_nfev,
+                         bounds=LOG_BOUNDS)
 
 
 def _initial_guess(cfgs, meas) -> np.ndarray:
