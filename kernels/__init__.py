@@ -2,5 +2,7 @@
 
 - ``remote_store``: the X-Stage microbenchmark (bursts of stores to a peer or local buffer, gaps between them,
   device timestamps around each burst's issue and drain).
+- ``attention``: FlashAttention forward whose epilogue stores each output tile to the rank that owns its rows
+  (Ulysses post-attention all-to-all fused tile by tile), and the end-of-layer epoch barrier.
 - ``sync``: small device-side helpers everything reuses: the global timer, the system-scope fence, flags.
 """

@@ -1,0 +1,168 @@
+"""Ulysses attention: a FlashAttention forward whose epilogue sends each output tile to the rank that owns it.
+
+Ulysses sequence parallelism shards the sequence over P ranks; a pre-attention all-to-all gives every rank the
+full sequence for H/P heads, attention runs locally, and a post-attention all-to-all returns every rank its
+own sequence rows for all H heads. Here that post-attention all-to-all is fused into the attention kernel tile
+by tile: the program that finishes an output tile [BLOCK_M rows, one head] stores it straight into the owning
+rank's output buffer through a symmetric-memory peer pointer and goes back to computing its next tile. There
+is no communication warp or program: the stores drain through NVLink (the X-Stage) while the SM computes, so
+the all-to-all hides behind attention as long as bursts stay below the link's outstanding capacity. It wins
+over attention-then-all-to-all when the all-to-all is a sizeable share of the layer (short and medium
+sequences); at long sequences the fused kernel approaches attention alone.
+
+Version ladder (each a figure's bar, each selected by constexprs of one kernel):
+  1. FUSED=False: plain FlashAttention forward (online softmax in base 2, as triton-lang's 06 tutorial),
+     output in this rank's layout [S, Hc, D]; "our attention alone", and the first half of the serial baseline.
+  2. FUSED=True: the same compute; the epilogue routes each row to its owner rank (row // Sl) and local row
+     (row % Sl) through a table of every rank's output base address, so a tile that straddles two ranks (Sl
+     not a multiple of BLOCK_M) is split row by row.
+  +  TIMED (either variant): the global timer at each program's start and after its last store was issued
+     (CTA barrier first); sender-visible time = max(last store) - min(start) over programs.
+
+A separate one-program kernel (``epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
+into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
+everywhere" has a time and a failure to arrive has a report instead of a hang.
+
+Legend: S = sequence length (all of it), P = ranks, H = heads of the layer, Hl = H / P heads per rank,
+Hc = heads of one launch (Hl, or a chunk of them), D = head dim (64 or 128), Sl = S / P sequence rows per rank,
+BM / BN = query / key rows per block.
+
+Layouts (row-major, contiguous, element strides):
+  q, k, v    [S, Hl, D]  this rank's heads over the full sequence (after the pre-attention all-to-all)
+  out local  [S, Hc, D]  FUSED=False: heads h_start .. h_start + Hc of this rank
+  out[r]     [Sl, H, D]  FUSED=True: rank r's symmetric output; this rank's head h lands at global head
+                         rank * Hl + h; rank r owns sequence rows [r * Sl, (r + 1) * Sl)
+  out_table  [P] int64   every rank's out base address, valid in this process (peer pointers)
+  ts         [n_programs, 2] int64 global-timer ns (program start, after its last store), TIMED only
+Every program handles one (query block, head): program (m, h) has linear id h * cdiv(S, BM) + m, so
+consecutive programs share a head and its K/V stay in L2.
+
+Under Triton's interpreter (``DEVICE=False``) there are no timers (timestamps are 0) and no fences; the data
+path is the same. bf16 ``tl.dot`` is wrong in the interpreter: test there in fp16 or fp32.
+"""
+import triton
+import triton.language as tl
+
+from .sync import fence_sys, globaltimer, signal_flag, wait_flag
+
+LOG2E = 1.4426950408889634  # softmax(x) = exp2(x * log2(e) - max): the launcher folds log2(e) into the scale
+
+
+@triton.jit
+def _attend_block(acc, l_i, m_i, q, K, V, start_n, S, row_stride, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr):
+    """One key block of the online softmax: acc[BM, D], l_i[BM] (row sums), m_i[BM] (running max, base 2)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN] key rows
+    offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
+    kv = offs_n[:, None] * row_stride + offs_d[None, :]                # [BN, D] element offsets from this head
+    if MASK_N:  # the last, partial key block (S % BN != 0): missing keys load 0 and score -inf
+        key_ok = offs_n < S
+        k = tl.load(K + kv, mask=key_ok[:, None], other=0.0)          # [BN, D]
+        v = tl.load(V + kv, mask=key_ok[:, None], other=0.0)          # [BN, D]
+    else:
+        k = tl.load(K + kv)
+        v = tl.load(V + kv)
+    qk = tl.dot(q, tl.trans(k))                                        # [BM, BN] fp32
+    if MASK_N:
+        qk = tl.where(key_ok[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)                  # [BM]
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])                   # [BM, BN]
+    alpha = tl.math.exp2(m_i - m_new)                                  # [BM] rescale of what came before
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)                                # [BM, D] fp32
+    return acc, l_i, m_new
+
+
+@triton.jit
+def ulysses_attention_kernel(
+    Q, K, V,               # *T [S, Hl, D]
+    out_ptr,               # FUSED=False: *T [S, Hc, D] (this launch's heads); FUSED=True: unused (pass q)
+    out_table,             # *int64 [P]: every rank's out[Sl, H, D] base address (FUSED); unused otherwise
+    ts_ptr,                # *int64 [n_programs, 2] global timer ns: start, after the last store (TIMED)
+    S,                     # sequence length
+    rows_per_rank,         # Sl = S / P (FUSED)
+    in_row_stride,         # Hl * D: elements between consecutive sequence rows of q, k, v
+    out_row_stride,        # Hc * D (plain) or H * D (fused)
+    h_start,               # this launch's first head within the rank's Hl (grid axis 1 covers Hc heads)
+    out_head0,             # output head of this launch's first head: 0 (plain), rank * Hl + h_start (fused)
+    qk_scale,              # sm_scale * log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,  # S % BLOCK_N == 0: no key masking at all
+    FUSED: tl.constexpr,   # epilogue stores each row into its owner rank's buffer (peer pointers)
+    TIMED: tl.constexpr,   # record the program's start and last-store times
+    DEVICE: tl.constexpr,  # real GPU (timers are inline PTX); False under the interpreter
+):
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    if TIMED:
+        t_start = globaltimer(DEVICE)
+    h = h_start + pid_h
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                   # [BM] query rows
+    offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
+    row_ok = offs_m < S                                                # [BM]
+    head_off = h * HEAD_DIM
+    q = tl.load(Q + head_off + offs_m[:, None] * in_row_stride + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)                       # [BM, D]
+    K_h = K + head_off
+    V_h = V + head_off
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)                # [BM]
+    l_i = tl.zeros([BLOCK_M], tl.float32)                              # [BM]
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)                    # [BM, D]
+    n_full = S - S % BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, start_n, S, in_row_stride, qk_scale,
+                                      HEAD_DIM, BLOCK_N, False)
+    if not EVEN_N:
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, n_full, S, in_row_stride, qk_scale,
+                                      HEAD_DIM, BLOCK_N, True)
+    o = (acc / l_i[:, None]).to(Q.dtype.element_ty)                    # [BM, D]
+    col = (out_head0 + pid_h) * HEAD_DIM                               # output head's first element in a row
+    if FUSED:
+        # Route row by row: owner rank and its local row; a tile straddling two ranks splits here.
+        dest = offs_m // rows_per_rank                                 # [BM] owner rank
+        local_row = offs_m - dest * rows_per_rank                      # [BM] row in the owner's out[Sl, H, D]
+        base = tl.load(out_table + dest, mask=row_ok, other=0)         # [BM] int64 owner's base address
+        base = base.to(tl.pointer_type(Q.dtype.element_ty))            # [BM] peer pointers
+        base = tl.multiple_of(base, 16)  # symmetric buffers are >= 16 B aligned: 16-byte stores (on the pointer,
+        #                                  not the int64: the hint does not survive the int -> pointer cast)
+        row_ptr = base + local_row * out_row_stride + col              # [BM] row starts in the owners' out
+        tl.store(row_ptr[:, None] + offs_d[None, :], o, mask=row_ok[:, None])
+    else:
+        tl.store(out_ptr + offs_m[:, None] * out_row_stride + col + offs_d[None, :], o, mask=row_ok[:, None])
+    if TIMED:
+        tl.debug_barrier()                                             # every warp has issued its stores
+        t_end = globaltimer(DEVICE)
+        pid = pid_h * tl.num_programs(0) + pid_m
+        tl.store(ts_ptr + pid * 2, t_start)
+        tl.store(ts_ptr + pid * 2 + 1, t_end)
+
+
+@triton.jit
+def epoch_barrier_kernel(
+    flag_table,            # *int64 [P]: every rank's flags[P] int32 base address (peer pointers)
+    flags,                 # *int32 [P] this rank's flags: flags[src] = last epoch rank src released here
+    status_ptr,            # *int64 [P, 6] per awaited peer: (waiter, peer, expected, seen, polls, timed_out)
+    rank,                  # this rank
+    world_size,            # P
+    epoch,                 # int32, grows by one per barrier (flags are never reset)
+    max_polls,             # bound on each wait
+    SIGNAL: tl.constexpr,  # release this rank's epoch into every rank's flags[rank]
+    WAIT: tl.constexpr,    # wait until flags[src] >= epoch for every src
+    DEVICE: tl.constexpr,
+):
+    """Cross-rank barrier after the fused attention kernel (one program, launched after it in stream order).
+
+    The GPU runs SIGNAL and WAIT in one launch. Emulated ranks run every rank's SIGNAL launch first, then every
+    rank's WAIT launch (kernels only push; waits happen after)."""
+    if SIGNAL:
+        fence_sys(DEVICE)  # the attention kernel's remote stores are performed before the flag is released
+        for peer in range(0, world_size):
+            peer_flags = tl.load(flag_table + peer).to(tl.pointer_type(tl.int32))
+            signal_flag(peer_flags + rank, epoch)
+    if WAIT:
+        for src in range(0, world_size):
+            src_t = rank * 0 + src  # a tensor on both paths (the interpreter hands the loop a Python int)
+            wait_flag(flags + src, epoch, max_polls, status_ptr + src * 6, rank, src_t)

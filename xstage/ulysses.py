@@ -1,0 +1,813 @@
+"""Ulysses sequence-parallel attention with the post-attention all-to-all fused into FlashAttention.
+
+Host side of ``xstage.kernels.attention``: layouts, FLOP/byte counts and the DiT shape table; validated
+launchers (plain attention, the fused layer, the end-of-layer barrier); a float32 torch reference with the
+all-to-all done by plain indexing; the GPU baselines (serial with our attention or cuDNN SDPA, and the
+stream-overlapped head-chunk pipeline); a correctness job and the resumable sweep (schema ``ulysses``).
+
+Legend: S = sequence length, P = ranks, H = heads, Hl = H / P heads per rank, D = head dim, Sl = S / P rows
+each rank owns, Hc = heads of one launch (a chunk of Hl).
+
+Layouts (as in yunchang's ``comm/all_to_all.py``, batch 1, row-major and contiguous):
+  before the pre-attention all-to-all    x[r]   [Sl, H, D]   rank r's sequence rows, all heads
+  after it (attention input)             q[r]   [S, Hl, D]   full sequence, heads r * Hl .. (r + 1) * Hl
+  attention output (plain)               o[r]   [S, Hl, D]
+  after the post-attention all-to-all    out[r] [Sl, H, D]   = rows r * Sl .. of every rank's o, heads concatenated
+The fused kernel writes out[r] directly; the serial baseline computes o[r] and then all-to-alls it.
+
+Times (sweep): ``sender_visible_ms`` is what the sending GPU sees: for the fused kernel, its device timestamps
+(max over programs of the time after the last store was issued minus min program start); for the baselines,
+the same as end to end. ``end_to_end_ms``: CUDA events around the whole layer on each rank, ending after the
+cross-rank barrier (fused) or after the all-to-all and its relayout (baselines): the output is complete
+everywhere. Both take the max over ranks per repeat. ``tflops`` = attention FLOPs per rank / end to end.
+
+Dtypes: bf16 on GPUs. Under Triton's interpreter (CPU) bf16 ``tl.dot`` is wrong, so fp16/fp32 only there.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from . import data, env
+from .kernels.attention import LOG2E, epoch_barrier_kernel, ulysses_attention_kernel
+
+HEAD_DIMS = (64, 128)
+METHODS = ("fused", "serial_triton", "serial_cudnn", "overlapped", "attention_only", "sdpa_only")
+MAX_POLLS = 20_000_000      # barrier spin bound (~seconds): a peer still compiling its first kernel must fit
+OVERLAP_CHUNKS = 4          # head chunks of the stream-overlapped baseline
+STATUS_FIELDS = 6           # (waiter, peer, expected, seen, polls, timed_out) per awaited peer
+INT32_MAX = 2**31 - 1
+
+
+# ------------------------------------------------------------------------------------------- counts, shapes
+def attention_flops(S: int, H: int, D: int) -> int:
+    """Forward FLOPs of one non-causal attention layer over all ranks: QK^T and PV, 2 * S * S * D each per head.
+    Per rank: divide by P."""
+    return 4 * S * S * H * D
+
+
+def alltoall_bytes(S: int, H: int, D: int, P: int, elem_bytes: int = 2) -> int:
+    """Bytes one rank sends to other ranks in the post-attention all-to-all: its [S, Hl, D] minus its own rows."""
+    return S * (H // P) * D * elem_bytes * (P - 1) // P
+
+
+@dataclass(frozen=True)
+class UlyssesShape:
+    """One attention layer of a DiT (batch 1, non-causal, self-attention over all tokens)."""
+
+    name: str
+    S: int      # tokens
+    H: int      # heads
+    D: int      # head dim
+
+    def key(self, P: int) -> tuple:
+        return (self.name, self.S, self.H, self.D, P)
+
+
+# Token counts as the models run them (text + latent tokens where the model concatenates them). All divide by
+# P = 2, 4, 8 (CogVideoX's 17,776 = 226 + 17,550 divides by 16, so no rounding was needed); shapes_for() rounds S
+# down to a multiple of P where one does not and drops shapes whose heads do not divide (Wan2.1-1.3B at P = 8).
+DIT_SHAPES = (
+    UlyssesShape("flux1_4608", 4_608, 24, 128),
+    UlyssesShape("cogvideox5b_17776", 17_776, 48, 64),
+    UlyssesShape("wan21_1.3b_32760", 32_760, 12, 128),
+    UlyssesShape("wan21_1.3b_75600", 75_600, 12, 128),
+    UlyssesShape("wan21_14b_32760", 32_760, 40, 128),
+    UlyssesShape("wan21_14b_75600", 75_600, 40, 128),
+    UlyssesShape("hunyuanvideo_118800", 118_800, 24, 128),
+)
+SEQ_SWEEP = tuple(UlyssesShape(f"seq_{s // 1024}k", s, 24, 128) for s in (2**i for i in range(12, 18)))
+DEFAULT_SHAPES = DIT_SHAPES + SEQ_SWEEP
+
+
+def shapes_for(P: int, shapes: Sequence[UlyssesShape] = DEFAULT_SHAPES, log=None) -> list[UlyssesShape]:
+    """The shapes that run on P ranks: S rounded down to a multiple of P (said on ``log``, default stderr);
+    shapes whose heads do not divide by P are dropped (said too)."""
+    log = log or sys.stderr
+    out = []
+    for s in shapes:
+        if s.H % P:
+            print(f"ulysses: skipping {s.name}: {s.H} heads do not divide by {P} ranks", file=log)
+            continue
+        if s.S % P:
+            print(f"ulysses: {s.name}: S = {s.S} rounded down to {s.S - s.S % P} (a multiple of {P})", file=log)
+            s = UlyssesShape(s.name, s.S - s.S % P, s.H, s.D)
+        out.append(s)
+    return out
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """Tile shape and schedule of the attention kernel (fused and plain share it: same summation order)."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def validate(self) -> None:
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if v < 16 or v > 256 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two in [16, 256], got {v}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
+
+
+# H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 (DESIGN.md).
+H200_CONFIGS = {
+    64: (AttnConfig(128, 64, 4, 3), AttnConfig(128, 128, 4, 3), AttnConfig(128, 128, 8, 3), AttnConfig(128, 64, 4, 2)),
+    128: (AttnConfig(128, 64, 4, 2), AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(128, 64, 4, 3)),
+}
+INTERPRETER_CONFIG = AttnConfig(64, 64, 4, 1)
+
+
+def default_config(D: int) -> AttnConfig:
+    """The first H200 candidate on GPUs; small blocks under the interpreter."""
+    return INTERPRETER_CONFIG if env.interpreted() else H200_CONFIGS[D][0]
+
+
+def default_dtype() -> torch.dtype:
+    return torch.float16 if env.interpreted() else torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def validate_shape(S: int, H: int, D: int, P: int) -> None:
+    """Raise ValueError before any launch when the layer cannot be split over P ranks."""
+    if P < 1:
+        raise ValueError(f"ranks must be >= 1, got {P}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {D}")
+    if H < 1 or H % P:
+        raise ValueError(f"heads ({H}) must be a positive multiple of the number of ranks ({P})")
+    if S < 1 or S % P:
+        raise ValueError(f"sequence length ({S}) must be a positive multiple of the number of ranks ({P})")
+    if S * H * D > INT32_MAX:
+        raise ValueError(f"S*H*D = {S * H * D} elements exceeds int32 offsets")
+
+
+def validate_dtype(dtype: torch.dtype) -> None:
+    if env.interpreted():
+        if dtype not in (torch.float16, torch.float32):
+            raise ValueError(f"dtype must be float16 or float32 under Triton's interpreter (its bf16 tl.dot is "
+                             f"wrong), got {dtype}")
+    elif dtype != torch.bfloat16:
+        raise ValueError(f"dtype must be bfloat16 on GPUs, got {dtype}")
+
+
+def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
+    """q, k, v [S, Hl, D]: same shape, dtype and device, contiguous; returns (S, Hl, D)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor [S, Hl, D], got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [S, Hl, D] (strides {t.stride()})")
+    S, Hl, D = q.shape
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {D}")
+    validate_dtype(q.dtype)
+    want_cpu = env.interpreted()
+    if (q.device.type == "cpu") != want_cpu:
+        raise ValueError(f"tensors must be on the {'CPU (Triton interpreter)' if want_cpu else 'GPU'}, got "
+                         f"{q.device}")
+    if S < 1 or Hl < 1 or S * Hl * D > INT32_MAX:
+        raise ValueError(f"[S, Hl, D] = {tuple(q.shape)}: empty or beyond int32 offsets")
+    return S, Hl, D
+
+
+# ------------------------------------------------------------------------------------------------- launchers
+def _scale(sm_scale: float | None, D: int) -> float:
+    return (1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)) * LOG2E
+
+
+def n_programs(S: int, heads: int, config: AttnConfig) -> int:
+    """Programs of one launch over ``heads`` heads (rows of the timestamp buffer)."""
+    return -(-S // config.block_m) * heads
+
+
+def _launch(q, k, v, out_ptr, out_table, ts, S, Sl, out_row_stride, h_start, heads, out_head0, qk_scale,
+            config: AttnConfig, fused: bool) -> None:
+    D = q.shape[2]
+    grid = (-(-S // config.block_m), heads)
+    timed = ts is not None
+    dummy = _dummy(q.device)
+    ulysses_attention_kernel[grid](
+        q, k, v, out_ptr if out_ptr is not None else q, out_table if out_table is not None else dummy,
+        ts if timed else dummy, S, Sl, q.shape[1] * D, out_row_stride, h_start, out_head0, qk_scale,
+        HEAD_DIM=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n, EVEN_N=S % config.block_n == 0,
+        FUSED=fused, TIMED=timed, DEVICE=not env.interpreted(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+_DUMMIES: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    """An int64 placeholder for pointer arguments a constexpr switch leaves unused (allocated once)."""
+    if device not in _DUMMIES:
+        _DUMMIES[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _DUMMIES[device]
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                      config: AttnConfig | None = None, out: torch.Tensor | None = None, h_start: int = 0,
+                      heads: int | None = None, ts: torch.Tensor | None = None) -> torch.Tensor:
+    """Our attention alone (non-causal): q, k, v [S, Hl, D] -> out [S, Hc, D] for heads h_start .. h_start + Hc
+    (all Hl by default). ``ts`` int64 [n_programs, 2] gets device timestamps (GPU)."""
+    S, Hl, D = validate_qkv(q, k, v)
+    config = config or default_config(D)
+    config.validate()
+    heads = Hl - h_start if heads is None else heads
+    if not (0 <= h_start and heads >= 1 and h_start + heads <= Hl):
+        raise ValueError(f"heads {h_start} .. {h_start + heads} are not within this rank's {Hl}")
+    if out is None:
+        out = torch.empty(S, heads, D, dtype=q.dtype, device=q.device)
+    elif out.shape != (S, heads, D) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {(S, heads, D)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    _check_ts(ts, n_programs(S, heads, config))
+    _launch(q, k, v, out, None, ts, S, S, heads * D, h_start, heads, 0, _scale(sm_scale, D), config, fused=False)
+    return out
+
+
+def _check_ts(ts, n: int) -> None:
+    if ts is not None and (ts.dtype != torch.int64 or ts.numel() < 2 * n or not ts.is_contiguous()):
+        raise ValueError(f"ts must be a contiguous int64 buffer of >= {2 * n} elements ([programs, 2])")
+
+
+@dataclass
+class UlyssesBuffers:
+    """Symmetric buffers of the fused layer: every rank's output out[Sl, H, D] (capacity ``numel`` elements)
+    and flags[P] int32, their peer-pointer tables on each local rank's device, the barrier's status, the epoch."""
+
+    world_size: int
+    numel: int
+    dtype: torch.dtype
+    out: object                                   # SymmTensor
+    flags: object                                 # SymmTensor int32 [P]
+    out_table: dict[int, torch.Tensor]            # rank -> int64 [P] every rank's out base address
+    flag_table: dict[int, torch.Tensor]           # rank -> int64 [P] every rank's flags base address
+    status: dict[int, torch.Tensor]               # rank -> int64 [P, 6] barrier waits
+    epoch: int = 0
+
+    def out_view(self, rank: int, S: int, H: int, D: int) -> torch.Tensor:
+        """Rank ``rank``'s output as [Sl, H, D]."""
+        n = S // self.world_size * H * D
+        return self.out.local(rank)[:n].view(S // self.world_size, H, D)
+
+
+def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = None) -> UlyssesBuffers:
+    """Allocate (collectively, on GPUs) the fused layer's buffers for layers up to [S, H, D]; flags zeroed."""
+    P = world.world_size
+    dtype = dtype or default_dtype()
+    validate_shape(S, H, D, P)
+    validate_dtype(dtype)
+    numel = S // P * H * D
+    out = world.symmetric_empty(numel, dtype)
+    flags = world.symmetric_empty(P, torch.int32)
+    for r in world.local_ranks:
+        flags.local(r).zero_()
+    dev = {r: world.device(r) for r in world.local_ranks}
+    bufs = UlyssesBuffers(
+        P, numel, dtype, out, flags,
+        {r: torch.tensor(out.ptrs, dtype=torch.int64, device=dev[r]) for r in world.local_ranks},
+        {r: torch.tensor(flags.ptrs, dtype=torch.int64, device=dev[r]) for r in world.local_ranks},
+        {r: torch.zeros(P, STATUS_FIELDS, dtype=torch.int64, device=dev[r]) for r in world.local_ranks})
+    world.barrier()  # every rank's flags are zero before anyone signals
+    return bufs
+
+
+def _validate_fused(world, q, k, v, bufs: UlyssesBuffers) -> tuple[int, int, int]:
+    P = world.world_size
+    if bufs.world_size != P:
+        raise ValueError(f"buffers are for {bufs.world_size} ranks, the world has {P}")
+    shapes = set()
+    for r in world.local_ranks:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            missing = (r not in t) if isinstance(t, Mapping) else (r >= len(t))
+            if missing:
+                raise ValueError(f"{name} has no tensor for local rank {r}")
+        shapes.add(validate_qkv(q[r], k[r], v[r]))
+        if q[r].dtype != bufs.dtype:
+            raise ValueError(f"rank {r}: inputs are {q[r].dtype}, the output buffers {bufs.dtype}")
+        if q[r].device != world.device(r):
+            raise ValueError(f"rank {r}: inputs on {q[r].device}, the rank's device is {world.device(r)}")
+    if len(shapes) != 1:
+        raise ValueError(f"ranks have different [S, Hl, D]: {sorted(shapes)}")
+    S, Hl, D = shapes.pop()
+    validate_shape(S, Hl * P, D, P)
+    if S // P * Hl * P * D > bufs.numel:
+        raise ValueError(f"output [S/P, H, D] = {[S // P, Hl * P, D]} exceeds the buffers' {bufs.numel} elements")
+    return S, Hl, D
+
+
+def ulysses_fused(world, q: Mapping[int, torch.Tensor], k: Mapping[int, torch.Tensor],
+                  v: Mapping[int, torch.Tensor], bufs: UlyssesBuffers, sm_scale: float | None = None,
+                  config: AttnConfig | None = None, barrier: bool = True, ts: Mapping[int, torch.Tensor] | None = None,
+                  check: bool = True, max_polls: int = MAX_POLLS, silent_ranks: Sequence[int] = ()
+                  ) -> dict[int, torch.Tensor]:
+    """The fused Ulysses layer on every local rank: q[r], k[r], v[r] [S, Hl, D] -> out[r] [Sl, H, D] in
+    ``bufs`` (written by every rank's kernel through peer pointers), then the cross-rank barrier.
+
+    ``ts[r]``: int64 [n_programs, 2] device timestamps. ``check``: read the barrier status and raise on a
+    timeout (a host sync; the sweep checks once after timing). ``silent_ranks`` skip the barrier altogether
+    (tests: a peer that never signals). Returns {rank: out view [Sl, H, D]}."""
+    S, Hl, D = _validate_fused(world, q, k, v, bufs)
+    config = config or default_config(D)
+    config.validate()
+    P = world.world_size
+    for r in world.local_ranks:
+        if ts is not None:
+            _check_ts(ts[r], n_programs(S, Hl, config))
+    for r in world.local_ranks:
+        _launch(q[r], k[r], v[r], None, bufs.out_table[r], None if ts is None else ts[r], S, S // P, Hl * P * D,
+                0, Hl, r * Hl, _scale(sm_scale, D), config, fused=True)
+    if barrier:
+        end_barrier(world, bufs, check=check, max_polls=max_polls, silent_ranks=silent_ranks)
+    return {r: bufs.out_view(r, S, Hl * P, D) for r in world.local_ranks}
+
+
+def end_barrier(world, bufs: UlyssesBuffers, check: bool = True, max_polls: int = MAX_POLLS,
+                silent_ranks: Sequence[int] = ()) -> None:
+    """Every rank releases the next epoch into every peer's flags and waits (bounded) for all peers'."""
+    if max_polls < 1:
+        raise ValueError(f"max_polls must be >= 1, got {max_polls}")
+    bufs.epoch += 1
+    device = not env.interpreted()
+
+    def launch(r, signal, wait):
+        epoch_barrier_kernel[(1,)](bufs.flag_table[r], bufs.flags.local(r), bufs.status[r], r, world.world_size,
+                                   bufs.epoch, max_polls, SIGNAL=signal, WAIT=wait, DEVICE=device, num_warps=1)
+
+    present = [r for r in world.local_ranks if r not in silent_ranks]
+    if world.emulated:  # kernels only push: every rank signals, then every rank waits
+        for r in present:
+            launch(r, True, False)
+        for r in present:
+            launch(r, False, True)
+    else:
+        for r in present:
+            launch(r, True, True)
+    if check:
+        for r in present:
+            check_barrier_status(bufs, r)
+
+
+def check_barrier_status(bufs: UlyssesBuffers, rank: int) -> None:
+    """Raise RuntimeError naming the waiting rank and the peer that never arrived (instead of having hung)."""
+    st = bufs.status[rank].cpu()
+    bad = torch.nonzero(st[:, 5]).flatten()
+    if bad.numel():
+        waiter, peer, expected, seen, polls, _ = (int(x) for x in st[int(bad[0])])
+        raise RuntimeError(f"end-of-attention barrier: rank {waiter} timed out waiting for rank {peer} "
+                           f"(expected epoch {expected}, saw {seen} after {polls} polls; "
+                           f"{bad.numel()} peer(s) missing: {bad.tolist()})")
+
+
+def sender_visible_ms(ts: torch.Tensor, n: int) -> float:
+    """ts [>= n, 2] global-timer ns -> max(last store) - min(start) over the n programs, in ms (int64 first)."""
+    t = ts.reshape(-1)[: 2 * n].view(n, 2).cpu()
+    return int(t[:, 1].max() - t[:, 0].min()) / 1e6
+
+
+# ----------------------------------------------------------------------------------- layouts and reference
+def shard_heads(x_all: torch.Tensor, P: int) -> list[torch.Tensor]:
+    """[S, H, D] -> P x [S, Hl, D] contiguous: the attention inputs after the pre-attention all-to-all."""
+    S, H, D = x_all.shape
+    Hl = H // P
+    return [x_all[:, r * Hl:(r + 1) * Hl].contiguous() for r in range(P)]
+
+
+def pre_all_to_all(xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """P x [Sl, H, D] (sequence-sharded) -> P x [S, Hl, D] (head-sharded), by plain indexing."""
+    P = len(xs)
+    Hl = xs[0].shape[1] // P
+    return [torch.cat([x[:, r * Hl:(r + 1) * Hl] for x in xs], dim=0).contiguous() for r in range(P)]
+
+
+def post_all_to_all(os_: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """P x [S, Hl, D] (head-sharded) -> P x [Sl, H, D] (sequence-sharded), by plain indexing: rank r gets rows
+    r * Sl .. of every rank's output, heads in rank order."""
+    P = len(os_)
+    Sl = os_[0].shape[0] // P
+    return [torch.cat([o[r * Sl:(r + 1) * Sl] for o in os_], dim=1).contiguous() for r in range(P)]
+
+
+def post_all_to_all_nccl(o: torch.Tensor, world, recv: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's [S, Hl, D] -> [Sl, H, D] with ``all_to_all_single`` (NCCL), then the relayout (a copy)."""
+    P = world.world_size
+    S, Hl, D = o.shape
+    recv = torch.empty_like(o) if recv is None else recv                       # [P, Sl, Hl, D]: from rank i
+    world.dist.all_to_all_single(recv, o)
+    return recv.view(P, S // P, Hl, D).transpose(0, 1).reshape(S // P, P * Hl, D)
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                        rows: slice | None = None, upcast: bool = True, chunk: int = 4096) -> torch.Tensor:
+    """softmax(q k^T * scale) v per head, for query rows ``rows``: q, k, v [S, H, D] -> [R, H, D].
+
+    ``upcast=True``: float32 (exact up to float32 rounding; TF32 off): the reference. ``upcast=False``: in the
+    inputs' dtype, as plain PyTorch would (scores and probabilities rounded to it): PyTorch's own error, which
+    the kernel may exceed by at most ~2x (flash-attention's ``attention_ref`` convention)."""
+    S, H, D = q.shape
+    rows = rows or slice(0, S)
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    dt = torch.float32 if upcast else q.dtype
+    qr = q[rows]
+    out = torch.empty(qr.shape[0], H, D, dtype=dt, device=q.device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for h in range(H):
+            kh, vh = k[:, h].to(dt), v[:, h].to(dt)                            # [S, D]
+            for i in range(0, qr.shape[0], chunk):
+                s = (qr[i:i + chunk, h].to(dt) * scale) @ kh.T                 # [c, S]
+                out[i:i + chunk, h] = torch.softmax(s, dim=-1).to(dt) @ vh
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return out
+
+
+def reference_ulysses(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, P: int,
+                      sm_scale: float | None = None) -> list[torch.Tensor]:
+    """Float32 reference of the whole layer: attention on the upcast [S, H, D] inputs, then the post
+    all-to-all by indexing -> P x [Sl, H, D] (rank r: rows r * Sl ..)."""
+    S, H, D = q_all.shape
+    validate_shape(S, H, D, P)
+    ref = attention_reference(q_all, k_all, v_all, sm_scale)
+    Sl = S // P
+    return [ref[r * Sl:(r + 1) * Sl] for r in range(P)]
+
+
+def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """||a - ref|| / ||ref|| in float64."""
+    a, ref = a.double(), ref.double()
+    return float((a - ref).norm() / ref.norm())
+
+
+REL_L2_FLOOR = {torch.float32: 1e-6, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def check_bit_exact(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Pure data movement must match bit for bit; raises naming the first bad [row, head, d] and how many
+    elements are still NaN (poisoned, never written)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise AssertionError(f"{what}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
+    ib = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    g, w = got.contiguous().view(ib), want.contiguous().view(ib)
+    bad = (g != w).nonzero()
+    if bad.numel():
+        first = tuple(int(x) for x in bad[0])
+        unwritten = int(torch.isnan(got).sum())
+        raise AssertionError(f"{what}: {bad.shape[0]} of {got.numel()} elements differ ({unwritten} still NaN, "
+                             f"i.e. never written); first at [row, head, d] = {list(first)}: got "
+                             f"{float(got[first])}, want {float(want[first])}")
+
+
+def check_close(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, what: str) -> tuple[float, float]:
+    """The kernel's relative L2 error to the float32 reference at most 2x PyTorch's own at that dtype (plus a
+    small floor); returns (kernel error, PyTorch error)."""
+    err, err_pt = rel_l2(out, ref), rel_l2(torch_out, ref)
+    if not err <= 2 * err_pt + REL_L2_FLOOR[out.dtype]:
+        raise AssertionError(f"{what}: relative L2 error {err:.3g} > 2 x PyTorch's {err_pt:.3g} "
+                             f"+ {REL_L2_FLOOR[out.dtype]:g}")
+    return err, err_pt
+
+
+# ------------------------------------------------------------------------------------ baselines (GPU only)
+def sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None) -> torch.Tensor:
+    """torch SDPA with the cuDNN backend: [S, Hl, D] -> [S, Hl, D] (viewed as [1, Hl, S, D] without copies).
+    Call inside ``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``."""
+    import torch.nn.functional as F
+
+    def bhsd(t):
+        return t.transpose(0, 1).unsqueeze(0)                                 # [1, Hl, S, D]
+    o = F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v), scale=sm_scale)
+    return o.squeeze(0).transpose(0, 1).contiguous()                           # [S, Hl, D]
+
+
+def make_overlapped(world, q, k, v, chunks: int = OVERLAP_CHUNKS, config: AttnConfig | None = None,
+                    sm_scale: float | None = None):
+    """The stream-overlapped baseline (as yunchang's AsyncLongContextAttention, on the output side): attention on
+    head chunk c while chunk c-1's all-to-all runs on NCCL's stream; returns fn() -> [Sl, H, D]."""
+    S, Hl, D = q.shape
+    P = world.world_size
+    n = max(1, min(chunks, Hl))
+    bounds = [Hl * i // n for i in range(n + 1)]                               # head chunk edges
+    outs = [torch.empty(S, bounds[i + 1] - bounds[i], D, dtype=q.dtype, device=q.device) for i in range(n)]
+    recvs = [torch.empty_like(o) for o in outs]
+    final = torch.empty(S // P, P, Hl, D, dtype=q.dtype, device=q.device)       # [Sl, P, Hl, D] = [Sl, H, D]
+
+    def run() -> torch.Tensor:
+        works = []
+        for i in range(n):
+            attention_forward(q, k, v, sm_scale, config, out=outs[i], h_start=bounds[i],
+                              heads=bounds[i + 1] - bounds[i])
+            works.append(world.dist.all_to_all_single(recvs[i], outs[i], async_op=True))
+        for i in range(n):
+            works[i].wait()
+            hc = bounds[i + 1] - bounds[i]
+            final[:, :, bounds[i]:bounds[i + 1]] = recvs[i].view(P, S // P, hc, D).transpose(0, 1)
+        return final.view(S // P, P * Hl, D)
+    return run
+
+
+# ------------------------------------------------------------------------------------------- correctness job
+def _as_shape(c) -> UlyssesShape:
+    if isinstance(c, UlyssesShape):
+        return c
+    S, H, D = c
+    return UlyssesShape(f"S{S}_H{H}_D{D}", S, H, D)
+
+
+def _random_inputs(shape: UlyssesShape, dtype, device, seed: int):
+    """The layer's q, k, v [S, H, D], identical on every rank (same seed, same generator type)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(shape.S, shape.H, shape.D, generator=g, device=device).to(dtype) for _ in range(3)]
+
+
+def check_job(world, cases: Sequence, seed: int, dtype: torch.dtype | None = None, config: AttnConfig | None = None,
+              max_polls: int = MAX_POLLS) -> list[dict]:
+    """For each case (an UlyssesShape or (S, H, D)): poison every output with NaN, run the fused layer, and
+    require (1) bit-exact equality with our attention followed by the all-to-all (NCCL ``all_to_all_single`` on
+    GPUs, torch indexing for emulated ranks), which also proves every element was written; (2) a relative L2
+    error to the float32 reference at most 2x PyTorch's own at that dtype. Runs on every rank (GPU) or once for
+    an emulated world. Returns one dict per (case, local rank) with both errors."""
+    P = world.world_size
+    dtype = dtype or default_dtype()
+    validate_dtype(dtype)
+    cases = [_as_shape(c) for c in cases]
+    for c in cases:
+        validate_shape(c.S, c.H, c.D, P)
+        (config or default_config(c.D)).validate()
+    big = max(cases, key=lambda c: c.S // P * c.H * c.D)
+    bufs = ulysses_buffers(world, big.S, big.H, big.D, dtype)
+    dev = world.device(world.local_ranks[0])
+    results = []
+    for i, c in enumerate(cases):
+        S, H, D, Hl, Sl = c.S, c.H, c.D, c.H // P, c.S // P
+        cfg = config or default_config(D)
+        q_all, k_all, v_all = _random_inputs(c, dtype, dev, seed + 1000 * i)
+        q, k, v = ({r: x[:, r * Hl:(r + 1) * Hl].contiguous() for r in world.local_ranks}
+                   for x in (q_all, k_all, v_all))
+        if not world.emulated:  # compile before the first barrier, so that no rank waits on a peer's compiler
+            ulysses_fused(world, q, k, v, bufs, config=cfg, barrier=False)
+            world.barrier()
+        for r in world.local_ranks:
+            bufs.out_view(r, S, H, D).fill_(float("nan"))
+        world.barrier()
+        outs = ulysses_fused(world, q, k, v, bufs, config=cfg, max_polls=max_polls)
+        world.barrier()
+        local = {r: attention_forward(q[r], k[r], v[r], config=cfg) for r in world.local_ranks}
+        if world.emulated:
+            serial = dict(enumerate(post_all_to_all([local[r] for r in range(P)])))
+        else:
+            serial = {r: post_all_to_all_nccl(local[r], world) for r in world.local_ranks}
+        for r in world.local_ranks:
+            check_bit_exact(outs[r], serial[r], f"{c.name} P={P} rank {r}: fused vs attention + all-to-all")
+            rows = slice(r * Sl, (r + 1) * Sl)
+            ref = attention_reference(q_all, k_all, v_all, rows=rows)
+            pt = attention_reference(q_all, k_all, v_all, rows=rows, upcast=False)
+            err, err_pt = check_close(outs[r], ref, pt, f"{c.name} P={P} rank {r}")
+            results.append(dict(case=c.name, S=S, H=H, D=D, P=P, rank=r, rel_l2=err, rel_l2_torch=err_pt,
+                                straddles=bool(Sl % cfg.block_m)))
+        del q_all, k_all, v_all, q, k, v, outs, local, serial
+    return results
+
+
+def barrier_timeout_job(world, silent_rank: int, max_polls: int = 100_000) -> None:
+    """A planted missing peer: ``silent_rank`` never signals; every other rank must raise a RuntimeError naming
+    itself and the silent rank (checked here, on GPUs inside ``spawn``)."""
+    bufs = ulysses_buffers(world, world.world_size, world.world_size, 64, default_dtype())
+    end_barrier(world, bufs, check=False, max_polls=max_polls, silent_ranks=(silent_rank,))
+    for r in world.local_ranks:
+        if r == silent_rank:
+            continue
+        try:
+            check_barrier_status(bufs, r)
+        except RuntimeError as e:
+            if f"rank {r} timed out waiting for rank {silent_rank}" not in str(e):
+                raise
+        else:
+            raise AssertionError(f"rank {r}: the barrier completed although rank {silent_rank} never signalled")
+
+
+# ------------------------------------------------------------------------------------------------------ sweep
+ULYSSES = data.Schema(
+    "ulysses", 1,
+    {"shape": "str", "S": "int64", "H": "int64", "D": "int64", "P": "int64", "method": "str",
+     "sender_visible_ms": "float64", "end_to_end_ms": "float64", "repeat": "int64", "tflops": "float64"},
+    ("shape", "S", "H", "D", "P"),
+)
+# Columns (per shape, method, repeat; the max over ranks):
+#   sender_visible_ms  fused: device timestamps, last store issued - first program start; baselines: = end_to_end
+#   end_to_end_ms      CUDA events around the layer on each rank, output complete everywhere
+#   tflops             attention FLOPs per rank (attention_flops / P) / end_to_end
+
+
+def tune_config(q, k, v, candidates: Sequence[AttnConfig], reps: int = 5) -> AttnConfig:
+    """The fastest candidate for our attention on these inputs (GPU); candidates that fail to compile are
+    skipped."""
+    from .bench import median, time_ms
+
+    best, best_ms = None, float("inf")
+    for cfg in candidates:
+        try:
+            ms = median(time_ms(lambda: attention_forward(q, k, v, config=cfg), warmup=2, reps=reps))
+        except Exception as e:  # noqa: BLE001 (e.g. triton OutOfResources: too much shared memory)
+            print(f"ulysses: config {cfg} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"no attention config compiled: {candidates}")
+    return best
+
+
+def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, repeats: int, warmup: int,
+                   config: AttnConfig, chunks: int, seed: int) -> dict[str, list[tuple[float, float]]]:
+    """(sender-visible ms, end-to-end ms) per repeat for each method on this rank. Checks bit-exactness of the
+    fused layer against our attention + NCCL before timing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .bench import time_ms
+
+    rank = world.local_ranks[0]
+    P, S, H, D = world.world_size, shape.S, shape.H, shape.D
+    Hl = H // P
+    dev = world.device(rank)
+    g = torch.Generator(device=dev).manual_seed(seed + rank)
+    q, k, v = (torch.randn(S, Hl, D, generator=g, device=dev).to(bufs.dtype) for _ in range(3))
+    npg = n_programs(S, Hl, config)
+    ts = torch.zeros(warmup + repeats, npg, 2, dtype=torch.int64, device=dev)
+    calls = [0]
+
+    def fused():
+        i = calls[0] % (warmup + repeats)
+        calls[0] += 1
+        ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, ts={rank: ts[i]}, check=False)
+
+    # correctness before timing: compile both variants without the barrier (no rank spins on a peer's
+    # compiler), then the checked layer, bit-exact against our attention + NCCL
+    ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, barrier=False)
+    ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, barrier=False, ts={rank: ts[0]})
+    world.barrier()
+    bufs.out_view(rank, S, H, D).fill_(float("nan"))
+    world.barrier()
+    out = ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config)[rank]
+    torch.cuda.synchronize()
+    serial = post_all_to_all_nccl(attention_forward(q, k, v, config=config), world)
+    check_bit_exact(out, serial, f"{shape.name} P={P} rank {rank}: fused vs attention + NCCL all-to-all")
+    del serial
+
+    recv = torch.empty_like(q)
+    fns = {
+        "fused": fused,
+        "serial_triton": lambda: post_all_to_all_nccl(attention_forward(q, k, v, config=config), world, recv),
+        "serial_cudnn": lambda: post_all_to_all_nccl(sdpa_cudnn(q, k, v), world, recv),
+        "overlapped": make_overlapped(world, q, k, v, chunks, config),
+        "attention_only": lambda: attention_forward(q, k, v, config=config),
+        "sdpa_only": lambda: sdpa_cudnn(q, k, v),
+    }
+    if any("cudnn" in m or "sdpa" in m for m in methods):  # cuDNN SDPA must run here, on every rank
+        try:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                err = rel_l2(sdpa_cudnn(q, k, v), attention_forward(q, k, v, config=config))
+            ok = err < 2e-2
+            why = f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
+        except RuntimeError as e:
+            ok, why = False, f"cuDNN SDPA failed: {e}"
+        oks = [None] * world.world_size
+        world.dist.all_gather_object(oks, ok)
+        if not all(oks):
+            print(f"ulysses: {shape.name}: skipping the cuDNN baselines on every rank (rank {rank}: "
+                  f"{'ok' if ok else why})", file=sys.stderr)
+            methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
+    res = {}
+    for m in methods:
+        world.barrier()
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            calls[0] = 0
+            e2e = time_ms(fns[m], warmup=warmup, reps=repeats)
+        if m == "fused":
+            check_barrier_status(bufs, rank)
+            sv = [sender_visible_ms(ts[warmup + i], npg) for i in range(repeats)]
+        else:
+            sv = e2e
+        res[m] = list(zip(sv, e2e))
+    world.barrier()
+    return res
+
+
+def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, repeats: int, warmup: int,
+                methods: Sequence[str], tune: bool, chunks: int, seed: int) -> None:
+    """Runs on every rank: shapes not yet in ``folder`` are checked, timed and appended (one shape at a time)."""
+    rank, P = world.local_ranks[0], world.world_size
+    csv = Path(folder) / f"{ULYSSES.name}.csv"
+    todo = [None]
+    if rank == 0:
+        data.start_file(folder, ULYSSES, meta)
+        done = data.done_keys(csv, ULYSSES)
+        todo = [[s for s in shapes if s.key(P) not in done]]
+    world.dist.broadcast_object_list(todo, src=0)
+    todo = todo[0]
+    if not todo:
+        return
+    big = max(todo, key=lambda s: s.S // P * s.H * s.D)
+    bufs = ulysses_buffers(world, big.S, big.H, big.D, default_dtype())
+    for shape in todo:
+        Hl, dev = shape.H // P, world.device(rank)
+        choice = [H200_CONFIGS[shape.D][0]]
+        if tune and rank == 0:
+            g = torch.Generator(device=dev).manual_seed(seed)
+            q, k, v = (torch.randn(shape.S, Hl, shape.D, generator=g, device=dev).to(bufs.dtype) for _ in range(3))
+            choice = [tune_config(q, k, v, H200_CONFIGS[shape.D])]
+            del q, k, v
+        world.dist.broadcast_object_list(choice, src=0)
+        cfg = choice[0]
+        res = _measure_shape(world, shape, bufs, methods, repeats, warmup, cfg, chunks, seed)
+        parts = [None] * P
+        world.dist.all_gather_object(parts, res)
+        if rank == 0:
+            flops = attention_flops(shape.S, shape.H, shape.D) / P
+            rows = []
+            for m in parts[0]:
+                for i in range(repeats):
+                    sv = max(p[m][i][0] for p in parts)
+                    e2e = max(p[m][i][1] for p in parts)
+                    rows.append(dict(shape=shape.name, S=shape.S, H=shape.H, D=shape.D, P=P, method=m,
+                                     sender_visible_ms=sv, end_to_end_ms=e2e, repeat=i,
+                                     tflops=flops / (e2e * 1e-3) / 1e12))
+            data.append_rows(csv, ULYSSES, pd.DataFrame(rows))
+            side = Path(folder) / f"{ULYSSES.name}.json"
+            m = data.read_meta(side, ULYSSES)
+            m.setdefault("configs", {})[shape.name] = asdict(cfg)
+            data.write_json_atomic(side, m)
+            print(f"ulysses: {shape.name} done ({cfg})", file=sys.stderr, flush=True)
+        torch.cuda.empty_cache()
+
+
+def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesShape] | None = None,
+                repeats: int = 10, warmup: int = 3, methods: Sequence[str] = METHODS, tune: bool = True,
+                chunks: int = OVERLAP_CHUNKS, seed: int = 0, command: str = "") -> Path:
+    """Run (or resume) the Ulysses sweep on ``world_size`` GPUs into ``out``/ulysses.csv; returns its path.
+    Parameters are validated before the GPUs are checked and anything launches."""
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2 (the all-to-all needs peers), got {world_size}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    # the default table is fitted to P (rounded, filtered, said on stderr); shapes given explicitly must fit
+    shapes = shapes_for(world_size) if shapes is None else list(shapes)
+    if not shapes:
+        raise ValueError(f"no shape runs on {world_size} ranks")
+    for s in shapes:
+        validate_shape(s.S, s.H, s.D, world_size)
+    if len({s.key(world_size) for s in shapes}) != len(shapes):
+        raise ValueError("shape names must be unique")
+    env.require_gpus(world_size, "the Ulysses sweep")
+    from .ranks import spawn
+
+    params = dict(world_size=world_size, shapes=[asdict(s) for s in shapes], repeats=repeats, warmup=warmup,
+                  methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu")
+    meta = env.provenance(command, params)
+    spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks, seed)
+    return Path(out) / f"{ULYSSES.name}.csv"
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Medians per shape and method (sender-visible ms), and the fused layer's speedups: over serial
+    (sender-visible and end to end) and its time relative to attention alone."""
+    med = (df.groupby(["shape", "S", "H", "D", "P", "method"], as_index=False)
+           [["sender_visible_ms", "end_to_end_ms"]].median())
+    sv = med.pivot_table(index=["shape", "S", "H", "D", "P"], columns="method", values="sender_visible_ms")
+    e2e = med.pivot_table(index=["shape", "S", "H", "D", "P"], columns="method", values="end_to_end_ms")
+    out = sv.round(3)
+    if "fused" in sv:
+        out["fused_e2e"] = e2e["fused"].round(3)
+        if "serial_triton" in sv:
+            out["speedup_sv"] = (sv["serial_triton"] / sv["fused"]).round(3)
+            out["speedup_e2e"] = (e2e["serial_triton"] / e2e["fused"]).round(3)
+        if "attention_only" in sv:
+            out["fused_over_attn"] = (sv["fused"] / sv["attention_only"]).round(3)
+    return out.reset_index().sort_values(["D", "H", "S"])
