@@ -86,9 +86,10 @@ def wait_flag(flag_ptr, expected, max_iters, status_ptr, waiter, what):
         seen = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
         polls += 1
     ok = seen >= expected
-    tl.store(status_ptr + 0, waiter.to(tl.int64))
-    tl.store(status_ptr + 1, what.to(tl.int64))
-    tl.store(status_ptr + 2, expected.to(tl.int64))
+    zero = tl.zeros((), tl.int64)  # ints equal to 1 arrive as constexprs (Triton specialises them): add to a tensor
+    tl.store(status_ptr + 0, zero + waiter)
+    tl.store(status_ptr + 1, zero + what)
+    tl.store(status_ptr + 2, zero + expected)
     tl.store(status_ptr + 3, seen.to(tl.int64))
     tl.store(status_ptr + 4, polls.to(tl.int64))
     tl.store(status_ptr + 5, (1 - ok.to(tl.int64)))
