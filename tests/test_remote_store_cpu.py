@@ -126,3 +126,16 @@ def test_unparsable_sweep_argument(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["sweep", "burst-gap", "--out", str(tmp_path), "--burst-kib", "banana"])
     assert e.value.code == 2 and "expected comma-separated integers, got 'banana'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--shapes", "nope"], r"unknown shape\(s\) \['nope'\]"),
+    (["--world-size", "1"], "world_size must be >= 2"),
+    (["--shapes", "seq_32k", "--world-size", "5"], r"heads \(24\) must be a positive multiple"),
+    (["--repeats", "0"], "repeats must be >= 1"),
+])
+def test_bad_ulysses_sweep_parameters_exit_2(capsys, tmp_path, argv, match):
+    assert cli.main(["sweep", "ulysses", "--out", str(tmp_path)] + argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and __import__("re").search(match, err), err
+    assert not any(tmp_path.iterdir())

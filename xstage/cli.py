@@ -3,6 +3,7 @@
   xstage sweep burst-gap --out data/h200x2 [--burst-kib 1,2,...] [--gap-us 0,1,...] [--programs ...]
                          [--store-bytes 16,4] [--targets remote,local] [--bursts 8] [--repeats 5] [--drain]
                          [--world-size 2] [--source gpu|simulated]
+  xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10]
   xstage bench bandwidth --out data/h200x2
   xstage fit --data data/h200x2
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--world-size", type=int, default=d.world_size)
     bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu")
 
+    ul = swsub.add_parser("ulysses", help="Ulysses attention: fused vs serial vs overlapped (notebook 04)")
+    ul.add_argument("--out", required=True, help="output folder, e.g. data/h200x2 (resumes if it exists)")
+    ul.add_argument("--world-size", type=int, default=2)
+    ul.add_argument("--shapes", type=_strs, default=(),
+                    help="shape names from the DiT table / sequence sweep (default: all that fit the world size)")
+    ul.add_argument("--repeats", type=int, default=10)
+    ul.add_argument("--no-tune", action="store_true", help="use the first H200 config instead of timing several")
+
     be = sub.add_parser("bench", help="benchmarks")
     besub = be.add_subparsers(dest="bench", required=True)
     bw = besub.add_parser("bandwidth", help="peak SM remote-store bandwidth vs copy-engine peer copy")
@@ -86,13 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("OUT"):  # the device machine's output folder: record it as $OUT, not as a local path
         command = command.replace(os.environ["OUT"].rstrip("/") + "/", "$OUT/")
     try:
-        if args.cmd == "sweep":
+        if args.cmd == "sweep" and args.study == "ulysses":
+            from . import ulysses
+
+            shapes = ulysses.shapes_by_name(args.shapes) if args.shapes else None
+            print(ulysses.run_ulysses(args.out, world_size=args.world_size, repeats=args.repeats, shapes=shapes,
+                                      tune=not args.no_tune, command=command))
+        elif args.cmd == "sweep":
             from .sweep import BurstGapGrid, run_burst_gap
 
             grid = BurstGapGrid(burst_kib=args.burst_kib, gap_us=args.gap_us, programs=args.programs,
                                 store_bytes=args.store_bytes, targets=args.targets, n_bursts=args.bursts,
-                                repeats=args.repeats, drain=(True,) if args.drain else (False,), sync=not args.no_sync,
-                                world_size=args.world_size)
+                                repeats=args.repeats, drain=(True,) if args.drain else (False,),
+                                sync=not args.no_sync, world_size=args.world_size)
             print(run_burst_gap(grid, args.out, source=args.source, command=command))
         elif args.cmd == "bench":
             from .bench import bandwidth_summary

@@ -86,6 +86,15 @@ SEQ_SWEEP = tuple(UlyssesShape(f"seq_{s // 1024}k", s, 24, 128) for s in (2**i f
 DEFAULT_SHAPES = DIT_SHAPES + SEQ_SWEEP
 
 
+def shapes_by_name(names: Sequence[str]) -> list[UlyssesShape]:
+    """Shapes of the DiT table / sequence sweep by name; an unknown name is a ValueError listing the known."""
+    table = {s.name: s for s in DEFAULT_SHAPES}
+    bad = [n for n in names if n not in table]
+    if bad:
+        raise ValueError(f"unknown shape(s) {bad}; known: {sorted(table)}")
+    return [table[n] for n in names]
+
+
 def shapes_for(P: int, shapes: Sequence[UlyssesShape] = DEFAULT_SHAPES, log=None) -> list[UlyssesShape]:
     """The shapes that run on P ranks: S rounded down to a multiple of P (said on ``log``, default stderr);
     shapes whose heads do not divide by P are dropped (said too)."""
