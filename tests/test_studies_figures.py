@@ -210,3 +210,100 @@ def test_explorer_updates_in_place():
     ex.sliders["programs"].value = 4                                  # I < D: never stalls
     assert np.allclose(fig.data[0].y, fig.data[1].y)
     assert "132" not in fig.layout.title.text and "4 ×" in fig.layout.title.text
+
+
+# --------------------------------------------------------------------------------------------- Ulysses
+ULYSSES_FIGURES = ("ulysses_speedup", "ulysses_fused_over_attention", "ulysses_tflops", "ulysses_times")
+
+
+@pytest.fixture(scope="module")
+def ulysses_recorded():
+    return studies.ulysses_data("recorded")
+
+
+def _ulysses_many(df: pd.DataFrame) -> pd.DataFrame:
+    """The DiT table and the S sweep on 2 and 8 ranks, made from the recorded seq_32k rows (times scaled by
+    the FLOPs, so every method is present): the layout of many shapes and two rank counts."""
+    from xstage.ulysses import DEFAULT_SHAPES
+
+    base = df[df["shape"] == "seq_32k"]
+    parts = []
+    for P in (2, 8):
+        for s in DEFAULT_SHAPES:
+            if s.H % P == 0:
+                f = (s.S / 32768) ** 2 * s.H / 24 * s.D / 128 * 2 / P
+                parts.append(base.assign(shape=s.name, S=s.S, H=s.H, D=s.D, P=P,
+                                         sender_visible_ms=base.sender_visible_ms * f,
+                                         end_to_end_ms=base.end_to_end_ms * f))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_ulysses_recorded_source(ulysses_recorded):
+    df, meta = ulysses_recorded
+    assert meta["source"] == "recorded" and meta["schema"] == "ulysses" and meta["machine"] == "h200x2"
+    assert {"fused", "serial_triton", "attention_only"} <= set(df.method)
+    assert "clock" not in studies.provenance(meta)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: studies.ulysses_data("simulated"), "the Ulysses study has no simulated source; use recorded or gpu"),
+    (lambda: studies.ulysses_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x2"),
+    (lambda: studies.ulysses_data("nope"), "source must be one of"),
+])
+def test_ulysses_bad_parameters_name_the_parameter(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.skipif(env.gpu_count() >= 2, reason="this machine has the GPUs")
+def test_ulysses_gpu_source_without_gpus_says_so():
+    with pytest.raises(RuntimeError, match="needs 2 CUDA GPU"):
+        studies.ulysses_data("gpu")
+
+
+def test_ulysses_analyses_agree_with_the_summary_table(ulysses_recorded):
+    from xstage.ulysses import summary_table
+
+    df, _ = ulysses_recorded
+    tab = summary_table(df).set_index("shape")
+    sp = studies.ulysses_speedups(df)
+    for line, col in (("fused_sv", "speedup_sv"), ("fused_e2e", "speedup_e2e")):
+        s = sp[sp.line == line].set_index("shape")
+        assert np.allclose(s.speedup, tab.loc[s.index, col], atol=1e-3)
+        assert (s.low <= s.speedup).all() and (s.speedup <= s.high).all()
+    ra = studies.ulysses_ratios(df).set_index("shape")
+    assert np.allclose(ra.fused_sv, tab.loc[ra.index, "fused_over_attn"], atol=1e-3)
+    assert (ra.sent_mb > 0).all() and ra.attention_over_sdpa.between(0.1, 2).all()
+    head = studies.ulysses_headline(df)
+    assert head["max_speedup_sv"][0] == pytest.approx(sp[sp.line == "fused_sv"].speedup.max())
+    with pytest.raises(ValueError, match="no serial_triton rows"):
+        studies.ulysses_speedups(df[df.method != "serial_triton"])
+
+
+def test_ulysses_figures_recorded(ulysses_recorded):
+    df, _ = ulysses_recorded
+    for name in ULYSSES_FIGURES:
+        fig = getattr(figures, name)(df)
+        assert len(fig.data) > 0, name
+        _nonempty(fig)
+    notes = [a.text for a in figures.ulysses_speedup(df).layout.annotations]
+    assert "paper FA3 (8 GPUs): 1.43×" in notes and "paper FA4 (8 GPUs): 1.42×" in notes
+    assert not any("paper" in t for t in (a.text for a in figures.ulysses_speedup(df, paper={}).layout.annotations))
+    assert any("1.05" in a.text for a in figures.ulysses_fused_over_attention(df).layout.annotations)
+    names = {t.name for t in figures.ulysses_speedup(df).data}
+    assert any(n.startswith("fused: ") for n in names) and any(n.startswith("overlapped") for n in names)
+
+
+@pytest.mark.parametrize("shapes", ["one", "many"])
+def test_ulysses_figures_any_number_of_shapes(ulysses_recorded, shapes):
+    df, _ = ulysses_recorded
+    d = df[df["shape"] == df["shape"].iloc[0]] if shapes == "one" else _ulysses_many(df)
+    n_shapes = d.groupby(["shape", "P"]).ngroups
+    for name in ULYSSES_FIGURES:
+        fig = getattr(figures, name)(d)
+        _nonempty(fig)
+    panels = d.P.nunique()
+    assert len(figures.ulysses_speedup(d).layout.annotations) >= panels * 3   # serial + 2 paper lines per panel
+    times = figures.ulysses_times(d)
+    assert len(times.data) == n_shapes * 7                                       # fused twice + 5 methods
+    assert len(figures.ulysses_tflops(d).data[0].y) == n_shapes

@@ -296,3 +296,144 @@ def sm_over_ce(df_bw: pd.DataFrame) -> float:
     if ce.empty or sm.empty:
         raise ValueError("bandwidth data needs remote rows of the copy engine and of an SM method")
     return float(sm.max() / ce.max())
+
+
+# ------------------------------------------------------------------------------------------- study 4: Ulysses
+# Legend: S = sequence length, H = heads, D = head dim, P = ranks; sv = sender-visible, e2e = end to end.
+ULYSSES_SHAPE_KEYS = ["shape", "S", "H", "D", "P"]
+# What the speedup panel compares with serial_triton (our attention, then NCCL all_to_all): line -> (method,
+# time column). The fused layer has both times; a baseline's sender-visible time is its end-to-end time.
+ULYSSES_SPEEDUP_LINES = {
+    "fused_sv": ("fused", "sender_visible_ms"),
+    "fused_e2e": ("fused", "end_to_end_ms"),
+    "overlapped": ("overlapped", "end_to_end_ms"),
+    "serial_cudnn": ("serial_cudnn", "end_to_end_ms"),
+}
+ULYSSES_BASELINE = "serial_triton"
+FUSED_OVER_ATTENTION_GOAL = 1.05   # fused sender-visible / our attention alone (docs/lab-notebook.md)
+ATTENTION_OVER_CUDNN_GOAL = 0.9    # our attention's TFLOP/s / cuDNN SDPA's, same shape
+
+
+def ulysses_data(source: str = "auto", machine: str = "h200x2",
+                 out: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
+    """Ulysses attention rows (schema xstage.ulysses.ULYSSES: per shape, method, repeat) and provenance.
+
+    source:  recorded (data/<machine>/ulysses.csv), gpu (run or resume the sweep on every visible GPU into
+             ``out``), or auto (gpu when two GPUs are visible, else recorded). There is no simulated source.
+    machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
+             machine's GPUs, see :func:`_default_out`).
+    out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
+    """
+    from .ulysses import ULYSSES
+
+    src = _check_source(source)
+    if src == "simulated":
+        raise ValueError("the Ulysses study has no simulated source; use recorded or gpu")
+    if src == "recorded":
+        df, meta = data.load(_check_machine(machine, ULYSSES), ULYSSES)
+        return df, {**meta, "source": "recorded"}
+    import torch
+
+    from .ulysses import run_ulysses
+
+    folder = Path(out) if out is not None else _default_out(env.machine_name())
+    run_ulysses(folder, world_size=torch.cuda.device_count(), command="xstage.studies.ulysses_data('gpu')")
+    df, meta = data.load(folder, ULYSSES)
+    return df, {**meta, "source": "gpu"}
+
+
+def ulysses_family(shape: str) -> str:
+    """``sequence sweep`` for the S sweep at fixed heads (names ``seq_*``), ``DiT`` for the model table."""
+    return "sequence sweep" if str(shape).startswith("seq_") else "DiT"
+
+
+def ulysses_medians(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and method: median and quartiles over repeats of both times, and the median TFLOP/s.
+    Columns: shape, S, H, D, P, method, {sv,e2e}_{median,q25,q75}, tflops, n, family."""
+    if df.empty:
+        raise ValueError("no Ulysses rows")
+    g = df.groupby(ULYSSES_SHAPE_KEYS + ["method"])
+    parts = {}
+    for short, col in (("sv", "sender_visible_ms"), ("e2e", "end_to_end_ms")):
+        parts.update({f"{short}_median": g[col].median(), f"{short}_q25": g[col].quantile(0.25),
+                      f"{short}_q75": g[col].quantile(0.75)})
+    out = pd.DataFrame({**parts, "tflops": g.tflops.median(), "n": g.size()}).reset_index()
+    out["family"] = out["shape"].map(ulysses_family)
+    return out.sort_values(["P", "D", "H", "S", "method"]).reset_index(drop=True)
+
+
+def _ulysses_wide(med: pd.DataFrame, stat: str) -> pd.DataFrame:
+    """(shape keys) x method table of one statistic, e.g. ``sv_median``."""
+    return med.pivot_table(index=ULYSSES_SHAPE_KEYS, columns="method", values=stat)
+
+
+def ulysses_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Speedup over serial (our attention, then NCCL all_to_all) of each line of ULYSSES_SPEEDUP_LINES, per
+    shape: ``speedup`` = median serial time / median time of the line (same time column on both sides);
+    ``low``/``high`` = the quartile ratios q25(serial) / q75(line) and q75(serial) / q25(line), a conservative
+    spread over repeats. Lines whose method the data lacks are left out; shapes without the serial baseline
+    too. Columns: shape, S, H, D, P, family, line, method, speedup, low, high."""
+    med = ulysses_medians(df)
+    if ULYSSES_BASELINE not in set(med.method):
+        raise ValueError(f"the data has no {ULYSSES_BASELINE} rows (the serial baseline); "
+                         f"methods: {sorted(set(med.method))}")
+    rows = []
+    for line, (method, col) in ULYSSES_SPEEDUP_LINES.items():
+        short = "sv" if col == "sender_visible_ms" else "e2e"
+        m = {s: _ulysses_wide(med, f"{short}_{s}") for s in ("median", "q25", "q75")}
+        if method not in m["median"]:
+            continue
+        base = {s: m[s][ULYSSES_BASELINE] for s in m}
+        t = pd.DataFrame({"speedup": base["median"] / m["median"][method],
+                          "low": base["q25"] / m["q75"][method], "high": base["q75"] / m["q25"][method]})
+        rows.append(t.dropna().reset_index().assign(line=line, method=method))
+    out = pd.concat(rows, ignore_index=True)
+    out["family"] = out["shape"].map(ulysses_family)
+    cols = ULYSSES_SHAPE_KEYS + ["family", "line", "method", "speedup", "low", "high"]
+    return out[cols].sort_values(["line", "P", "D", "H", "S"]).reset_index(drop=True)
+
+
+def ulysses_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape, times relative to our attention alone (sender-visible medians): ``fused_sv``, ``fused_e2e``
+    (fused layer; the goal is <= FUSED_OVER_ATTENTION_GOAL) and ``serial`` (attention, then NCCL: also the most
+    any fusion can gain over serial, were the communication free); ``sent_mb`` = MB each rank sends to other
+    ranks in the post-attention all-to-all (bf16); and our attention's TFLOP/s beside cuDNN SDPA's
+    (``attention_tflops``, ``sdpa_tflops``, ``attention_over_sdpa``). Columns missing from the data are NaN."""
+    from .ulysses import alltoall_bytes
+
+    med = ulysses_medians(df)
+    sv, e2e, tf = (_ulysses_wide(med, s) for s in ("sv_median", "e2e_median", "tflops"))
+    nan = pd.Series(np.nan, index=sv.index)
+    col = lambda t, m: t[m] if m in t else nan  # noqa: E731
+    attn = col(sv, "attention_only")
+    out = pd.DataFrame({"fused_sv": col(sv, "fused") / attn, "fused_e2e": col(e2e, "fused") / attn,
+                        "serial": col(sv, ULYSSES_BASELINE) / attn,
+                        "attention_tflops": col(tf, "attention_only"), "sdpa_tflops": col(tf, "sdpa_only")})
+    out["attention_over_sdpa"] = out.attention_tflops / out.sdpa_tflops
+    out = out.reset_index()
+    out.insert(len(ULYSSES_SHAPE_KEYS), "sent_mb",
+               [alltoall_bytes(S, H, D, P) / 1e6 for S, H, D, P in zip(out.S, out.H, out.D, out.P)])
+    out["family"] = out["shape"].map(ulysses_family)
+    return out.sort_values(["P", "D", "H", "S"]).reset_index(drop=True)
+
+
+def ulysses_headline(df: pd.DataFrame) -> dict:
+    """The numbers the notebook's captions quote (each with the shape it comes from): the maximum fused
+    sender-visible and end-to-end speedup over serial, the largest fused / attention-alone ratio, and the
+    range of our attention's TFLOP/s over cuDNN SDPA's. Keys absent when the data lacks the methods."""
+    out = {"shapes": int(df["shape"].nunique()), "ranks": sorted(int(p) for p in set(df.P))}
+    sp = ulysses_speedups(df)
+    for line in ("fused_sv", "fused_e2e"):
+        s = sp[sp.line == line]
+        if len(s):
+            best = s.loc[s.speedup.idxmax()]
+            out[f"max_speedup_{line.split('_')[1]}"] = (float(best.speedup), str(best["shape"]), int(best.P))
+    r = ulysses_ratios(df)
+    for key, col, pick in (("max_fused_over_attn", "fused_sv", "idxmax"),
+                           ("min_attention_over_sdpa", "attention_over_sdpa", "idxmin"),
+                           ("max_attention_over_sdpa", "attention_over_sdpa", "idxmax")):
+        v = r[col].dropna()
+        if len(v):
+            i = getattr(v, pick)()
+            out[key] = (float(v[i]), str(r.loc[i, "shape"]), int(r.loc[i, "P"]))
+    return out
