@@ -19,7 +19,7 @@ Version ladder (each a figure's bar, each selected by constexprs of one kernel):
   +  TIMED (either variant): the global timer at each program's start and after its last store was issued
      (CTA barrier first); sender-visible time = max(last store) - min(start) over programs.
 
-A separate one-program kernel (``epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
+A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
 everywhere" has a time and a failure to arrive has a report instead of a hang.
 
@@ -43,7 +43,7 @@ path is the same. bf16 ``tl.dot`` is wrong in the interpreter: test there in fp1
 import triton
 import triton.language as tl
 
-from .sync import fence_sys, globaltimer, signal_flag, wait_flag
+from .sync import globaltimer
 
 LOG2E = 1.4426950408889634  # softmax(x) = exp2(x * log2(e) - max): the launcher folds log2(e) into the scale
 
@@ -138,31 +138,3 @@ def ulysses_attention_kernel(
         pid = pid_h * tl.num_programs(0) + pid_m
         tl.store(ts_ptr + pid * 2, t_start)
         tl.store(ts_ptr + pid * 2 + 1, t_end)
-
-
-@triton.jit
-def epoch_barrier_kernel(
-    flag_table,            # *int64 [P]: every rank's flags[P] int32 base address (peer pointers)
-    flags,                 # *int32 [P] this rank's flags: flags[src] = last epoch rank src released here
-    status_ptr,            # *int64 [P, 6] per awaited peer: (waiter, peer, expected, seen, polls, timed_out)
-    rank,                  # this rank
-    world_size,            # P
-    epoch,                 # int32, grows by one per barrier (flags are never reset)
-    max_polls,             # bound on each wait
-    SIGNAL: tl.constexpr,  # release this rank's epoch into every rank's flags[rank]
-    WAIT: tl.constexpr,    # wait until flags[src] >= epoch for every src
-    DEVICE: tl.constexpr,
-):
-    """Cross-rank barrier after the fused attention kernel (one program, launched after it in stream order).
-
-    The GPU runs SIGNAL and WAIT in one launch. Emulated ranks run every rank's SIGNAL launch first, then every
-    rank's WAIT launch (kernels only push; waits happen after)."""
-    if SIGNAL:
-        fence_sys(DEVICE)  # the attention kernel's remote stores are performed before the flag is released
-        for peer in range(0, world_size):
-            peer_flags = tl.load(flag_table + peer).to(tl.pointer_type(tl.int32))
-            signal_flag(peer_flags + rank, epoch)
-    if WAIT:
-        for src in range(0, world_size):
-            src_t = rank * 0 + src  # a tensor on both paths (the interpreter hands the loop a Python int)
-            wait_flag(flags + src, epoch, max_polls, status_ptr + src * 6, rank, src_t)

@@ -94,3 +94,32 @@ def wait_flag(flag_ptr, expected, max_iters, status_ptr, waiter, what):
     tl.store(status_ptr + 4, polls.to(tl.int64))
     tl.store(status_ptr + 5, (1 - ok.to(tl.int64)))
     return ok
+
+
+@triton.jit
+def epoch_barrier_kernel(
+    flag_table,            # *int64 [P]: every rank's flags[P] int32 base address (peer pointers)
+    flags,                 # *int32 [P] this rank's flags: flags[src] = last epoch rank src released here
+    status_ptr,            # *int64 [P, 6] per awaited peer: (waiter, peer, expected, seen, polls, timed_out)
+    rank,                  # this rank
+    world_size,            # P
+    epoch,                 # int32, grows by one per barrier (flags are never reset)
+    max_polls,             # bound on each wait
+    SIGNAL: tl.constexpr,  # release this rank's epoch into every rank's flags[rank]
+    WAIT: tl.constexpr,    # wait until flags[src] >= epoch for every src
+    DEVICE: tl.constexpr,
+):
+    """Cross-rank barrier after a fused kernel (one program, launched after it in stream order): ends the Ulysses
+    attention layer and the MegaMoE layer.
+
+    The GPU runs SIGNAL and WAIT in one launch. Emulated ranks run every rank's SIGNAL launch first, then every
+    rank's WAIT launch (kernels only push; waits happen after)."""
+    if SIGNAL:
+        fence_sys(DEVICE)  # the attention kernel's remote stores are performed before the flag is released
+        for peer in range(0, world_size):
+            peer_flags = tl.load(flag_table + peer).to(tl.pointer_type(tl.int32))
+            signal_flag(peer_flags + rank, epoch)
+    if WAIT:
+        for src in range(0, world_size):
+            src_t = rank * 0 + src  # a tensor on both paths (the interpreter hands the loop a Python int)
+            wait_flag(flags + src, epoch, max_polls, status_ptr + src * 6, rank, src_t)

@@ -353,7 +353,8 @@ for d, warps, stages in ((64, 4, 3), (128, 4, 2)):
           c.metadata.num_warps, c.metadata.shared)
 bsig = {'flag_table': '*i64', 'flags': '*i32', 'status_ptr': '*i64', 'rank': 'i32', 'world_size': 'i32',
         'epoch': 'i32', 'max_polls': 'i32', 'SIGNAL': 'constexpr', 'WAIT': 'constexpr', 'DEVICE': 'constexpr'}
-c = triton.compile(triton.compiler.ASTSource(fn=k.epoch_barrier_kernel, signature=bsig, constexprs=dict(
+import xstage.kernels.sync as ks
+c = triton.compile(triton.compiler.ASTSource(fn=ks.epoch_barrier_kernel, signature=bsig, constexprs=dict(
     SIGNAL=True, WAIT=True, DEVICE=True)), target=GPUTarget('cuda', 90, 32), options=dict(num_warps=1))
 print('barrier', sorted(set(re.findall(r'(?:atom|fence|ld\.global\.\w+\.acquire)[\w.]*', c.asm['ptx']))))
 """

@@ -35,7 +35,8 @@ import pandas as pd
 import torch
 
 from . import data, env
-from .kernels.attention import LOG2E, epoch_barrier_kernel, ulysses_attention_kernel
+from .kernels.attention import LOG2E, ulysses_attention_kernel
+from .kernels.sync import epoch_barrier_kernel
 
 HEAD_DIMS = (64, 128)
 METHODS = ("fused", "serial_triton", "serial_cudnn", "overlapped", "attention_only", "sdpa_only")
