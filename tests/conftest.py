@@ -17,3 +17,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs 2 CUDA GPUs, {n} visible"))
         if "browser" in item.keywords and not (shutil.which("chromium") or os.environ.get("XSTAGE_CHROMIUM")):
             item.add_marker(pytest.mark.skip(reason="needs a headless Chromium"))
+
+
+@pytest.fixture
+def cpu_timing(monkeypatch):
+    """Sweeps on the CPU (gloo ranks): xstage.bench.time_ms measured with the host clock, no CUDA syncs."""
+    import time
+
+    from xstage import bench
+
+    def cpu_time_ms(fn, warmup=3, reps=10, device=None):
+        for _ in range(warmup):
+            fn()
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    monkeypatch.setattr(bench, "time_ms", cpu_time_ms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)

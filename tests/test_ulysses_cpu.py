@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+
+import xstage.ranks
 import torch
 
 from xstage import data
@@ -144,30 +146,17 @@ def test_serial_and_overlapped_baselines_relayout_like_torch_indexing():
     mp.spawn(_gloo_worker, args=(P, port, q_all, k_all, v_all, want), nprocs=P, join=True)
 
 
-def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch):
+def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing):
     """The sweep's whole flow on one CPU rank (gloo; P = 1 is a degenerate Ulysses layer, but every step runs):
     tuning, the bit-exact pre-check, each method's timing (a CPU stand-in for time_ms), the cuDNN baselines
     skipped on every rank when cuDNN SDPA cannot run, rows appended per shape, configs in the sidecar, resume."""
     import socket
-    import time
     import types
 
     import torch.distributed as dist
 
-    from xstage import bench, env
+    from xstage import env
 
-    def cpu_time_ms(fn, warmup=3, reps=10, device=None):
-        for _ in range(warmup):
-            fn()
-        out = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t) * 1e3)
-        return out
-
-    monkeypatch.setattr(bench, "time_ms", cpu_time_ms)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(U, "H200_CONFIGS", {64: (U.AttnConfig(64, 64, 4, 1), U.AttnConfig(32, 32, 4, 1))})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -233,7 +222,7 @@ def no_launch(monkeypatch):
             return lambda *a, **kw: launched.append(grid)
 
     monkeypatch.setattr(U, "ulysses_attention_kernel", Recorder())
-    monkeypatch.setattr(U, "epoch_barrier_kernel", Recorder())
+    monkeypatch.setattr(xstage.ranks, "epoch_barrier_kernel", Recorder())
     yield launched
     assert not launched, "a kernel was launched although the inputs were bad"
 

@@ -74,8 +74,8 @@ import pandas as pd
 import torch
 
 from . import data, env
-from .kernels.sync import epoch_barrier_kernel
 from .kernels.moe import dispatch_push_kernel, megamoe_kernel
+from .ranks import epoch_barrier
 from .model import BurstGapParams, drain_time, issue_time, recover
 
 SCHEDULES = ("expert_wave", "interleaved", "lag", "model_guided")
@@ -1070,34 +1070,10 @@ def check_task_status(tl_: TaskList, rank: int, layout: RankLayout, n1: int, dev
 def moe_barrier(world, bufs: MoEBuffers, phase: str, check: bool = True, max_polls: int = MAX_POLLS,
                 silent_ranks: Sequence[int] = ()) -> None:
     """Every rank releases the next epoch into every peer's flags (after a system-scope fence) and waits
-    (bounded) for all peers' (xstage.kernels.sync.epoch_barrier_kernel)."""
-    if max_polls < 1:
-        raise ValueError(f"max_polls must be >= 1, got {max_polls}")
+    (bounded) for all peers' (xstage.ranks.epoch_barrier)."""
     bufs.epoch += 1
-    device = not env.interpreted()
-
-    def launch(r, signal, wait):
-        epoch_barrier_kernel[(1,)](bufs.tables[r]["flags"], bufs.flags.local(r), bufs.status[r], r,
-                                   world.world_size, bufs.epoch, max_polls, SIGNAL=signal, WAIT=wait, DEVICE=device,
-                                   num_warps=1)
-
-    present = [r for r in world.local_ranks if r not in silent_ranks]
-    if world.emulated:
-        for r in present:
-            launch(r, True, False)
-        for r in present:
-            launch(r, False, True)
-    else:
-        for r in present:
-            launch(r, True, True)
-    if check:
-        for r in present:
-            st = bufs.status[r].cpu()
-            bad = torch.nonzero(st[:, 5]).flatten()
-            if bad.numel():
-                waiter, peer, expected, seen, polls, _ = (int(v) for v in st[int(bad[0])])
-                raise RuntimeError(f"MegaMoE {phase} barrier: rank {waiter} timed out waiting for rank {peer} "
-                                   f"(expected epoch {expected}, saw {seen} after {polls} polls)")
+    epoch_barrier(world, {r: bufs.tables[r]["flags"] for r in world.local_ranks}, bufs.flags, bufs.status,
+                  bufs.epoch, f"MegaMoE {phase} barrier", max_polls, check, silent_ranks)
 
 
 def megamoe_layer(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks: Mapping[int, TaskList],

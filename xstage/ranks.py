@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from . import env
+from .kernels.sync import epoch_barrier_kernel
 
 
 @dataclass
@@ -121,3 +122,41 @@ def spawn(fn: Callable, world_size: int, *args) -> None:
     env.require_gpus(world_size, f"a {world_size}-rank run")
     env.apply_safe_env()
     mp.spawn(_worker, args=(world_size, _free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def epoch_barrier(world, flag_table: dict[int, torch.Tensor], flags: SymmTensor, status: dict[int, torch.Tensor],
+                  epoch: int, what: str, max_polls: int, check: bool = True, silent_ranks: Sequence[int] = ()) -> None:
+    """End-of-layer barrier (``kernels.sync.epoch_barrier_kernel``): every rank releases ``epoch`` into every
+    peer's flags (after a system-scope fence) and waits, bounded, for all peers'. ``flag_table[r]`` holds every
+    rank's flags address as seen from rank r; ``status[r]`` is int64 [P, 6]. Emulated ranks signal first, then
+    wait (kernels only push). ``silent_ranks`` never signal (tests: a missing peer ends in an error)."""
+    if max_polls < 1:
+        raise ValueError(f"max_polls must be >= 1, got {max_polls}")
+    device = not env.interpreted()
+
+    def launch(r, signal, wait):
+        epoch_barrier_kernel[(1,)](flag_table[r], flags.local(r), status[r], r, world.world_size, epoch, max_polls,
+                                   SIGNAL=signal, WAIT=wait, DEVICE=device, num_warps=1)
+
+    present = [r for r in world.local_ranks if r not in silent_ranks]
+    if world.emulated:
+        for r in present:
+            launch(r, True, False)
+        for r in present:
+            launch(r, False, True)
+    else:
+        for r in present:
+            launch(r, True, True)
+    if check:
+        for r in present:
+            raise_on_barrier_timeout(status[r], what)
+
+
+def raise_on_barrier_timeout(status: torch.Tensor, what: str) -> None:
+    """Raise RuntimeError naming the waiting rank and the first peer that never arrived (instead of a hang)."""
+    st = status.cpu()
+    bad = torch.nonzero(st[:, 5]).flatten()
+    if bad.numel():
+        waiter, peer, expected, seen, polls, _ = (int(x) for x in st[int(bad[0])])
+        raise RuntimeError(f"{what}: rank {waiter} timed out waiting for rank {peer} (expected epoch {expected}, "
+                           f"saw {seen} after {polls} polls; {bad.numel()} peer(s) missing: {bad.tolist()})")

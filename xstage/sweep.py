@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np

@@ -36,10 +36,11 @@ import torch
 
 from . import data, env
 from .kernels.attention import LOG2E, ulysses_attention_kernel
-from .kernels.sync import epoch_barrier_kernel
+from .ranks import epoch_barrier, raise_on_barrier_timeout
 
 HEAD_DIMS = (64, 128)
 METHODS = ("fused", "serial_triton", "serial_cudnn", "overlapped", "attention_only", "sdpa_only")
+BARRIER_NAME = "end-of-attention barrier"
 MAX_POLLS = 20_000_000      # barrier spin bound (~seconds): a peer still compiling its first kernel must fit
 OVERLAP_CHUNKS = 4          # head chunks of the stream-overlapped baseline
 STATUS_FIELDS = 6           # (waiter, peer, expected, seen, polls, timed_out) per awaited peer
@@ -356,38 +357,14 @@ def ulysses_fused(world, q: Mapping[int, torch.Tensor], k: Mapping[int, torch.Te
 def end_barrier(world, bufs: UlyssesBuffers, check: bool = True, max_polls: int = MAX_POLLS,
                 silent_ranks: Sequence[int] = ()) -> None:
     """Every rank releases the next epoch into every peer's flags and waits (bounded) for all peers'."""
-    if max_polls < 1:
-        raise ValueError(f"max_polls must be >= 1, got {max_polls}")
     bufs.epoch += 1
-    device = not env.interpreted()
-
-    def launch(r, signal, wait):
-        epoch_barrier_kernel[(1,)](bufs.flag_table[r], bufs.flags.local(r), bufs.status[r], r, world.world_size,
-                                   bufs.epoch, max_polls, SIGNAL=signal, WAIT=wait, DEVICE=device, num_warps=1)
-
-    present = [r for r in world.local_ranks if r not in silent_ranks]
-    if world.emulated:  # kernels only push: every rank signals, then every rank waits
-        for r in present:
-            launch(r, True, False)
-        for r in present:
-            launch(r, False, True)
-    else:
-        for r in present:
-            launch(r, True, True)
-    if check:
-        for r in present:
-            check_barrier_status(bufs, r)
+    epoch_barrier(world, bufs.flag_table, bufs.flags, bufs.status, bufs.epoch, BARRIER_NAME, max_polls, check,
+                  silent_ranks)
 
 
 def check_barrier_status(bufs: UlyssesBuffers, rank: int) -> None:
     """Raise RuntimeError naming the waiting rank and the peer that never arrived (instead of having hung)."""
-    st = bufs.status[rank].cpu()
-    bad = torch.nonzero(st[:, 5]).flatten()
-    if bad.numel():
-        waiter, peer, expected, seen, polls, _ = (int(x) for x in st[int(bad[0])])
-        raise RuntimeError(f"end-of-attention barrier: rank {waiter} timed out waiting for rank {peer} "
-                           f"(expected epoch {expected}, saw {seen} after {polls} polls; "
-                           f"{bad.numel()} peer(s) missing: {bad.tolist()})")
+    raise_on_barrier_timeout(bufs.status[rank], BARRIER_NAME)
 
 
 def sender_visible_ms(ts: torch.Tensor, n: int) -> float:
