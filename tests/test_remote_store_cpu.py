@@ -139,3 +139,16 @@ def test_bad_ulysses_sweep_parameters_exit_2(capsys, tmp_path, argv, match):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and __import__("re").search(match, err), err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--cases", "nope"], r"unknown case\(s\) \['nope'\]"),
+    (["--dtypes", "fp16"], "dtypes must be a non-empty subset"),
+    (["--repeats", "3"], "repeats must be >= 20"),
+    (["--schedules", "fifo"], "schedules must be a subset"),
+])
+def test_bad_megamoe_sweep_parameters_exit_2(capsys, tmp_path, argv, match):
+    assert cli.main(["sweep", "megamoe", "--out", str(tmp_path)] + argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and __import__("re").search(match, err), err
+    assert not any(tmp_path.iterdir())

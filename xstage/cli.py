@@ -4,6 +4,7 @@
                          [--store-bytes 16,4] [--targets remote,local] [--bursts 8] [--repeats 5] [--drain]
                          [--world-size 2] [--source gpu|simulated]
   xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10]
+  xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
   xstage bench bandwidth --out data/h200x2
   xstage fit --data data/h200x2
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
@@ -69,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     ul.add_argument("--repeats", type=int, default=10)
     ul.add_argument("--no-tune", action="store_true", help="use the first H200 config instead of timing several")
 
+    mo = swsub.add_parser("megamoe", help="MegaMoE: schedules x 84 configurations, bf16 and FP8 (notebook 03)")
+    mo.add_argument("--out", required=True, help="output folder, e.g. data/h200x2 (resumes if it exists)")
+    mo.add_argument("--world-size", type=int, default=2)
+    mo.add_argument("--dtypes", type=_strs, default=("bf16", "fp8"))
+    mo.add_argument("--cases", type=_strs, default=(), help="case names (default: all 84)")
+    mo.add_argument("--schedules", type=_strs, default=("expert_wave", "interleaved", "lag", "model_guided"))
+    mo.add_argument("--repeats", type=int, default=20)
+    mo.add_argument("--max-minutes", type=float, default=None,
+                    help="start no new configuration after this long (run again to resume)")
+
     be = sub.add_parser("bench", help="benchmarks")
     besub = be.add_subparsers(dest="bench", required=True)
     bw = besub.add_parser("bandwidth", help="peak SM remote-store bandwidth vs copy-engine peer copy")
@@ -101,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             shapes = ulysses.shapes_by_name(args.shapes) if args.shapes else None
             print(ulysses.run_ulysses(args.out, world_size=args.world_size, repeats=args.repeats, shapes=shapes,
                                       tune=not args.no_tune, command=command))
+        elif args.cmd == "sweep" and args.study == "megamoe":
+            from . import moe
+
+            cases = moe.cases_by_name(args.cases) if args.cases else None
+            print(moe.run_megamoe(args.out, world_size=args.world_size, dtypes=args.dtypes, cases=cases,
+                                  schedules=args.schedules, repeats=args.repeats, max_minutes=args.max_minutes,
+                                  command=command))
         elif args.cmd == "sweep":
             from .sweep import BurstGapGrid, run_burst_gap
 
