@@ -2,6 +2,7 @@
 #   make venv          .venv with torch + xstage[notebooks,test] (editable)
 #   make test          pytest tests/, then nbval over notebooks/
 #   make reproduce     run every notebook into runs/<UTC time>/ (ARGS="--only 02 -p n_boot 200 --source recorded")
+#   make figures       README gallery: reproduce from recorded data into runs/figures/, PNGs into docs/figures/
 #   make lab           JupyterLab on notebooks/
 #   make wheelhouse    offline wheels for a GPU node (Python 3.12, x86_64) without torch/triton
 #   make install-offline   on that node: venv from wheelhouse/ (keeps the node's CUDA torch)
@@ -31,10 +32,10 @@ NBVAL_CELL_TIMEOUT ?= 600
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help venv test reproduce lab wheelhouse install-offline clean distclean
+.PHONY: help venv test reproduce figures lab wheelhouse install-offline clean distclean
 
 help:
-	@sed -n '2,8s/^# //p' Makefile
+	@sed -n '2,9s/^# //p' Makefile
 
 venv: $(VENV)/.stamp
 
@@ -62,6 +63,15 @@ test: venv
 
 reproduce: venv
 	$(PY) -m xstage.reproduce $(ARGS)
+
+# The README's gallery: a reproduce run from recorded data (PNG export needs Chromium for kaleido), then the
+# main figures' PNGs copied into docs/figures/ and the README block between the gallery markers rewritten
+# with each figure's caption (xstage.report.write_gallery; the figure list is GALLERY_FIGURES there).
+FIGURES_RUN ?= runs/figures
+figures: venv
+	rm -rf $(FIGURES_RUN)
+	env -u XSTAGE_NO_PNG $(PY) -m xstage.reproduce --source recorded --out $(FIGURES_RUN)
+	$(PY) -m xstage.report gallery $(FIGURES_RUN) --readme README.md --dest docs/figures
 
 lab: venv
 	$(PY) -m jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)

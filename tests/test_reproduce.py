@@ -179,3 +179,70 @@ def test_reproduce_end_to_end(tmp_path: Path, monkeypatch, capsys) -> None:
     index = (run / "index.html").read_text()
     assert "A tiny figure." in index and "1.18x" in index and "1.20x" in index and "testbox" in index
     assert "figures/plotly.min.js" in index and "02_broken.html" in index
+
+
+def test_png_note(monkeypatch) -> None:
+    from xstage import report
+
+    monkeypatch.delenv("XSTAGE_NO_PNG", raising=False)
+    monkeypatch.setattr(report, "find_chrome", lambda: None)
+    assert "no Chrome/Chromium found" in reproduce.png_note()
+    monkeypatch.setattr(report, "find_chrome", lambda: "/usr/bin/chromium")
+    assert reproduce.png_note() is None
+    monkeypatch.setenv("XSTAGE_NO_PNG", "1")
+    assert "XSTAGE_NO_PNG" in reproduce.png_note()
+
+
+def _fake_run(run: Path, names: list[str], png: bool = True) -> Path:
+    figdir = run / "figures"
+    figdir.mkdir(parents=True)
+    with open(figdir / "manifest.jsonl", "w", encoding="utf-8") as fh:
+        for name in names:
+            if png:
+                (figdir / f"{name}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + name.encode())
+            fh.write(json.dumps({"name": name, "caption": f"Caption of {name}: a*b <x>.", "notebook": "01_x",
+                                 "provenance": {"machine": "h200x2", "source": "recorded"}, "paper": None,
+                                 "ours": "0.94" if name == "b" else None,
+                                 "png": f"figures/{name}.png" if png else None}) + "\n")
+    return run
+
+
+def test_gallery_rewrites_readme_block(tmp_path: Path) -> None:
+    from xstage import report
+
+    run = _fake_run(tmp_path / "run", ["a", "b", "c"])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{report.GALLERY_START}\n\n## Running\n\nafter\n", encoding="utf-8")
+    dest = tmp_path / "docs" / "figures"
+    dest.mkdir(parents=True)
+    (dest / "old.png").write_bytes(b"stale")
+    written = report.write_gallery(run, readme, dest, ["b", "a"])
+    assert [p.name for p in written] == ["b.png", "a.png"]
+    assert sorted(p.name for p in dest.iterdir()) == ["a.png", "b.png"]  # the stale one is gone
+    text = readme.read_text(encoding="utf-8")
+    assert text.index("![b](docs/figures/b.png)") < text.index("![a](docs/figures/a.png)")
+    assert r"Caption of b: a\*b \<x\>." in text and "ours: 0.94" in text and "c.png" not in text
+    assert text.index(report.GALLERY_START) < text.index(report.GALLERY_END) < text.index("## Running")
+    assert text.startswith("# x\n\nbefore\n") and text.endswith("## Running\n\nafter\n")
+    report.write_gallery(run, readme, dest, ["b", "a"])
+    assert readme.read_text(encoding="utf-8") == text  # regenerating changes nothing
+    report.write_gallery(run, readme, dest, ["c"])
+    text = readme.read_text(encoding="utf-8")
+    assert "c.png" in text and "b.png" not in text and text.count(report.GALLERY_END) == 1
+
+
+def test_gallery_errors_name_the_figure(tmp_path: Path, capsys) -> None:
+    from xstage import report
+
+    run = _fake_run(tmp_path / "run", ["a"], png=False)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{report.GALLERY_START}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no PNG for a .*Chromium"):
+        report.write_gallery(run, readme, tmp_path / "figs", ["a"])
+    assert readme.read_text(encoding="utf-8") == f"{report.GALLERY_START}\n" and not (tmp_path / "figs").exists()
+    assert report.main(["gallery", str(run), "--readme", str(readme), "--dest", str(tmp_path / "f"),
+                        "--figures", "a,zz"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: figures not in") and "zz" in err and len(err.splitlines()) == 1
+    with pytest.raises(ValueError, match="README has no line"):
+        report.replace_gallery("no marker\n", "x")

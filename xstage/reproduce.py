@@ -416,6 +416,26 @@ def execute(notebooks: list[Path], params: dict[Path, dict[str, Any]], run: Path
     return rows
 
 
+def png_note() -> str | None:
+    """One line saying why no PNG will be written in this run, or None when kaleido has a browser."""
+    from xstage import report
+
+    if os.environ.get("XSTAGE_NO_PNG"):
+        return "PNG export is off (XSTAGE_NO_PNG is set); the figures are written as HTML."
+    if report.find_chrome() is None:
+        return ("PNG export skipped: no Chrome/Chromium found for kaleido (install Debian's 'chromium' or set "
+                "BROWSER_PATH); the figures are written as HTML.")
+    return None
+
+
+def missing_pngs(run: Path) -> list[str]:
+    """Figures of the run's manifest that have no PNG."""
+    from xstage.report import read_manifest
+
+    return [rec["name"] for rec in read_manifest(run)
+            if not (rec.get("png") and (Path(run) / rec["png"]).is_file())]
+
+
 # ------------------------------------------------------------------------------------------- CLI
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -481,6 +501,9 @@ def run(args: argparse.Namespace) -> int:
     }
     (run_folder / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     print(f"run folder: {run_folder}", file=sys.stderr)
+    note = png_note()
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
     rows = execute(notebooks, params, run_folder, args.timeout)
 
@@ -495,6 +518,10 @@ def run(args: argparse.Namespace) -> int:
         if row["status"] != "ok":
             print(f"{row['notebook']} failed: {row['error']} (see {run_folder / (row['notebook'] + '.html')})")
     index = write_index(run_folder)
+    missing = missing_pngs(run_folder) if not note else []
+    if missing:
+        print(f"note: {len(missing)} figure(s) have no PNG (kaleido failed; the notebooks' output says why): "
+              f"{', '.join(missing)}", file=sys.stderr)
     print(f"report: {index}")
     return 1 if any(r["status"] != "ok" for r in rows) else 0
 
