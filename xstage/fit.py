@@ -176,7 +176,9 @@ def fit_burst_gap(df: pd.DataFrame, target: str = "remote", store_bytes: int = 1
         s2 = 2 * sol.cost / dof
         cov = np.linalg.pinv(J.T @ J) * s2
         se = np.sqrt(np.diag(cov))
-        lo, hi = np.exp(sol.x - 1.96 * se), np.exp(sol.x + 1.96 * se)
+        # an unconstrained parameter (e.g. a capacity on its bound) has a huge se: its interval spans the bounds
+        lo = np.exp(np.maximum(sol.x - 1.96 * se, LOG_BOUNDS[0]))
+        hi = np.exp(np.minimum(sol.x + 1.96 * se, LOG_BOUNDS[1]))
     heldout = kfold_heldout(cfgs, meas, sol.x, k=k_folds, seed=seed)
     return FitResult(best, dict(zip(PARAM_NAMES, lo)), dict(zip(PARAM_NAMES, hi)), uncertainty, cfgs, meas,
                      predict(cfgs, best, meas.shape[1]), heldout, target, store_bytes)
