@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 from xstage import reproduce
+from xstage.env import resolve_source
 from xstage.report import export_figure, find_chrome, write_index
 
 PARAMS = '''source: str = "auto"  # gpu | recorded | simulated | auto
@@ -160,8 +161,9 @@ def test_reproduce_end_to_end(tmp_path: Path, monkeypatch, capsys) -> None:
                  "figures/manifest.jsonl"):
         assert (run / name).is_file(), name
     rows = list(csv.DictReader((run / "summary.csv").open()))
+    auto = f"auto ({resolve_source('auto')})"   # the summary says what auto resolved to here
     assert [(r["notebook"], r["source"], r["status"]) for r in rows] == [
-        ("01_figure", "auto", "ok"), ("02_broken", "auto", "failed")]  # ... and 01 still ran
+        ("01_figure", auto, "ok"), ("02_broken", auto, "failed")]  # ... and 01 still ran
     assert "deliberate failure" in rows[1]["error"]
     assert "01_figure" in out and "failed" in out
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xstage.env import SOURCES
+from xstage.env import SOURCES, resolve_source
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 DEFAULT_SOURCE = "auto"
@@ -402,7 +402,10 @@ def execute(notebooks: list[Path], params: dict[Path, dict[str, Any]], run: Path
                     _to_html(out)
                 except Exception as exc:  # noqa: BLE001
                     tqdm.write(f"note: HTML of {out.name} not written: {_error_line(exc)}", file=sys.stderr)
-            rows.append({"notebook": nb.stem, "source": params[nb].get("source", DEFAULT_SOURCE),
+            src = params[nb].get("source", DEFAULT_SOURCE)
+            if src == "auto":  # what it resolved to on this machine (every study needs >= 2 GPUs)
+                src = f"auto ({resolve_source('auto')})"
+            rows.append({"notebook": nb.stem, "source": src,
                          "seconds": seconds, "status": status, "error": error})
             tqdm.write(f"{nb.stem}: {status} in {seconds:.1f} s" + (f" - {error}" if error else ""),
                        file=sys.stderr)
