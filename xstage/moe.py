@@ -1534,14 +1534,19 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
     params = BurstGapParams(**prm)
     dev = world.device(rank)
     unfused_cache: dict = {}
+
+    def out_of_time() -> bool:
+        """Rank 0's clock decides for every rank (a collective: all ranks stop at the same configuration)."""
+        go = [deadline is None or time.time() < deadline]
+        world.dist.broadcast_object_list(go, src=0)
+        if not go[0] and rank == 0:
+            print("megamoe: time budget reached; run again to resume", file=sys.stderr, flush=True)
+        return not go[0]
+
     for shape in dict.fromkeys(c.shape for c, _ in todo):
         for dtype in [d for d in dtypes if any(c.shape == shape and dd == d for c, dd in todo)]:
             mine = [c for c, d in todo if c.shape == shape and d == dtype]
-            go = [deadline is None or time.time() < deadline]
-            world.dist.broadcast_object_list(go, src=0)
-            if not go[0]:
-                if rank == 0:
-                    print("megamoe: time budget reached; run again to resume", file=sys.stderr, flush=True)
+            if out_of_time():
                 return
             w = rank_weights(shape.hidden, shape.intermediate, shape.experts, P, rank, seed, dev, dtype)
             cap = max(lay.rows for c in mine for lay in routing_of(c, P)[2])
@@ -1550,11 +1555,7 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
                                shape.topk, shape.experts // P, dtype,
                                min_block_m=min(t.block_m for t in tiles.values()))
             for c in mine:
-                go = [deadline is None or time.time() < deadline]
-                world.dist.broadcast_object_list(go, src=0)
-                if not go[0]:
-                    if rank == 0:
-                        print("megamoe: time budget reached; run again to resume", file=sys.stderr, flush=True)
+                if out_of_time():
                     return
                 prob = make_problem(world, c, dtype, tiles[c.name], weights={rank: w}, weight_seed=seed)
                 res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache)
