@@ -20,7 +20,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from xstage.ranks import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("XSTAGE_TEST_ARTIFACTS") or ROOT / "test-artifacts")
@@ -171,12 +172,6 @@ def test_notebook_pages_render_their_figures(reproduce_run: Path, browser_contex
 
 # ---------------------------------------------------------------------------------------------- the explorer
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen, port: int, token: str) -> None:
     """Shut JupyterLab down through its API (which also stops its kernels), then signal its process group."""
     if proc.poll() is None:
@@ -211,7 +206,7 @@ def jupyter_lab(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("XSTAGE_RUN_DIR", "XSTAGE_NOTEBOOK")}
     env.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                IPYTHONDIR=str(tmp_path / "ipython"))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nbdir}",
            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",

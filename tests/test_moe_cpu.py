@@ -9,7 +9,6 @@ bf16 and fp8 (e4m3) wgmma. FP8 itself cannot run under the interpreter (no fp8 t
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 import xstage.ranks
+from xstage.ranks import free_port
 import torch
 
 from xstage import data
@@ -39,12 +39,6 @@ def _buffers(world, prob):
     s = prob.case.shape
     return M.moe_buffers(world, max(prob.cap_rows, 1), prob.case.tokens, s.hidden, s.intermediate, s.topk,
                          s.experts // world.world_size, prob.dtype)
-
-
-def _port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------- fused layer
@@ -459,7 +453,7 @@ def test_unfused_baseline_equals_the_fused_layer_on_gloo():
     bufs = _buffers(world, prob)
     tasks = {r: M.build_tasks(prob, "expert_wave", 2, r) for r in range(P)}
     want = M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
-    mp.spawn(_gloo_worker, args=(P, _port(), case, seed, want), nprocs=P, join=True)
+    mp.spawn(_gloo_worker, args=(P, free_port(), case, seed, want), nprocs=P, join=True)
 
 
 def test_grouped_mm_fallback_says_why(monkeypatch, capsys):
@@ -482,7 +476,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
     monkeypatch.setattr(M, "default_tiles", lambda *a, **k: TILES)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         emu = EmulatedWorld(1)
         world = types.SimpleNamespace(dist=dist, world_size=1, local_ranks=[0], emulated=False, device=emu.device,

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import xstage.ranks
+from xstage.ranks import free_port
 import torch
 
 from xstage import data
@@ -63,7 +64,7 @@ def test_fused_matches_reference_ulysses_and_layout_helpers():
     ref = U.reference_ulysses(q_all, k_all, v_all, P)
     pt = U.attention_reference(q_all, k_all, v_all, upcast=False)
     for r in range(P):
-        U.check_bit_exact(out[r], serial[r], f"rank {r}")
+        U.check_bit_identical(out[r], serial[r], f"rank {r}")
         U.check_close(out[r], ref[r], pt[r * S // P:(r + 1) * S // P], f"rank {r}")
     # layouts: sequence-sharded -> head-sharded -> back
     seq = [q_all[r * S // P:(r + 1) * S // P] for r in range(P)]
@@ -90,7 +91,7 @@ def test_check_bit_exact_names_unwritten_elements():
     want = out[1].clone()
     out[1][100, 1, 7] = float("nan")                                   # as if that element was never stored
     with pytest.raises(AssertionError, match=r"1 of \d+ elements differ \(1 still NaN.*\[100, 1, 7\]"):
-        U.check_bit_exact(out[1], want, "rank 1")
+        U.check_bit_identical(out[1], want, "rank 1")
 
 
 def test_timestamps_buffer_under_the_interpreter():
@@ -120,10 +121,10 @@ def _gloo_worker(rank, P, port, q_all, k_all, v_all, want):
         q, k, v = (x[:, rank * Hl:(rank + 1) * Hl].contiguous() for x in (q_all, k_all, v_all))
         cfg = U.AttnConfig(64, 64, 4, 1)
         serial = U.post_all_to_all_nccl(U.attention_forward(q, k, v, config=cfg), world)
-        U.check_bit_exact(serial, want[rank], f"serial rank {rank}")
+        U.check_bit_identical(serial, want[rank], f"serial rank {rank}")
         overlapped = U.make_overlapped(world, q, k, v, chunks=2, config=cfg)
-        U.check_bit_exact(overlapped(), want[rank], f"overlapped rank {rank}")
-        U.check_bit_exact(overlapped(), want[rank], f"overlapped rank {rank}, second call")
+        U.check_bit_identical(overlapped(), want[rank], f"overlapped rank {rank}")
+        U.check_bit_identical(overlapped(), want[rank], f"overlapped rank {rank}, second call")
     finally:
         dist.destroy_process_group()
 
@@ -131,8 +132,6 @@ def _gloo_worker(rank, P, port, q_all, k_all, v_all, want):
 def test_serial_and_overlapped_baselines_relayout_like_torch_indexing():
     """The GPU baselines' all_to_all_single + relayout (serial) and head-chunk pipeline (overlapped, async
     collectives) produce the post-all-to-all layout bit for bit; run here with gloo on CPU processes."""
-    import socket
-
     import torch.multiprocessing as mp
 
     P, S, H, D = 2, 128, 6, 64                    # Hl = 3 heads: chunks of 1 and 2 heads
@@ -140,9 +139,7 @@ def test_serial_and_overlapped_baselines_relayout_like_torch_indexing():
     cfg = U.AttnConfig(64, 64, 4, 1)
     q, k, v = (U.shard_heads(x, P) for x in (q_all, k_all, v_all))
     want = U.post_all_to_all([U.attention_forward(q[r], k[r], v[r], config=cfg) for r in range(P)])
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     mp.spawn(_gloo_worker, args=(P, port, q_all, k_all, v_all, want), nprocs=P, join=True)
 
 
@@ -150,7 +147,6 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
     """The sweep's whole flow on one CPU rank (gloo; P = 1 is a degenerate Ulysses layer, but every step runs):
     tuning, the bit-exact pre-check, each method's timing (a CPU stand-in for time_ms), the cuDNN baselines
     skipped on every rank when cuDNN SDPA cannot run, rows appended per shape, configs in the sidecar, resume."""
-    import socket
     import types
 
     import torch.distributed as dist
@@ -158,9 +154,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
     from xstage import env
 
     monkeypatch.setattr(U, "H200_CONFIGS", {64: (U.AttnConfig(64, 64, 4, 1), U.AttnConfig(32, 32, 4, 1))})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         emu = EmulatedWorld(1)

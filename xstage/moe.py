@@ -75,6 +75,7 @@ import torch
 
 from . import data, env
 from .kernels.moe import dispatch_push_kernel, megamoe_kernel
+from .numeric import check_bit_identical, rel_l2
 from .ranks import epoch_barrier
 from .model import BurstGapParams, drain_time, issue_time, recover
 
@@ -747,12 +748,6 @@ def topk_reduce(combine: torch.Tensor) -> torch.Tensor:
     return combine.float().sum(0).to(combine.dtype)
 
 
-def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """||a - ref|| / ||ref|| in float64."""
-    a, ref = a.double(), ref.double()
-    return float((a - ref).norm() / ref.norm())
-
-
 def check_close(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor | None, dtype: str, what: str
                 ) -> tuple[float, float]:
     """No NaN (every element written); relative L2 error to the float32 reference at most 2x PyTorch's own
@@ -772,16 +767,6 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor | 
         raise AssertionError(f"{what}: relative L2 error {err:.3g} > 2 x PyTorch's {err_pt:.3g} "
                              f"+ {REL_L2_FLOOR[dtype]:g}")
     return err, err_pt
-
-
-def check_bit_identical(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """Same bits everywhere (schedules differ only in order; the math per tile is identical)."""
-    ib = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[got.element_size()]
-    g, w = got.contiguous().view(ib), want.contiguous().view(ib)
-    bad = (g != w).nonzero()
-    if bad.numel() or got.shape != want.shape:
-        first = bad[0].tolist() if bad.numel() else "shape"
-        raise AssertionError(f"{what}: {bad.shape[0]} of {got.numel()} elements differ; first at {first}")
 
 
 # --------------------------------------------------------------------------------------------------- buffers

@@ -89,7 +89,8 @@ class TorchSymmWorld:
         self.dist.barrier()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (rendezvous of spawned ranks; servers in tests)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -121,7 +122,7 @@ def spawn(fn: Callable, world_size: int, *args) -> None:
         raise ValueError(f"world_size must be >= 2 for remote stores, got {world_size}")
     env.require_gpus(world_size, f"a {world_size}-rank run")
     env.apply_safe_env()
-    mp.spawn(_worker, args=(world_size, _free_port(), fn, args), nprocs=world_size, join=True)
+    mp.spawn(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
 
 
 def epoch_barrier(world, flag_table: dict[int, torch.Tensor], flags: SymmTensor, status: dict[int, torch.Tensor],

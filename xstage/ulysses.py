@@ -36,6 +36,7 @@ import torch
 
 from . import data, env
 from .kernels.attention import LOG2E, ulysses_attention_kernel
+from .numeric import check_bit_identical, rel_l2
 from .ranks import epoch_barrier, raise_on_barrier_timeout
 
 HEAD_DIMS = (64, 128)
@@ -442,29 +443,7 @@ def reference_ulysses(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Ten
     return [ref[r * Sl:(r + 1) * Sl] for r in range(P)]
 
 
-def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
-    """||a - ref|| / ||ref|| in float64."""
-    a, ref = a.double(), ref.double()
-    return float((a - ref).norm() / ref.norm())
-
-
 REL_L2_FLOOR = {torch.float32: 1e-6, torch.float16: 1e-4, torch.bfloat16: 1e-3}
-
-
-def check_bit_exact(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """Pure data movement must match bit for bit; raises naming the first bad [row, head, d] and how many
-    elements are still NaN (poisoned, never written)."""
-    if got.shape != want.shape or got.dtype != want.dtype:
-        raise AssertionError(f"{what}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
-    ib = {2: torch.int16, 4: torch.int32}[got.element_size()]
-    g, w = got.contiguous().view(ib), want.contiguous().view(ib)
-    bad = (g != w).nonzero()
-    if bad.numel():
-        first = tuple(int(x) for x in bad[0])
-        unwritten = int(torch.isnan(got).sum())
-        raise AssertionError(f"{what}: {bad.shape[0]} of {got.numel()} elements differ ({unwritten} still NaN, "
-                             f"i.e. never written); first at [row, head, d] = {list(first)}: got "
-                             f"{float(got[first])}, want {float(want[first])}")
 
 
 def check_close(out: torch.Tensor, ref: torch.Tensor, torch_out: torch.Tensor, what: str) -> tuple[float, float]:
@@ -567,7 +546,7 @@ def check_job(world, cases: Sequence, seed: int, dtype: torch.dtype | None = Non
         else:
             serial = {r: post_all_to_all_nccl(local[r], world) for r in world.local_ranks}
         for r in world.local_ranks:
-            check_bit_exact(outs[r], serial[r], f"{c.name} P={P} rank {r}: fused vs attention + all-to-all")
+            check_bit_identical(outs[r], serial[r], f"{c.name} P={P} rank {r}: fused vs attention + all-to-all")
             rows = slice(r * Sl, (r + 1) * Sl)
             ref = attention_reference(q_all, k_all, v_all, rows=rows)
             pt = attention_reference(q_all, k_all, v_all, rows=rows, upcast=False)
@@ -660,7 +639,7 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
     out = ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config)[rank]
     torch.cuda.synchronize()
     serial = post_all_to_all_nccl(attention_forward(q, k, v, config=config), world)
-    check_bit_exact(out, serial, f"{shape.name} P={P} rank {rank}: fused vs attention + NCCL all-to-all")
+    check_bit_identical(out, serial, f"{shape.name} P={P} rank {rank}: fused vs attention + NCCL all-to-all")
     del serial
 
     recv = torch.empty_like(q)
