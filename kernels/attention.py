@@ -33,6 +33,9 @@ Layouts (row-major, contiguous, element strides):
   out[r]     [Sl, H, D]  FUSED=True: rank r's symmetric output; this rank's head h lands at global head
                          rank * Hl + h; rank r owns sequence rows [r * Sl, (r + 1) * Sl)
   out_table  [P] int64   every rank's out base address, valid in this process (peer pointers)
+  Kd, Vd     TMA only: host tensor descriptors over k, v viewed [S, Hl*D] (block [BN, D], the head at column
+             h*D); Hopper's bulk tensor loads replace per-thread pointer loads (fewer registers and address
+             instructions in the inner loop). Same arithmetic either way.
   ts         [n_programs, 2] int64 global-timer ns (program start, after its last store), TIMED only
 Every program handles one (query block, head): program (m, h) has linear id h * cdiv(S, BM) + m, so
 consecutive programs share a head and its K/V stay in L2.
@@ -49,19 +52,25 @@ LOG2E = 1.4426950408889634  # softmax(x) = exp2(x * log2(e) - max): the launcher
 
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, K, V, start_n, S, row_stride, qk_scale,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr):
-    """One key block of the online softmax: acc[BM, D], l_i[BM] (row sums), m_i[BM] (running max, base 2)."""
+def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr):
+    """One key block of the online softmax: acc[BM, D], l_i[BM] (row sums), m_i[BM] (running max, base 2).
+    TMA: K/V blocks come through tensor descriptors Kd/Vd over [S, Hl*D] at column ``col`` (rows past S read
+    as 0); otherwise through pointers K/V (this head's first element)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN] key rows
     offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
-    kv = offs_n[:, None] * row_stride + offs_d[None, :]                # [BN, D] element offsets from this head
-    if MASK_N:  # the last, partial key block (S % BN != 0): missing keys load 0 and score -inf
-        key_ok = offs_n < S
-        k = tl.load(K + kv, mask=key_ok[:, None], other=0.0)          # [BN, D]
-        v = tl.load(V + kv, mask=key_ok[:, None], other=0.0)          # [BN, D]
+    key_ok = offs_n < S
+    if TMA:
+        k = Kd.load([start_n, col])                                    # [BN, D]
+        v = Vd.load([start_n, col])
     else:
-        k = tl.load(K + kv)
-        v = tl.load(V + kv)
+        kv = offs_n[:, None] * row_stride + offs_d[None, :]            # [BN, D] element offsets from this head
+        if MASK_N:  # the last, partial key block (S % BN != 0): missing keys load 0 and score -inf
+            k = tl.load(K + kv, mask=key_ok[:, None], other=0.0)      # [BN, D]
+            v = tl.load(V + kv, mask=key_ok[:, None], other=0.0)      # [BN, D]
+        else:
+            k = tl.load(K + kv)
+            v = tl.load(V + kv)
     qk = tl.dot(q, tl.trans(k))                                        # [BM, BN] fp32
     if MASK_N:
         qk = tl.where(key_ok[None, :], qk, float("-inf"))
@@ -77,6 +86,7 @@ def _attend_block(acc, l_i, m_i, q, K, V, start_n, S, row_stride, qk_scale,
 @triton.jit
 def ulysses_attention_kernel(
     Q, K, V,               # *T [S, Hl, D]
+    Kd, Vd,                # TMA: tensor descriptors over K, V viewed [S, Hl*D], block [BLOCK_N, D]; else None
     out_ptr,               # FUSED=False: *T [S, Hc, D] (this launch's heads); FUSED=True: unused (pass q)
     out_table,             # *int64 [P]: every rank's out[Sl, H, D] base address (FUSED); unused otherwise
     ts_ptr,                # *int64 [n_programs, 2] global timer ns: start, after the last store (TIMED)
@@ -94,6 +104,7 @@ def ulysses_attention_kernel(
     FUSED: tl.constexpr,   # epilogue stores each row into its owner rank's buffer (peer pointers)
     TIMED: tl.constexpr,   # record the program's start and last-store times
     DEVICE: tl.constexpr,  # real GPU (timers are inline PTX); False under the interpreter
+    TMA: tl.constexpr = False,  # K/V through tensor descriptors (Hopper TMA loads) instead of pointers
 ):
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -113,11 +124,11 @@ def ulysses_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)                    # [BM, D]
     n_full = S - S % BLOCK_N
     for start_n in range(0, n_full, BLOCK_N):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, start_n, S, in_row_stride, qk_scale,
-                                      HEAD_DIM, BLOCK_N, False)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, Kd, Vd, head_off, start_n, S, in_row_stride,
+                                      qk_scale, HEAD_DIM, BLOCK_N, False, TMA)
     if not EVEN_N:
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, n_full, S, in_row_stride, qk_scale,
-                                      HEAD_DIM, BLOCK_N, True)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, Kd, Vd, head_off, n_full, S, in_row_stride,
+                                      qk_scale, HEAD_DIM, BLOCK_N, True, TMA)
     o = (acc / l_i[:, None]).to(Q.dtype.element_ty)                    # [BM, D]
     col = (out_head0 + pid_h) * HEAD_DIM                               # output head's first element in a row
     if FUSED:

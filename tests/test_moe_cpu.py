@@ -492,6 +492,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         df, meta2 = data.load(tmp_path, M.MEGAMOE)
         assert len(df) == 8 and set(df.routing) == {"uniform", "hot"} and len(meta2["runs"]) == 1
         assert (df.kernel_ms > 0).all() and (df.layer_ms > 0).all() and (df.unfused_ms > 0).all()
+        assert (df.grouped_mm_ms > 0).all()
         assert (df.remote_bytes == 0).all() and (df.predicted_ms > 0).all()   # P = 1: nothing remote
         assert (df[df.schedule == "expert_wave"].predicted_speedup == 1).all()
         assert (df.tflops > 0).all() and (df.n_timed == 2).all()

@@ -35,14 +35,18 @@ CASES = [
     pytest.param(2, 360, 2, 128, 64, 64, torch.float16, id="P2-D128-straddle-tail"),  # Sl = 180, 40-key tail
     pytest.param(4, 384, 4, 128, 64, 32, torch.float16, id="P4-D128-straddle"),       # Sl = 96
     pytest.param(4, 360, 4, 64, 32, 64, torch.float32, id="P4-D64-straddle-tail-fp32"),  # Sl = 90
+    pytest.param(2, 360, 2, 128, 64, 64, torch.float16, True, id="P2-D128-straddle-tail-tma"),
+    pytest.param(4, 360, 4, 64, 32, 32, torch.float32, True, id="P4-D64-straddle-tail-fp32-tma"),
 ]
 
 
-@pytest.mark.parametrize("P,S,H,D,bm,bn,dtype", CASES)
-def test_fused_bit_exact_and_within_2x_torch(P, S, H, D, bm, bn, dtype):
-    """check_job: NaN-poisoned outputs, fused == attention + all-to-all bit for bit, error <= 2x PyTorch's."""
+@pytest.mark.parametrize("P,S,H,D,bm,bn,dtype,tma", [c if len(c.values) == 8 else
+                                                     pytest.param(*c.values, False, id=c.id) for c in CASES])
+def test_fused_bit_exact_and_within_2x_torch(P, S, H, D, bm, bn, dtype, tma):
+    """check_job: NaN-poisoned outputs, fused == attention + all-to-all bit for bit, error <= 2x PyTorch's
+    (K/V through pointers, or through tensor descriptors: TMA)."""
     res = U.check_job(EmulatedWorld(P), [(S, H, D)], seed=random.randrange(2**30), dtype=dtype,
-                      config=U.AttnConfig(bm, bn, 4, 1))
+                      config=U.AttnConfig(bm, bn, 4, 1, tma))
     assert [r["rank"] for r in res] == list(range(P))
     assert all(r["straddles"] == bool(S // P % bm) for r in res)
     assert all(r["rel_l2"] <= 2 * r["rel_l2_torch"] + U.REL_L2_FLOOR[dtype] for r in res)
@@ -70,6 +74,16 @@ def test_fused_matches_reference_ulysses_and_layout_helpers():
     seq = [q_all[r * S // P:(r + 1) * S // P] for r in range(P)]
     assert all(torch.equal(a, b) for a, b in zip(U.pre_all_to_all(seq), q))
     assert all(torch.equal(a, b) for a, b in zip(U.post_all_to_all(U.pre_all_to_all(seq)), seq))
+
+
+def test_tma_loads_equal_pointer_loads_bit_for_bit():
+    """The TMA variant reads the same K/V blocks (rows past S as zeros, then masked): same output bits."""
+    S, H, D = 200, 3, 64
+    q, k, v = _inputs(S, H, D, seed=random.randrange(2**30))
+    a = U.attention_forward(q, k, v, config=U.AttnConfig(64, 64, 4, 1))
+    b = U.attention_forward(q, k, v, config=U.AttnConfig(64, 64, 4, 1, True))
+    assert not torch.isnan(a).any()
+    U.check_bit_identical(b, a, "tma vs pointer loads")
 
 
 def test_head_chunks_equal_the_full_launch():
@@ -321,19 +335,22 @@ PTX_CHECK = r"""
 import re, triton
 from triton.backends.compiler import GPUTarget
 import xstage.kernels.attention as k
-sig = {'Q': '*bf16', 'K': '*bf16', 'V': '*bf16', 'out_ptr': '*bf16', 'out_table': '*i64', 'ts_ptr': '*i64',
-       'S': 'i32', 'rows_per_rank': 'i32', 'in_row_stride': 'i32', 'out_row_stride': 'i32', 'h_start': 'i32',
-       'out_head0': 'i32', 'qk_scale': 'fp32', 'HEAD_DIM': 'constexpr', 'BLOCK_M': 'constexpr',
-       'BLOCK_N': 'constexpr', 'EVEN_N': 'constexpr', 'FUSED': 'constexpr', 'TIMED': 'constexpr',
-       'DEVICE': 'constexpr'}
-for d, warps, stages in ((64, 4, 3), (128, 4, 2)):
-    src = triton.compiler.ASTSource(fn=k.ulysses_attention_kernel, signature=sig, constexprs=dict(
-        HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64, EVEN_N=False, FUSED=True, TIMED=True, DEVICE=True),
-        attrs={(a,): [['tt.divisibility', 16]] for a in (0, 1, 2, 3, 4, 5, 8, 9)})
+for d, warps, stages, tma in ((64, 4, 3, False), (128, 4, 2, False), (128, 8, 3, True)):
+    desc = f'tensordesc<bf16[64,{d}]>' if tma else 'constexpr'
+    sig = {'Q': '*bf16', 'K': '*bf16', 'V': '*bf16', 'Kd': desc, 'Vd': desc, 'out_ptr': '*bf16',
+           'out_table': '*i64', 'ts_ptr': '*i64', 'S': 'i32', 'rows_per_rank': 'i32', 'in_row_stride': 'i32',
+           'out_row_stride': 'i32', 'h_start': 'i32', 'out_head0': 'i32', 'qk_scale': 'fp32',
+           'HEAD_DIM': 'constexpr', 'BLOCK_M': 'constexpr', 'BLOCK_N': 'constexpr', 'EVEN_N': 'constexpr',
+           'FUSED': 'constexpr', 'TIMED': 'constexpr', 'DEVICE': 'constexpr', 'TMA': 'constexpr'}
+    ce = dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64, EVEN_N=False, FUSED=True, TIMED=True, DEVICE=True, TMA=tma)
+    if not tma:
+        ce.update(Kd=None, Vd=None)
+    src = triton.compiler.ASTSource(fn=k.ulysses_attention_kernel, signature=sig, constexprs=ce,
+        attrs={(a,): [['tt.divisibility', 16]] for a in (0, 1, 2, 5, 6, 7, 10, 11)})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=warps, num_stages=stages))
     ptx = c.asm['ptx']
     print(d, 'wgmma' in ptx, sorted(set(re.findall(r'st\.global\.[\w.]+', ptx))), 'globaltimer' in ptx,
-          c.metadata.num_warps, c.metadata.shared)
+          c.metadata.num_warps, 'cp.async.bulk.tensor' in ptx, c.metadata.shared)
 bsig = {'flag_table': '*i64', 'flags': '*i32', 'status_ptr': '*i64', 'rank': 'i32', 'world_size': 'i32',
         'epoch': 'i32', 'max_polls': 'i32', 'SIGNAL': 'constexpr', 'WAIT': 'constexpr', 'DEVICE': 'constexpr'}
 import xstage.kernels.sync as ks
@@ -353,10 +370,10 @@ def test_fused_kernel_compiles_for_hopper_with_wgmma_and_16_byte_peer_stores():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    for line, d, warps in zip(lines[:2], (64, 128), (4, 4)):
+    for line, d, warps, tma in zip(lines[:3], (64, 128, 128), (4, 4, 8), (False, False, True)):
         f = line.split(" ", 2)
         assert f[:2] == [str(d), "True"], line
-        assert "['st.global.b64', 'st.global.v4.b32'] True " + str(warps) in line, line   # b64: the timestamps
-        assert int(line.split()[-1]) <= 227 * 1024, line                                   # fits H200 shared memory
-    assert lines[2] == ("barrier ['atom.global.sys.release.exch.b32', 'fence.acq_rel.sys', "
+        assert f"['st.global.b64', 'st.global.v4.b32'] True {warps} {tma} " in line, line  # b64: the timestamps;
+        assert int(line.split()[-1]) <= 227 * 1024, line          # TMA: bulk tensor loads; fits H200 shared memory
+    assert lines[3] == ("barrier ['atom.global.sys.release.exch.b32', 'fence.acq_rel.sys', "
                         "'ld.global.sys.acquire.b32']"), lines[2]

@@ -21,8 +21,9 @@ CASES = [
 ]
 
 
-def test_fused_bit_exact_and_close_on_two_gpus():
-    spawn(U.check_job, 2, CASES, random.randrange(2**30))
+@pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)], ids=["default", "tma"])
+def test_fused_bit_exact_and_close_on_two_gpus(config):
+    spawn(U.check_job, 2, CASES, random.randrange(2**30), None, config)
 
 
 def test_missing_peer_times_out_with_report_on_two_gpus():

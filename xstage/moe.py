@@ -1209,6 +1209,14 @@ def make_unfused(world, inp: RankInputs, weights_hi: tuple[torch.Tensor, torch.T
         dist.all_to_all_single(ret, y.index_select(0, to_recv), send_counts, recv_counts)
         comb.index_copy_(0, comb_idx, ret)
         return (comb.view(K, T, Hd).float() * wk).sum(0).to(inp.x.dtype)
+
+    xg = torch.randn(lay.rows, Hd, device=dev).to(inp.x.dtype)           # the GEMM phases alone, on this rank's
+    #                                                                       rows (expert-major), no communication
+
+    def gemm() -> torch.Tensor:
+        gu = grouped_mm(xg, w1t, offs, offs_list)
+        return grouped_mm(torch.nn.functional.silu(gu[:, :I]) * gu[:, I:], w2t, offs, offs_list)
+    run.gemm = gemm
     return run
 
 
@@ -1362,6 +1370,7 @@ MEGAMOE = data.Schema(
      "kernel_ms": "float64", "kernel_ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
      "tflops": "float64",
      "compute_ms": "float64", "dispatch_ms": "float64", "layer_ms": "float64", "unfused_ms": "float64",
+     "grouped_mm_ms": "float64",
      "predicted_ms": "float64", "predicted_speedup": "float64"},
     ("shape", "tokens", "routing", "P", "dtype"),
 )
@@ -1374,6 +1383,8 @@ MEGAMOE = data.Schema(
 #   dispatch_ms        dispatch push + its barrier; layer_ms: the whole fused layer (dispatch, barrier, kernel,
 #                      barrier, top-k sum); unfused_ms: NCCL all_to_all + torch._grouped_mm layer (bf16 weights,
 #                      also on fp8 rows); routing layout and task lists are built outside all timed regions
+#   grouped_mm_ms      the GEMM phases alone in torch: torch._grouped_mm Linear-1, SwiGLU, torch._grouped_mm
+#                      Linear-2 on this rank's rows in bf16 (no communication); compare with compute_ms
 #   predicted_ms       the Burst-Gap prediction of kernel_ms (module docstring; max over ranks)
 #   predicted_speedup  predicted expert_wave / predicted this schedule
 #   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate
@@ -1466,6 +1477,8 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     world.barrier()
     res["unfused"] = timed(unfused, inner)
     world.barrier()
+    res["grouped_mm"] = timed(unfused.gemm, inner)
+    world.barrier()
     return res
 
 
@@ -1482,6 +1495,7 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.Data
     compute, _ = agg(lambda p: p["compute"])
     dispatch_ms, _ = agg(lambda p: p["dispatch"])
     unfused_ms, _ = agg(lambda p: p["unfused"])
+    grouped_ms, _ = agg(lambda p: p["grouped_mm"])
     pred = {n: max(p["sched"][n]["pred"] for p in parts) for n in parts[0]["sched"]}
     rows = []
     for name in parts[0]["sched"]:
@@ -1496,6 +1510,7 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.Data
                          kernel_ms_min=kern_min, n_timed=repeats, calls_per_run=parts[0]["inner"],
                          tflops=flops / P / (kern * 1e-3) / 1e12,
                          compute_ms=compute, dispatch_ms=dispatch_ms, layer_ms=layer, unfused_ms=unfused_ms,
+                         grouped_mm_ms=grouped_ms,
                          predicted_ms=pred[name],
                          predicted_speedup=pred.get("expert_wave", float("nan")) / pred[name]))
     return pd.DataFrame(rows)

@@ -122,6 +122,7 @@ class AttnConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    tma: bool = False      # K/V through Hopper tensor descriptors (TMA) instead of pointer loads
 
     def validate(self) -> None:
         for name in ("block_m", "block_n"):
@@ -134,10 +135,16 @@ class AttnConfig:
             raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
 
 
-# H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 (DESIGN.md).
+# H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 (DESIGN.md). The tuner
+# (``tune_config``) times every candidate on the shape and keeps the fastest; the TMA ones load K/V with Hopper's
+# bulk tensor copies. The first candidate is the untuned default.
 H200_CONFIGS = {
-    64: (AttnConfig(128, 64, 4, 3), AttnConfig(128, 128, 4, 3), AttnConfig(128, 128, 8, 3), AttnConfig(128, 64, 4, 2)),
-    128: (AttnConfig(128, 64, 4, 2), AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(128, 64, 4, 3)),
+    64: (AttnConfig(128, 64, 4, 3), AttnConfig(128, 128, 4, 3), AttnConfig(128, 128, 8, 3), AttnConfig(128, 64, 4, 2),
+         AttnConfig(128, 64, 4, 3, True), AttnConfig(128, 128, 4, 3, True), AttnConfig(128, 128, 8, 3, True),
+         AttnConfig(128, 64, 4, 4, True)),
+    128: (AttnConfig(128, 64, 4, 2), AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(128, 64, 4, 3),
+          AttnConfig(128, 64, 4, 3, True), AttnConfig(128, 64, 8, 3, True), AttnConfig(128, 128, 8, 2, True),
+          AttnConfig(128, 128, 8, 3, True)),
 }
 INTERPRETER_CONFIG = AttnConfig(64, 64, 4, 1)
 
@@ -219,11 +226,18 @@ def _launch(q, k, v, out_ptr, out_table, ts, S, Sl, out_row_stride, h_start, hea
     grid = (-(-S // config.block_m), heads)
     timed = ts is not None
     dummy = _dummy(q.device)
+    kd = vd = None
+    if config.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        Hl = q.shape[1]
+        kd = TensorDescriptor.from_tensor(k.view(S, Hl * D), [config.block_n, D])
+        vd = TensorDescriptor.from_tensor(v.view(S, Hl * D), [config.block_n, D])
     ulysses_attention_kernel[grid](
-        q, k, v, out_ptr if out_ptr is not None else q, out_table if out_table is not None else dummy,
+        q, k, v, kd, vd, out_ptr if out_ptr is not None else q, out_table if out_table is not None else dummy,
         ts if timed else dummy, S, Sl, q.shape[1] * D, out_row_stride, h_start, out_head0, qk_scale,
         HEAD_DIM=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n, EVEN_N=S % config.block_n == 0,
-        FUSED=fused, TIMED=timed, DEVICE=not env.interpreted(),
+        FUSED=fused, TIMED=timed, DEVICE=not env.interpreted(), TMA=config.tma,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One GPU-machine session, stage by stage, every stage bounded in time and logged under $OUT/logs/.
+#   scripts/device_session.sh install test-moe test-ulysses ulysses megamoe:8
+# Sweeps write into runs/device/<machine>/ (git-ignored, so kept between calls on a warm machine), seeded from
+# data/<machine>/ when that already holds part of a sweep (they resume), and are copied to $OUT/<machine>/ after
+# every stage. Needs OUT; MACHINE defaults to h200x2. A failing stage is logged and the next one still runs.
+set -u
+: "${OUT:?set OUT to the folder that comes back}"
+MACHINE=${MACHINE:-h200x2}
+SCRATCH=runs/device/$MACHINE
+mkdir -p "$OUT/logs" "$OUT/$MACHINE" "$SCRATCH"
+PY=${PY:-python3}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export XSTAGE_GIT_COMMIT=${XSTAGE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+
+seed() {   # data/<machine>/<name>.{csv,json} -> scratch, once (a sweep started here resumes from it)
+  for f in "data/$MACHINE/$1.csv" "data/$MACHINE/$1.json"; do
+    [ -e "$f" ] && [ ! -e "$SCRATCH/$(basename "$f")" ] && cp "$f" "$SCRATCH/"
+  done
+  return 0
+}
+save() { cp "$SCRATCH"/*.csv "$SCRATCH"/*.json "$OUT/$MACHINE/" 2>/dev/null; return 0; }
+
+stage() {  # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name (limit ${secs}s)"
+  timeout --signal=INT --kill-after=20 "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $((SECONDS - t0))s; tail:"; tail -n 8 "$OUT/logs/$name.log" | sed 's/^/   | /'
+  save
+}
+
+nvidia-smi -L | tee "$OUT/logs/gpus.txt"
+for s in "$@"; do
+  case $s in
+    install) stage install 120 $PY -m pip install -q --no-deps --no-build-isolation -e . ;;
+    test-moe) stage test-moe 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_moe_gpu.py ;;
+    test-ulysses) stage test-ulysses 240 $PY -m pytest -q -x -p no:cacheprovider tests/test_ulysses_gpu.py ;;
+    test-remote) stage test-remote 180 $PY -m pytest -q -x -p no:cacheprovider tests/test_remote_store_gpu.py ;;
+    ulysses:*) seed ulysses; stage ulysses "${s#ulysses:}" $PY -m xstage sweep ulysses --out "$SCRATCH" ;;
+    megamoe:*) seed megamoe; m=${s#megamoe:}
+       stage megamoe $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH" --max-minutes "$m" ;;
+    *) echo "unknown stage $s" >&2 ;;
+  esac
+done
