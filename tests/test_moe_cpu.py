@@ -82,6 +82,21 @@ def test_layer_output_and_one_program_walking_all_tasks():
         M.check_bit_identical(bufs.combine_view(r), combs[r], f"rank {r}: 1 program vs 1 per task")
 
 
+def test_buffers_shared_by_cases_of_different_row_blocks():
+    """The sweep reuses one set of buffers for every case of a shape: dependency counters (never reset between
+    launches) must stay in step when a case with more row blocks follows launches of one with fewer (on 2 H200s a
+    Linear-2 wait saw 112 of an expected 12,248 before the fix)."""
+    world = EmulatedWorld(2)
+    small = _problem(2, (64, 64, 4, 2, 16, "uniform"), "fp16", seed=1)
+    big = _problem(2, (64, 64, 4, 2, 48, "hot"), "fp16", seed=2)
+    bufs = M.moe_buffers(world, big.cap_rows, 48, 64, 64, 2, 2, "fp16")
+    for prob, launches in ((small, 3), (big, 2), (small, 1), (big, 1)):
+        assert prob.grid(0).n_pool != big.grid(0).n_pool or prob is big
+        tasks = {r: M.build_tasks(prob, "expert_wave", 2, r) for r in range(2)}
+        for _ in range(launches):
+            M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, max_polls=50)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # the never-written intermediate
 def test_planted_missing_dependency_ends_in_an_error_naming_rank_expert_and_tile():
     world = EmulatedWorld(2)

@@ -793,7 +793,7 @@ class MoEBuffers:
     counters: dict[int, torch.Tensor]               # rank -> int32 [cap blocks]
     status: dict[int, torch.Tensor]                 # rank -> int64 [P, 6] barrier waits
     launches: dict[int, int]                        # rank -> experts-kernel launches since the counters were zeroed
-    n1: dict[int, int]                              # rank -> Linear-1 column blocks of those launches
+    n1: dict[int, tuple]                            # rank -> (Linear-1 column blocks, row blocks) of those launches
     epoch: int = 0
 
     def x_view(self, rank: int) -> torch.Tensor:
@@ -850,7 +850,7 @@ def moe_buffers(world, cap_rows: int, tokens: int, hidden: int, inter: int, topk
         status[r] = torch.zeros(P, STATUS_FIELDS, dtype=torch.int64, device=dev)
     bufs = MoEBuffers(P, cap_rows, tokens, hidden, inter, topk, dtype, recv_x, recv_xs, recv_meta, combine, flags,
                       tables, h, hs, counters, status, {r: 0 for r in world.local_ranks},
-                      {r: 0 for r in world.local_ranks})
+                      {r: (0, 0) for r in world.local_ranks})
     world.barrier()  # every rank's flags are zero before anyone signals
     return bufs
 
@@ -1000,9 +1000,11 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
     for r, n_prog in launches:
         tl_ = tasks[r]
         n1 = bufs.inter // tiles.block_n1
-        if bufs.n1[r] != n1:
+        # expected = launches * n1 holds only while every launch covers the same row blocks (each launch's list
+        # holds every tile of its grid: row blocks 0 .. n_pool - 1): a new grid shape starts the count afresh
+        if bufs.n1[r] != (n1, tl_.grid.n_pool):
             bufs.reset_counters(r)
-            bufs.n1[r] = n1
+            bufs.n1[r] = (n1, tl_.grid.n_pool)
         bufs.launches[r] += 1
         expected = bufs.launches[r] * n1
         if expected > INT32_MAX:
@@ -1411,12 +1413,20 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     dev = world.device(rank)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     inp = prob.inputs[rank]
+    clock = [time.perf_counter()]
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:   # host seconds per phase (the sweep's log says where a configuration's time goes)
+        now = time.perf_counter()
+        phases[name] = round(now - clock[0], 2)
+        clock[0] = now
     base = {rank: build_tasks(prob, "expert_wave", sms, rank)}
     # compile everything before the first barrier (no rank spins on a peer's compiler), then the local control
     dispatch(world, bufs, prob.inputs, barrier=False)
     run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False)
     run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, local_combine=True)
     world.barrier()
+    lap("compile")
     probe = _median(time_ms(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False),
                             warmup=1, reps=3))
     inners = [None] * world.world_size   # every rank the same (the layer and the baseline are collective)
@@ -1427,8 +1437,10 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     rate = calibrate_rate(base[rank], s.hidden, s.intermediate, t, sms, _median(compute))
     cost = CostModel(prm, rate, sms, OUT_DTYPES[prob.dtype].itemsize)
     remote = prob.grid(rank).remote_rows_per_block(prob.layouts[rank])
+    lap("probe+compute")
     lists = {name: (base[rank] if name == "expert_wave" else build_tasks(prob, name, sms, rank, cost=cost))
              for name in schedules}
+    lap("schedules")
     # correctness before timing: expert_wave's output close to the unfused baseline; every schedule bit-identical
     if c.name not in unfused_cache:
         unfused_cache.clear()
@@ -1458,7 +1470,8 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
         _agree(world, check)
         world.barrier()
     del want
-    res = {"compute": compute, "sched": {}, "inner": inner}
+    lap("check")
+    res = {"compute": compute, "sched": {}, "inner": inner, "phases": phases}
     for name in schedules:
         tasks = {rank: lists[name]}
         world.barrier()
@@ -1479,6 +1492,7 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     world.barrier()
     res["grouped_mm"] = timed(unfused.gemm, inner)
     world.barrier()
+    lap("timing")
     return res
 
 
@@ -1548,22 +1562,30 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
             mine = [c for c, d in todo if c.shape == shape and d == dtype]
             if out_of_time():
                 return
+            t0 = time.perf_counter()
             w = rank_weights(shape.hidden, shape.intermediate, shape.experts, P, rank, seed, dev, dtype)
             cap = max(lay.rows for c in mine for lay in routing_of(c, P)[2])
             tiles = {c.name: default_tiles(dtype, c.tokens * P * shape.topk / shape.experts) for c in mine}
             bufs = moe_buffers(world, max(cap, 1), max(c.tokens for c in mine), shape.hidden, shape.intermediate,
                                shape.topk, shape.experts // P, dtype,
                                min_block_m=min(t.block_m for t in tiles.values()))
+            if rank == 0:
+                print(f"megamoe: {shape.name} {dtype} weights and buffers in {time.perf_counter() - t0:.1f} s",
+                      file=sys.stderr, flush=True)
             for c in mine:
                 if out_of_time():
                     return
+                t0 = time.perf_counter()
                 prob = make_problem(world, c, dtype, tiles[c.name], weights={rank: w}, weight_seed=seed)
+                t_setup = time.perf_counter() - t0
                 res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache)
                 parts = [None] * P
                 world.dist.all_gather_object(parts, res)
                 if rank == 0:
                     data.append_rows(csv, MEGAMOE, _rows_for(prob, P, parts, repeats))
-                    print(f"megamoe: {c.name} {dtype} done", file=sys.stderr, flush=True)
+                    ph = " ".join(f"{k} {v:.1f}" for k, v in res["phases"].items())
+                    print(f"megamoe: {c.name} {dtype} done in {time.perf_counter() - t0:.1f} s (setup "
+                          f"{t_setup:.1f} {ph}; inner {res['inner']})", file=sys.stderr, flush=True)
                 del prob
             del w, bufs
             unfused_cache.clear()

@@ -437,3 +437,295 @@ def ulysses_headline(df: pd.DataFrame) -> dict:
             i = getattr(v, pick)()
             out[key] = (float(v[i]), str(r.loc[i, "shape"]), int(r.loc[i, "P"]))
     return out
+
+
+# ------------------------------------------------------------------------------------------- study 3: MegaMoE
+# Legend: a configuration = (shape, tokens per rank T, routing) of xstage.moe.CASES (84 of them), per rank count
+# P and dtype; "config" names it <shape>_T<tokens>_<routing> (MoECase.name).
+MEGAMOE_KEYS = ["shape", "tokens", "routing", "P", "dtype"]
+MEGAMOE_BASELINE = "expert_wave"       # the schedule every kernel speedup divides
+MODEL_TOLERANCE = 0.10                 # |predicted - measured| / measured speedup counted as "within"
+FUSED_OVER_UNFUSED_GOAL = 1.3          # geomean of unfused_ms / layer_ms (the issue's goal)
+GEMM_OVER_GROUPED_MM_GOAL = 0.7        # our compute-only kernel's TFLOP/s / torch._grouped_mm's (same rows)
+_MEGAMOE_MEDIANS = ["kernel_ms", "predicted_ms", "predicted_speedup", "layer_ms", "unfused_ms", "compute_ms",
+                    "grouped_mm_ms", "rows"]
+_MEGAMOE_DIMS = ["hidden", "intermediate", "experts", "topk"]
+
+
+class NoRecordedData(data.DataError):
+    """A study's recorded data for this machine (or this selection of it) does not exist yet: a notebook says
+    so in one line and skips its figures instead of failing."""
+
+
+def _names(value, what: str, allowed: tuple[str, ...]) -> list[str]:
+    """A non-empty list of distinct names, each in ``allowed``; ValueError naming the parameter otherwise."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list of names, e.g. {list(allowed[:2])}, got {value!r}")
+    bad = [v for v in value if v not in allowed]
+    if bad:
+        raise ValueError(f"{what}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)}")
+    if not value:
+        raise ValueError(f"{what} must name at least one of {', '.join(allowed)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{what} lists a name twice: {list(value)}")
+    return list(value)
+
+
+def megamoe_selection(dtypes=None, schedules=None, shapes=None) -> dict[str, list[str]]:
+    """Checked notebook parameters of the MegaMoE study (None = all): ``dtypes`` of xstage.moe.DTYPES_GPU,
+    ``schedules`` of xstage.moe.SCHEDULES (compared with expert_wave, which is always added as the baseline;
+    at least one other), ``shapes`` by name of xstage.moe.SHAPES. Returns them as lists (table order)."""
+    from .moe import DTYPES_GPU, SCHEDULES, SHAPES
+
+    shape_names = tuple(s.name for s in SHAPES)
+    sel = {"dtypes": _names(list(DTYPES_GPU) if dtypes is None else dtypes, "dtypes", DTYPES_GPU),
+           "schedules": _names(list(SCHEDULES) if schedules is None else schedules, "schedules", SCHEDULES),
+           "shapes": _names(list(shape_names) if shapes is None else shapes, "shapes", shape_names)}
+    others = [s for s in SCHEDULES if s != MEGAMOE_BASELINE]
+    if not set(sel["schedules"]) & set(others):
+        raise ValueError(f"schedules must name at least one of {', '.join(others)} (compared with "
+                         f"{MEGAMOE_BASELINE}), got {sel['schedules']}")
+    sel["schedules"] = [s for s in SCHEDULES if s in sel["schedules"] or s == MEGAMOE_BASELINE]
+    sel["dtypes"] = [d for d in DTYPES_GPU if d in sel["dtypes"]]
+    sel["shapes"] = [s for s in shape_names if s in sel["shapes"]]
+    return sel
+
+
+def megamoe_expected(shapes=None) -> list[str]:
+    """Names of the configurations a complete record holds per dtype: the 84 of xstage.moe.CASES, or those of
+    ``shapes`` (table order)."""
+    from .moe import CASES
+
+    shapes = megamoe_selection(shapes=shapes)["shapes"]
+    return [c.name for c in CASES if c.shape.name in shapes]
+
+
+def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
+                 dtypes=None, shapes=None) -> tuple[pd.DataFrame, dict]:
+    """MegaMoE rows (schema xstage.moe.MEGAMOE: per configuration, dtype, schedule) and provenance.
+
+    source:  recorded (data/<machine>/megamoe.csv or .csv.gz), gpu (run or resume the sweep on every visible
+             GPU into ``out``), or auto (gpu when two GPUs are visible, else recorded). No simulated source.
+    machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
+             machine's GPUs, see :func:`_default_out`).
+    out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
+    dtypes, shapes: the selection (:func:`megamoe_selection`; None = all): what a gpu sweep runs and which
+             recorded rows are returned.
+    Recorded data that is not there (no file, or no row of the selection) raises :class:`NoRecordedData`.
+    """
+    from .moe import CASES, MEGAMOE
+
+    sel = megamoe_selection(dtypes=dtypes, shapes=shapes)
+    src = _check_source(source)
+    if src == "simulated":
+        raise ValueError("the MegaMoE study has no simulated source; use recorded or gpu")
+    if src == "recorded":
+        folder = data.machine_dir(machine)
+        if not data.paths(folder, MEGAMOE)[0].is_file():
+            have = data.recorded_machines(MEGAMOE)
+            raise NoRecordedData(f"no recorded MegaMoE data for machine {machine}; run `xstage sweep megamoe` on "
+                                 f"2 GPUs" + (f" (recorded machines: {', '.join(have)})" if have else ""))
+        df, meta = data.load(folder, MEGAMOE)
+        meta = {**meta, "source": "recorded"}
+    else:
+        import torch
+
+        from .moe import run_megamoe
+
+        folder = Path(out) if out is not None else _default_out(env.machine_name())
+        cases = [c for c in CASES if c.shape.name in sel["shapes"]]
+        run_megamoe(folder, world_size=torch.cuda.device_count(), dtypes=sel["dtypes"], cases=cases,
+                    command=f"xstage.studies.megamoe_data('gpu', dtypes={sel['dtypes']}, shapes={sel['shapes']})")
+        df, meta = data.load(folder, MEGAMOE)
+        meta = {**meta, "source": "gpu"}
+    keep = df.dtype.isin(sel["dtypes"]) & df["shape"].isin(sel["shapes"])
+    if not keep.any():
+        raise NoRecordedData(f"{data.paths(folder, MEGAMOE)[0]} has no rows of dtypes {sel['dtypes']} and shapes "
+                             f"{sel['shapes']} yet ({len(df)} rows of others)")
+    return df[keep].reset_index(drop=True), meta
+
+
+def megamoe_config_names(t: pd.DataFrame) -> pd.Series:
+    """``<shape>_T<tokens>_<routing>`` per row (xstage.moe.MoECase.name)."""
+    return t["shape"].astype(str) + "_T" + t.tokens.astype(str) + "_" + t.routing.astype(str)
+
+
+def _megamoe_order(t: pd.DataFrame, extra: list[str]) -> pd.DataFrame:
+    """Rows in table order (xstage.moe.CASES: shapes, tokens, routings), then by P, dtype and ``extra``;
+    configurations outside the table last."""
+    from .moe import CASES
+
+    pos = {c.name: i for i, c in enumerate(CASES)}
+    t = t.assign(_pos=t.config.map(pos).fillna(len(pos)))
+    return t.sort_values(["_pos", "config", "P", "dtype"] + extra).drop(columns="_pos").reset_index(drop=True)
+
+
+def megamoe_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration, rank count, dtype and schedule (medians of the recorded rows; a sweep records one):
+
+      speedup           expert_wave kernel_ms / this schedule's kernel_ms (1 for expert_wave itself)
+      predicted_speedup the Burst-Gap model's expert_wave / this schedule (recorded)
+      model_error       (predicted_speedup - speedup) / speedup
+      fused_speedup     unfused_ms / layer_ms: the fused layer with this schedule against NCCL all_to_all +
+                        torch._grouped_mm (the unfused baseline)
+      gemm_efficiency   grouped_mm_ms / compute_ms: our kernel with every combine store local (compute only)
+                        against torch._grouped_mm on the same rows = ratio of their TFLOP/s; NaN where the data
+                        has no grouped_mm_ms (older records) or it is NaN
+      compute_tflops, grouped_mm_tflops   GEMM FLOPs of the busiest rank's rows / compute_ms, / grouped_mm_ms
+
+    A configuration without an expert_wave row keeps its rows, with NaN speedups (never dropped). Columns:
+    config, shape, tokens, routing, P, dtype, schedule, the dimensions, the medians and the ratios above."""
+    from .moe import SCHEDULES, gemm_flops
+
+    if df.empty:
+        raise ValueError("no MegaMoE rows")
+    d = df if "grouped_mm_ms" in df else df.assign(grouped_mm_ms=np.nan)
+    t = d.groupby(MEGAMOE_KEYS + ["schedule"])[_MEGAMOE_MEDIANS].median().reset_index()
+    dims = d.groupby(MEGAMOE_KEYS)[_MEGAMOE_DIMS].first()
+    base = t[t.schedule == MEGAMOE_BASELINE].set_index(MEGAMOE_KEYS).kernel_ms.rename("expert_wave_ms")
+    t = t.join(dims, on=MEGAMOE_KEYS).join(base, on=MEGAMOE_KEYS)
+    t["speedup"] = t.expert_wave_ms / t.kernel_ms
+    t["model_error"] = (t.predicted_speedup - t.speedup) / t.speedup
+    t["fused_speedup"] = t.unfused_ms / t.layer_ms
+    t["gemm_efficiency"] = t.grouped_mm_ms / t.compute_ms
+    flops = gemm_flops(t.rows.astype(float), t.hidden.astype(float), t.intermediate.astype(float))
+    t["compute_tflops"] = flops / (t.compute_ms * 1e-3) / 1e12
+    t["grouped_mm_tflops"] = flops / (t.grouped_mm_ms * 1e-3) / 1e12
+    t.insert(0, "config", megamoe_config_names(t))
+    t["_s"] = t.schedule.map({s: i for i, s in enumerate(SCHEDULES)}).fillna(len(SCHEDULES))
+    return _megamoe_order(t, ["_s", "schedule"]).drop(columns="_s")
+
+
+def _geomean(x: pd.Series) -> float:
+    v = x.dropna().to_numpy(dtype=float)
+    return float(np.exp(np.log(v).mean())) if v.size else float("nan")
+
+
+def megamoe_summary(df: pd.DataFrame, schedules=None, shapes=None,
+                    tolerance: float = MODEL_TOLERANCE) -> pd.DataFrame:
+    """One row per (dtype, schedule) over the configurations (every one the data has; none dropped):
+
+      configs                configurations with a measured speedup (expert_wave and this schedule timed)
+      expected               configurations of a complete record per dtype (84, or those of ``shapes``)
+      geomean_speedup, max_speedup, max_config   over expert_wave (kernel time)
+      geomean_predicted      the model's predicted speedup, geomean over the same configurations
+      within_tolerance       fraction of configurations whose |model_error| <= ``tolerance`` (0.1)
+      median_abs_model_error
+      fused_geomean, fused_min   unfused_ms / layer_ms (the fused layer over the unfused baseline)
+      gemm_efficiency_geomean    grouped_mm_ms / compute_ms (NaN without grouped_mm_ms); per dtype, the same
+                                 on every schedule's row (compute_ms is the compute-only expert_wave kernel)
+
+    schedules: which rows (None = those in the data, table order); expert_wave's row has speedup 1 and no
+    model error, and its fused columns are the Expert-Wave layer's."""
+    from .moe import SCHEDULES
+
+    sp = megamoe_speedups(df)
+    keep = [s for s in SCHEDULES if s in set(sp.schedule) and (schedules is None or s in schedules)]
+    sp = sp[sp.schedule.isin(keep)]
+    other = sp.schedule != MEGAMOE_BASELINE
+    abs_err = sp.model_error.abs().where(other)
+    sp = sp.assign(log_speedup=np.log(sp.speedup), log_pred=np.log(sp.predicted_speedup),
+                   log_fused=np.log(sp.fused_speedup), log_gemm=np.log(sp.gemm_efficiency), abs_err=abs_err,
+                   within=(abs_err <= tolerance).astype(float).where(abs_err.notna()))
+    g = sp.groupby(["dtype", "schedule"], sort=False)
+    out = pd.DataFrame({
+        "configs": g.speedup.count(), "geomean_speedup": np.exp(g.log_speedup.mean()),
+        "max_speedup": g.speedup.max(), "geomean_predicted": np.exp(g.log_pred.mean()),
+        "within_tolerance": g.within.mean(), "median_abs_model_error": g.abs_err.median(),
+        "fused_geomean": np.exp(g.log_fused.mean()), "fused_min": g.fused_speedup.min(),
+        "gemm_efficiency_geomean": np.exp(g.log_gemm.mean())})
+    best = sp.dropna(subset=["speedup"])
+    best = best.loc[best.groupby(["dtype", "schedule"]).speedup.idxmax()].set_index(["dtype", "schedule"]).config
+    out.insert(3, "max_config", best.reindex(out.index))
+    out.loc[out.index.get_level_values("schedule") == MEGAMOE_BASELINE, "max_config"] = None
+    out.insert(1, "expected", len(megamoe_expected(shapes)))
+    out = out.reset_index()
+    out["_s"] = out.schedule.map({s: i for i, s in enumerate(SCHEDULES)})
+    return out.sort_values(["dtype", "_s"]).drop(columns="_s").reset_index(drop=True)
+
+
+def megamoe_coverage(df: pd.DataFrame, dtypes=None, shapes=None, schedules=None) -> pd.DataFrame:
+    """Per dtype and rank count: how many of the expected configurations (:func:`megamoe_expected`) the data
+    has at all (``present``) and with a kernel time of expert_wave and of every one of ``schedules``
+    (``complete``; None = every schedule in the data), and the names of those absent (``missing``; table
+    order). A dtype without a single row is still listed (present 0). Columns: dtype, P, expected, present,
+    complete, missing."""
+    sel = megamoe_selection(dtypes=dtypes, shapes=shapes, schedules=schedules)
+    want = megamoe_expected(sel["shapes"])
+    need = [MEGAMOE_BASELINE] + [s for s in (sel["schedules"] if schedules is not None else
+                                             sorted(set(df.schedule))) if s != MEGAMOE_BASELINE]
+    d = df.assign(config=megamoe_config_names(df))
+    times = d.pivot_table(index=["dtype", "P", "config"], columns="schedule", values="kernel_ms", aggfunc="median")
+    times = times.reindex(columns=need)
+    done = times.notna().all(axis=1).rename("done").reset_index()
+    ranks = sorted(set(int(p) for p in d.P)) or [pd.NA]
+    grid = pd.MultiIndex.from_product([sel["dtypes"], ranks], names=["dtype", "P"]).to_frame(index=False)
+    got = done[done.config.isin(want)].groupby(["dtype", "P"]).agg(
+        present=("config", "nunique"), complete=("done", "sum"), names=("config", set))
+    out = grid.join(got, on=["dtype", "P"]) if len(got) else grid.assign(present=0, complete=0, names=None)
+    out["present"] = out.present.fillna(0).astype(int)
+    out["complete"] = out.complete.fillna(0).astype(int)
+    out["missing"] = [[w for w in want if not (isinstance(n, set) and w in n)] for n in out.names]
+    out.insert(2, "expected", len(want))
+    return out.drop(columns="names")
+
+
+def megamoe_coverage_line(cov: pd.DataFrame, show: int = 3) -> str:
+    """One line from :func:`megamoe_coverage`: 'bf16: 84 of 84 configurations (84 with every schedule); fp8:
+    60 of 84 ..., missing a, b, c, ... (+21 more)', naming the first ``show`` missing configurations (0: none)."""
+    parts = []
+    for r in cov.itertuples(index=False):
+        p = "" if pd.isna(r.P) or cov.P.nunique() < 2 else f", P={r.P}"
+        s = f"{r.dtype}{p}: {r.present} of {r.expected} configurations ({r.complete} with every schedule)"
+        if r.missing and show:
+            more = f", ... (+{len(r.missing) - show} more)" if len(r.missing) > show else ""
+            s += f", missing {', '.join(r.missing[:show])}{more}"
+        parts.append(s)
+    return "; ".join(parts)
+
+
+def megamoe_goals(summary: pd.DataFrame, schedule: str = "interleaved") -> pd.DataFrame:
+    """The study's goals against :func:`megamoe_summary` of ``schedule`` (the paper's interleaved by default),
+    per dtype: its geomean and maximum speedup over Expert-Wave beside the paper's (data/paper/headline.csv),
+    the fraction of configurations the model predicts within the tolerance (goal: all), the fused layer over
+    the unfused baseline (geomean, goal >= FUSED_OVER_UNFUSED_GOAL) and the GEMM phases over torch._grouped_mm
+    (geomean, goal >= GEMM_OVER_GROUPED_MM_GOAL; NaN without grouped_mm_ms). ``met`` is None where the data has
+    no value; the paper's numbers are a comparison (8 GPUs), not a pass mark. Columns: quantity, dtype,
+    schedule, configs, expected, ours, target, met."""
+    rows = summary[summary.schedule == schedule]
+    if rows.empty:
+        raise ValueError(f"the summary has no {schedule} rows; schedules: {sorted(set(summary.schedule))}")
+    specs = [("geomean speedup over Expert-Wave (paper, 8 GPUs)", "geomean_speedup",
+              paper_number("megamoe", "geomean_speedup"), None),
+             ("max speedup over Expert-Wave (paper, 8 GPUs)", "max_speedup", paper_number("megamoe", "max_speedup"),
+              None),
+             (f"model within ±{MODEL_TOLERANCE:.0%} of measured (fraction of configurations)", "within_tolerance",
+              1.0, "ge"),
+             ("fused layer / unfused baseline (geomean)", "fused_geomean", FUSED_OVER_UNFUSED_GOAL, "ge"),
+             ("GEMM phases / torch._grouped_mm (geomean)", "gemm_efficiency_geomean", GEMM_OVER_GROUPED_MM_GOAL,
+              "ge")]
+    out = pd.concat([rows.assign(quantity=q, ours=rows[col], target=t, _cmp=cmp) for q, col, t, cmp in specs],
+                    ignore_index=True)
+    out["met"] = (out.ours >= out.target).astype(object).where(out._cmp.notna() & out.ours.notna(), None)
+    return out[["quantity", "dtype", "schedule", "configs", "expected", "ours", "target", "met"]]
+
+
+def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> dict[str, str]:
+    """One line per figure for its caption's ``ours`` (from :func:`megamoe_summary`): ``speedup``, ``model``,
+    ``fused``, ``gemm``; each names the dtype and how many configurations of how many it covers."""
+    s = summary[summary.schedule == schedule]
+    if s.empty:
+        raise ValueError(f"the summary has no {schedule} rows; schedules: {sorted(set(summary.schedule))}")
+    n = lambda r: f"{r.configs}/{r.expected} configs"  # noqa: E731
+    gemm = s.set_index("dtype").gemm_efficiency_geomean
+    return {
+        "speedup": "; ".join(f"{r.dtype}: {r.schedule} {r.geomean_speedup:.2f}x geomean, {r.max_speedup:.2f}x max "
+                             f"over Expert-Wave ({n(r)})" for r in s.itertuples()),
+        "model": "; ".join(f"{r.dtype}: {r.within_tolerance:.0%} of {r.schedule} configurations within "
+                           f"±{MODEL_TOLERANCE:.0%} (median |error| {r.median_abs_model_error:.1%})"
+                           for r in s.itertuples()),
+        "fused": "; ".join(f"{r.dtype}: the fused layer ({r.schedule}) {r.fused_geomean:.2f}x the unfused baseline "
+                           f"(geomean; goal >= {FUSED_OVER_UNFUSED_GOAL})" for r in s.itertuples()),
+        "gemm": "; ".join(f"{d}: " + (f"{v:.2f}x torch._grouped_mm (geomean)" if pd.notna(v) else
+                                      "torch._grouped_mm not recorded") for d, v in gemm.items()),
+    }

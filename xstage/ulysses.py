@@ -613,6 +613,7 @@ def tune_config(q, k, v, candidates: Sequence[AttnConfig], reps: int = 5) -> Att
         except Exception as e:  # noqa: BLE001 (e.g. triton OutOfResources: too much shared memory)
             print(f"ulysses: config {cfg} failed: {type(e).__name__}: {e}", file=sys.stderr)
             continue
+        print(f"ulysses: tune S={q.shape[0]} D={q.shape[2]} {cfg}: {ms:.3f} ms", file=sys.stderr, flush=True)
         if ms < best_ms:
             best, best_ms = cfg, ms
     if best is None:
