@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One GPU-machine session, stage by stage, every stage bounded in time and logged under $OUT/logs/.
 #   scripts/device_session.sh install test-moe test-ulysses ulysses megamoe:8
-# Sweeps write into runs/device/<machine>/ (git-ignored, so kept between calls on a warm machine), seeded from
-# data/<machine>/ when that already holds part of a sweep (they resume), and are copied to $OUT/<machine>/ after
-# every stage. Needs OUT; MACHINE defaults to h200x2. A failing stage is logged and the next one still runs.
+# Sweeps write straight into $OUT/<machine>/ (appends are atomic, so a call cut short still returns every
+# finished configuration), seeded from data/<machine>/ when that already holds part of a sweep (they resume).
+# Needs OUT; MACHINE defaults to h200x2. A failing stage is logged and the next one still runs.
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 MACHINE=${MACHINE:-h200x2}
-SCRATCH=runs/device/$MACHINE
-mkdir -p "$OUT/logs" "$OUT/$MACHINE" "$SCRATCH"
+SCRATCH=$OUT/$MACHINE
+mkdir -p "$OUT/logs" "$SCRATCH"
 PY=${PY:-python3}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export XSTAGE_GIT_COMMIT=${XSTAGE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -19,7 +19,6 @@ seed() {   # data/<machine>/<name>.{csv,json} -> scratch, once (a sweep started 
   done
   return 0
 }
-save() { cp "$SCRATCH"/*.csv "$SCRATCH"/*.json "$OUT/$MACHINE/" 2>/dev/null; return 0; }
 
 stage() {  # name, seconds, command...
   local name=$1 secs=$2; shift 2
@@ -28,7 +27,6 @@ stage() {  # name, seconds, command...
   timeout --signal=INT --kill-after=20 "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
   local rc=$?
   echo "   rc=$rc in $((SECONDS - t0))s; tail:"; tail -n 8 "$OUT/logs/$name.log" | sed 's/^/   | /'
-  save
 }
 
 nvidia-smi -L | tee "$OUT/logs/gpus.txt"
