@@ -3,7 +3,7 @@
 #   scripts/device_session.sh install test-moe test-ulysses ulysses megamoe:8
 # Sweeps write straight into $OUT/<machine>/ (appends are atomic, so a call cut short still returns every
 # finished configuration), seeded from data/<machine>/ when that already holds part of a sweep (they resume).
-# Needs OUT; MACHINE defaults to h200x2. A failing stage is logged and the next one still runs.
+# Needs OUT; MACHINE defaults to h200x2; FRESH_ULYSSES=1 starts the Ulysses sweep afresh. A failing stage is logged and the next one still runs.
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 MACHINE=${MACHINE:-h200x2}
@@ -36,7 +36,7 @@ for s in "$@"; do
     test-moe) stage test-moe 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_moe_gpu.py ;;
     test-ulysses) stage test-ulysses 240 $PY -m pytest -q -x -p no:cacheprovider tests/test_ulysses_gpu.py ;;
     test-remote) stage test-remote 180 $PY -m pytest -q -x -p no:cacheprovider tests/test_remote_store_gpu.py ;;
-    ulysses:*) seed ulysses; stage ulysses "${s#ulysses:}" $PY -m xstage sweep ulysses --out "$SCRATCH" ;;
+    ulysses:*) [ "${FRESH_ULYSSES:-0}" = 1 ] || seed ulysses; stage ulysses "${s#ulysses:}" $PY -m xstage sweep ulysses --out "$SCRATCH" ;;
     megamoe:*) seed megamoe; m=${s#megamoe:}
        stage megamoe $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH" --max-minutes "$m" ;;
     *) echo "unknown stage $s" >&2 ;;
