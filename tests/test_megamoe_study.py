@@ -367,8 +367,35 @@ def test_notebook_with_data(rows, data_root, monkeypatch, capsys):
     assert "bf16: 6 of 84 configurations (6 with every schedule); fp8: 4 of 84 configurations" in out
     figs = [x for x in ns["_shown"] if isinstance(x, go.Figure)]
     tables = [x for x in ns["_shown"] if isinstance(x, pd.DataFrame)]
-    assert len(figs) == 4 and len(tables) == 2
+    assert len(figs) == 5 and len(tables) == 2
     assert set(tables[0].schedule) == {"expert_wave", "interleaved", "model_guided"}
     assert "fp8: interleaved" in ns["head"]["speedup"] and "(4/84 configs)" in ns["head"]["speedup"]
     with pytest.raises(ValueError, match="shapes: unknown 'gpt4'"):
         run_notebook(monkeypatch, source="recorded", shapes=["gpt4"])
+
+
+def test_order_cost_against_a_direct_computation(rows):
+    """extra = schedule - Expert-Wave kernel time, drain = remote bytes / rate, beyond = |extra| > drain, and
+    Expert-Wave's combine cost = kernel / compute-only - 1, each checked config by config; the line and the
+    figure say the computed counts."""
+    drain_gbps = 300.0
+    cost = studies.megamoe_order_cost(rows, drain_gbps)
+    assert set(cost.schedule) == set(moe.SCHEDULES) - {"expert_wave"}
+    assert len(cost) == len(rows) - len(rows[rows.schedule == "expert_wave"])
+    key = ["shape", "tokens", "routing", "P", "dtype"]
+    ew = rows[rows.schedule == "expert_wave"].set_index(key)
+    for r in cost.sample(8, random_state=0).itertuples():
+        e = ew.loc[(r.shape, r.tokens, r.routing, r.P, r.dtype)]
+        mine = rows[(rows["shape"] == r.shape) & (rows.tokens == r.tokens) & (rows.routing == r.routing)
+                    & (rows.dtype == r.dtype) & (rows.schedule == r.schedule)].iloc[0]
+        assert r.extra_ms == pytest.approx(mine.kernel_ms - e.kernel_ms)
+        assert r.drain_ms == pytest.approx(mine.remote_bytes / (drain_gbps * 1e9) * 1e3)
+        assert r.beyond_stage == (abs(r.extra_ms) > r.drain_ms)
+        assert r.ew_comm_share == pytest.approx(e.kernel_ms / e.compute_ms - 1)
+    line = studies.megamoe_order_cost_line(cost)
+    for d, g in cost.groupby("dtype"):
+        assert f"in {int(g.beyond_stage.sum())} of {len(g)} cases" in line
+    fig = figures.megamoe_order_cost(cost)
+    assert any(f"outside the wedge: {int(cost[cost.dtype == 'bf16'].beyond_stage.sum())} of" in n for n in _notes(fig))
+    with pytest.raises(ValueError, match="drain_gbps must be > 0"):
+        studies.megamoe_order_cost(rows, 0.0)

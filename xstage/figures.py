@@ -1141,6 +1141,53 @@ def megamoe_model_parity(df: pd.DataFrame, schedules=None, tolerance: float | No
     return fig
 
 
+def megamoe_order_cost(cost: pd.DataFrame) -> go.Figure:
+    """Each compared schedule's kernel time minus Expert-Wave's (y, ms) against the time the X-Stage needs to drain
+    that configuration's whole remote combine (x, ms, log), from :func:`xstage.studies.megamoe_order_cost`. The
+    grey wedge |y| <= x is what burst shaping could explain at most; points outside it differ for another reason.
+    Columns: dtypes; colour: schedule. Traces: per dtype the wedge (2) + one per schedule."""
+    from .moe import DTYPES_GPU, SCHEDULES
+
+    if cost.empty:
+        return empty_figure("MegaMoE: schedule time differences against the stage's drain time", "no rows")
+    dtypes = _ordered(cost.dtype, DTYPES_GPU)
+    n_c = len(dtypes)
+    fig = make_subplots(rows=1, cols=n_c, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"{d}" for d in dtypes])
+    xs = cost.drain_ms[cost.drain_ms > 0]
+    lo, hi = float(xs.min()) / 1.5, float(xs.max()) * 1.5
+    wx = np.geomspace(lo, hi, 50)
+    for c, d in enumerate(dtypes, 1):
+        fig.add_trace(go.Scatter(x=wx, y=-wx, mode="lines", line=dict(width=0), hoverinfo="skip", showlegend=False),
+                      row=1, col=c)
+        fig.add_trace(go.Scatter(x=wx, y=wx, mode="lines", line=dict(width=0.5, color="#999"), fill="tonexty",
+                                 fillcolor="rgba(120,120,120,0.18)", hoverinfo="skip", showlegend=c == 1,
+                                 name="|difference| ≤ drain time of the whole combine"), row=1, col=c)
+        g = cost[cost.dtype == d]
+        for s in _ordered(g.schedule, SCHEDULES):
+            h = g[g.schedule == s]
+            beyond = float(h.beyond_stage.mean())
+            fig.add_trace(go.Scatter(
+                x=h.drain_ms, y=h.extra_ms, mode="markers", legendgroup=s, showlegend=c == 1,
+                name=_moe_schedule_name(s),
+                marker=dict(color=_MOE_SCHEDULE_STYLE.get(s, ("", "#333"))[1], size=7, opacity=0.75),
+                customdata=np.stack([h.config, [f"{beyond:.0%} of {_moe_schedule_name(s)} outside the wedge"] * len(h)],
+                                    axis=-1),
+                hovertemplate="%{customdata[0]}<br>drain %{x:.3f} ms, difference %{y:+.3f} ms<br>%{customdata[1]}"
+                              "<extra></extra>"), row=1, col=c)
+        _panel_note(fig, f"outside the wedge: {int(g.beyond_stage.sum())} of {len(g)}", 1, c, n_c)
+    fig.update_xaxes(type="log", title_text="time to drain the whole remote combine at the fitted drain rate (ms)",
+                     title_font=dict(size=12))
+    fig.update_yaxes(title_text="kernel time − Expert-Wave's (ms)", row=1, col=1)
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(height=HEIGHT + 40, width=max(WIDTH, 560 * n_c), margin=dict(t=120, b=120),
+                      legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
+                      title=_title("MegaMoE: are the schedules' time differences the X-Stage?",
+                                   "each point: one configuration and schedule; the wedge bounds what shaping the "
+                                   "remote-store bursts could add or save"))
+    return fig
+
+
 def megamoe_fused_over_unfused(df: pd.DataFrame, schedules=None, goal: float | None = None) -> go.Figure:
     """The fused layer's speedup over the unfused baseline (NCCL all_to_all + torch._grouped_mm layer):
     unfused_ms / layer_ms per configuration, one panel per (schedule, dtype) as :func:`megamoe_speedup`; the

@@ -710,6 +710,46 @@ def megamoe_goals(summary: pd.DataFrame, schedule: str = "interleaved") -> pd.Da
     return out[["quantity", "dtype", "schedule", "configs", "expected", "ours", "target", "met"]]
 
 
+def megamoe_order_cost(df: pd.DataFrame, drain_gbps: float) -> pd.DataFrame:
+    """Can the X-Stage explain a schedule's kernel time difference from Expert-Wave? Per configuration, dtype and
+    compared schedule (from :func:`megamoe_speedups`):
+
+      extra_ms        this schedule's kernel_ms - Expert-Wave's (positive: slower)
+      drain_ms        the busiest rank's remote combine bytes / ``drain_gbps``: the time the stage needs to drain
+                      the whole combine. Even with every remote store serialised behind the drain, a schedule
+                      can gain or lose at most about this much through the X-Stage
+      beyond_stage    |extra_ms| > drain_ms: the difference is something else (tile order, waits, caches)
+      ew_comm_share   Expert-Wave's kernel_ms / compute_ms - 1: what its remote combine costs over the same
+                      kernel with every store local (0: the combine is hidden already; nothing left to win)
+
+    ``drain_gbps``: the Burst-Gap drain rate the sweep predicted with (``meta['params']['prm']``)."""
+    if not drain_gbps > 0:
+        raise ValueError(f"drain_gbps must be > 0, got {drain_gbps}")
+    sp = megamoe_speedups(df)
+    remote = df.groupby(MEGAMOE_KEYS).remote_bytes.max().rename("remote_bytes")
+    t = sp[sp.schedule != MEGAMOE_BASELINE].join(remote, on=MEGAMOE_KEYS)
+    ew = sp[sp.schedule == MEGAMOE_BASELINE].set_index(MEGAMOE_KEYS)
+    t = t.join((ew.kernel_ms / ew.compute_ms - 1).rename("ew_comm_share"), on=MEGAMOE_KEYS)
+    t["extra_ms"] = t.kernel_ms - t.expert_wave_ms
+    t["drain_ms"] = t.remote_bytes / (drain_gbps * 1e9) * 1e3
+    t["beyond_stage"] = t.extra_ms.abs() > t.drain_ms
+    return t[["config", "shape", "tokens", "routing", "P", "dtype", "schedule", "kernel_ms", "expert_wave_ms",
+              "compute_ms", "remote_bytes", "extra_ms", "drain_ms", "beyond_stage", "ew_comm_share"]
+             ].reset_index(drop=True)
+
+
+def megamoe_order_cost_line(cost: pd.DataFrame) -> str:
+    """One sentence from :func:`megamoe_order_cost`, computed (per dtype)."""
+    parts = []
+    for d, g in cost.groupby("dtype", sort=False):
+        ew = g.drop_duplicates("config").ew_comm_share
+        parts.append(f"{d}: Expert-Wave's remote combine costs {ew.median():+.1%} over its compute-only control "
+                     f"(median; {ew.min():+.1%} .. {ew.max():+.1%}); the schedules' time differences exceed the "
+                     f"whole combine's drain time in {int(g.beyond_stage.sum())} of {len(g)} cases (median "
+                     f"{g.extra_ms.median():+.3f} ms against a median drain of {g.drain_ms.median():.3f} ms)")
+    return "; ".join(parts)
+
+
 def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> dict[str, str]:
     """One line per figure for its caption's ``ours`` (from :func:`megamoe_summary`): ``speedup``, ``model``,
     ``fused``, ``gemm``; each names the dtype and how many configurations of how many it covers."""
