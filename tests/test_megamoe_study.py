@@ -40,7 +40,7 @@ def synthetic_rows(configs=CONFIGS, dtypes=("bf16", "fp8"), schedules=moe.SCHEDU
                 rows.append(dict(
                     shape=s.name, hidden=s.hidden, intermediate=s.intermediate, experts=s.experts, topk=s.topk,
                     tokens=case.tokens, routing=case.routing, seed=case.seed, P=P, dtype=dt, schedule=sched,
-                    schedule_param="", block_m=64, n_tasks=int(rng.integers(100, 5000)), rows=n_rows,
+                    schedule_param={"lag": "lag=132", "model_guided": "interleaved"}.get(sched, ""), block_m=64, n_tasks=int(rng.integers(100, 5000)), rows=n_rows,
                     remote_bytes=n_rows * s.hidden, kernel_ms=k, kernel_ms_min=0.97 * k, n_timed=20,
                     calls_per_run=2, tflops=100.0, compute_ms=compute, dispatch_ms=0.05 * ew,
                     layer_ms=k + rng.uniform(0.05, 0.3), unfused_ms=unfused,
@@ -367,7 +367,7 @@ def test_notebook_with_data(rows, data_root, monkeypatch, capsys):
     assert "bf16: 6 of 84 configurations (6 with every schedule); fp8: 4 of 84 configurations" in out
     figs = [x for x in ns["_shown"] if isinstance(x, go.Figure)]
     tables = [x for x in ns["_shown"] if isinstance(x, pd.DataFrame)]
-    assert len(figs) == 5 and len(tables) == 2
+    assert len(figs) == 6 and len(tables) == 3
     assert set(tables[0].schedule) == {"expert_wave", "interleaved", "model_guided"}
     assert "fp8: interleaved" in ns["head"]["speedup"] and "(4/84 configs)" in ns["head"]["speedup"]
     with pytest.raises(ValueError, match="shapes: unknown 'gpt4'"):
@@ -399,3 +399,28 @@ def test_order_cost_against_a_direct_computation(rows):
     assert any(f"outside the wedge: {int(cost[cost.dtype == 'bf16'].beyond_stage.sum())} of" in n for n in _notes(fig))
     with pytest.raises(ValueError, match="drain_gbps must be > 0"):
         studies.megamoe_order_cost(rows, 0.0)
+
+
+def test_revised_model_on_recorded_rows(rows):
+    """The revised model (busiest program) on rows of real configurations: Expert-Wave's own speedup is 1, the
+    other schedules' revised speedups are the ratio of the model's times, interleaved's period-3 pattern
+    (divides 132 programs) is predicted slower than Expert-Wave where it loads a third of the programs with
+    every Linear-1 tile; a record whose model_guided choice names no candidate is refused."""
+    sub = rows[rows["shape"].isin(["deepseek_v4_flash", "qwen3_235b"]) & rows.tokens.isin([128, 4096])
+               & (rows.routing == "uniform")]                 # deepseek_v4_flash_T128, qwen3_235b_T4096
+    assert len(sub.groupby(["shape", "tokens"])) == 2
+    meta = {"sm_count": 132, "params": {}}
+    revised, table = studies.megamoe_revised_model(sub, meta)
+    rp = moe.repredict(sub, moe.BurstGapParams.reference(), 132)
+    assert (rp[rp.schedule == "expert_wave"].model_speedup == 1).all()
+    for _, g in rp.groupby(["shape", "tokens", "dtype"]):
+        ew = g[g.schedule == "expert_wave"].model_ms.iloc[0]
+        assert np.allclose(g.model_speedup, ew / g.model_ms)
+        iv = g[g.schedule == "interleaved"].iloc[0]
+        assert iv.imbalance > g[g.schedule == "expert_wave"].imbalance.iloc[0] and iv.model_speedup < 1
+    assert set(table.schedule) == {"interleaved", "lag", "model_guided"}
+    assert revised.predicted_speedup.notna().all()
+    bad = sub.copy()
+    bad.loc[bad.schedule == "model_guided", "schedule_param"] = "banana"
+    with pytest.raises(ValueError, match="model_guided's recorded choice 'banana' names no candidate"):
+        moe.repredict(bad, moe.BurstGapParams.reference(), 132)

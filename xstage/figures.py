@@ -1088,11 +1088,13 @@ def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | 
     return fig
 
 
-def megamoe_model_parity(df: pd.DataFrame, schedules=None, tolerance: float | None = None) -> go.Figure:
+def megamoe_model_parity(df: pd.DataFrame, schedules=None, tolerance: float | None = None,
+                         title: str | None = None) -> go.Figure:
     """The Burst-Gap model's predicted speedup over Expert-Wave against the measured one, every configuration,
     colour = schedule, symbol = dtype; y = x and a ±``tolerance`` band (default
     xstage.studies.MODEL_TOLERANCE, 10 %: |predicted − measured| ≤ tolerance × measured); the fraction inside
-    per schedule and dtype in the legend. Traces: the band (2), y = x, then one per (schedule, dtype)."""
+    per schedule and dtype in the legend; ``title`` replaces the main title (e.g. for a revised model's
+    predictions put in ``predicted_speedup``). Traces: the band (2), y = x, then one per (schedule, dtype)."""
     from .moe import DTYPES_GPU, SCHEDULES
     from .studies import MEGAMOE_BASELINE, MODEL_TOLERANCE, megamoe_speedups
 
@@ -1132,7 +1134,7 @@ def megamoe_model_parity(df: pd.DataFrame, schedules=None, tolerance: float | No
                               "(%{customdata[1]:+.1f}%)<extra></extra>"))
     overall = float((sp.model_error.abs() <= tol).mean())
     fig.update_layout(
-        title=_title("MegaMoE: the Burst-Gap model's predicted speedup against the measured one",
+        title=_title(title or "MegaMoE: the Burst-Gap model's predicted speedup against the measured one",
                      f"speedup over Expert-Wave per configuration; {overall:.0%} of {len(sp)} points within "
                      f"±{tol:.0%} (goal: all)"),
         xaxis=dict(title="measured speedup over Expert-Wave (×)", range=[lo, hi], constrain="domain"),

@@ -43,14 +43,19 @@ so the list falls into rounds k of n consecutive tasks (what the n programs work
 Tile compute times c1 = 2 BM Hd 2 BN1 / F and c2 = 2 BM I BN2 / F, F = the per-program GEMM rate (FLOP/ns),
 calibrated so that the model's time of expert_wave without remote bytes equals the kernel measured with every
 combine store sent to a local buffer (``compute_ms``; a given TFLOP/s when not measured). A Linear-2 task less
-than a round behind its last producer (distance d < n positions) spins w = c1 (1 - d / n). Round k has b_k
-Linear-2 tasks whose remote bytes are B_k = sum of (rows from other ranks) x BN2 x out bytes. Programs run
-independently, so a round costs its work spread over the n programs, and a burst stalls only its b_k issuers:
+than a round behind its last producer (distance d < n positions) spins w = c1 (1 - d / n). Tasks are assigned
+statically, task i to program i % n, so the compute part is the busiest program's:
+    compute = max over programs p of sum over its tasks (c1 or c2, plus w)
+(on 2 H200s the recorded schedules differed from Expert-Wave mostly through this term: a list whose Linear-1
+and Linear-2 tiles alternate with a period that divides n gives some programs every expensive tile; the first
+version of the model averaged each round over its programs and missed it, see notebook 03). Round k has b_k
+Linear-2 tasks whose remote bytes are B_k = sum of (rows from other ranks) x BN2 x out bytes; a burst stalls only
+its b_k issuers:
     compute_k = (a_k c1 + b_k c2 + sum of w) / m      (a_k Linear-1 tasks; m = n, or fewer in the last round)
     q = recover(q, compute_k)                                        (the stage drains while they compute)
     (T_k, q) = issue_time(B_k / b_k bytes per program, b_k programs, q)     (xstage.model, overhead_ns = 0)
     stall_k = b_k T_k / m
-    predicted = sum_k (compute_k + stall_k) + drain_time(q after the last round)
+    predicted = compute + sum_k stall_k + drain_time(q after the last round)
 i.e. compute time plus the Burst-Gap model's issue-and-stall time of each burst and the final drain. Expert-Wave
 rounds are all Linear-2: every program issues at once, the burst exceeds the outstanding capacity and every
 program stalls. Interleaved rounds mix: about half the programs issue half the bytes, the rest compute, and the
@@ -509,13 +514,26 @@ class TaskList:
         return self._dev[device]
 
 
+def _task_keys(tasks: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """One int64 per task row (mixed radix over the columns, radices from ``want`` and ``tasks``): comparing
+    sorted 1-D keys is much faster than ``np.unique(axis=0)`` on 10^4-10^5 rows."""
+    both = np.concatenate([tasks, want]).astype(np.int64)
+    if both.size and both.min() < 0:
+        return np.full(len(tasks), -1, dtype=np.int64) - np.arange(len(tasks))   # never equal to a tile's key
+    radix = both.max(axis=0) + 1 if both.size else np.ones(TASK_FIELDS, dtype=np.int64)
+    key = np.zeros(len(tasks), dtype=np.int64)
+    for j in range(TASK_FIELDS):
+        key = key * radix[j] + tasks[:, j].astype(np.int64)
+    return key
+
+
 def check_tasks(tasks: np.ndarray, grid: TileGrid) -> None:
     """Every tile of the grid exactly once, and every Linear-2 task after all Linear-1 tasks of its row block
     (the property that keeps the persistent kernel deadlock-free). ValueError otherwise."""
     tasks = np.asarray(tasks, dtype=np.int32).reshape(-1, TASK_FIELDS)
     want = grid.all_tiles()
-    if tasks.shape != want.shape or not np.array_equal(np.unique(tasks, axis=0), np.unique(want, axis=0)) \
-            or len(np.unique(tasks, axis=0)) != len(tasks):
+    if tasks.shape != want.shape or not np.array_equal(np.sort(_task_keys(tasks, want)), np.sort(_task_keys(want, want))) \
+            or len(np.unique(_task_keys(tasks, want))) != len(tasks):
         raise ValueError(f"task list does not hold every tile exactly once ({len(tasks)} tasks, "
                          f"{len(want)} tiles)")
     if not len(tasks):
@@ -554,7 +572,10 @@ class CostModel:
 
 def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
                       hidden: int, inter: int, tiles: TileConfig) -> dict:
-    """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds'}."""
+    """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds',
+    'imbalance'}. Compute and waits are the busiest program's (static round-robin assignment of tasks to
+    programs; ``imbalance`` = its load / the mean load); stalls and the final drain come from the Burst-Gap
+    stage, round by round."""
     prm = replace(cost.prm, overhead_ns=0.0)   # overhead_ns is the microbenchmark harness's, not the kernel's
     n = max(1, cost.n_programs)
     F = cost.flop_per_ns_per_program
@@ -569,15 +590,21 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
     wait = np.where(is2, c1 * np.clip(1.0 - (pos - last_l1[tasks[:, 4]]) / n, 0.0, 1.0), 0.0)
     work = np.where(is2, c2, c1) + wait
     remote = np.where(is2, remote_rows_per_block[tasks[:, 4]] * float(tiles.block_n2 * cost.out_bytes), 0.0)
+    # Program p walks tasks p, p + n, ... (a static round-robin): the kernel lasts as long as its busiest program,
+    # so a list whose expensive tiles land on the same programs is slower than its round averages say.
+    prog = pos % n
+    load = np.bincount(prog, weights=work, minlength=n)
+    busiest = int(np.argmax(load))
+    compute = float(np.bincount(prog, weights=work - wait, minlength=n)[busiest])
+    waited = float(np.bincount(prog, weights=wait, minlength=n)[busiest])
+    imbalance = float(load.max() / load.mean()) if load.mean() > 0 else 1.0
     q = 0.0
-    compute = waited = stall = 0.0
+    stall = 0.0
     n_rounds = -(-len(tasks) // n)
     for k in range(n_rounds):
         sl = slice(k * n, (k + 1) * n)
         m = len(work[sl])                                 # programs busy in this round (n but in the last)
         c_k = float(work[sl].sum()) / m
-        compute += float(work[sl].sum() - wait[sl].sum()) / m
-        waited += float(wait[sl].sum()) / m
         b = int(is2[sl].sum())
         B = float(remote[sl].sum())
         q = float(recover(q, c_k, prm))                  # the stage drains during the round's compute
@@ -587,7 +614,7 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
             stall += b * float(T) / m                     # b programs issue (and stall) T; the others compute
     drain = float(drain_time(q, prm))
     return dict(total_ns=compute + waited + stall + drain, compute_ns=compute, wait_ns=waited, stall_ns=stall,
-                drain_ns=drain, rounds=n_rounds)
+                drain_ns=drain, rounds=n_rounds, imbalance=imbalance)
 
 
 def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_programs: int,
@@ -1650,6 +1677,63 @@ def run_megamoe(out: str | Path, world_size: int = 2, dtypes: Sequence[str] = DT
     spawn(megamoe_job, world_size, cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup,
           prm.as_dict(), seed, deadline)
     return Path(out) / f"{MEGAMOE.name}.csv"
+
+
+def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
+    """The H200 tiles ``default_tiles`` picks for ``dtype`` with row blocks of ``block_m`` (a recorded row's
+    ``block_m`` gives back the whole configuration it ran with)."""
+    t = TileConfig(64, 128, 128, 128, 8, 2) if dtype == "fp8" else TileConfig(block_m, 128, 128, 64, 8, 3)
+    return replace(t, block_m=block_m)
+
+
+def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int) -> pd.DataFrame:
+    """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
+    per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
+    recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
+    taken as the maximum over ranks. Returns the rows' keys + schedule with ``model_ms`` and ``model_speedup``
+    (expert_wave / schedule) and ``imbalance`` (busiest program / mean, max over ranks)."""
+    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
+    out = []
+    keys = ["shape", "tokens", "routing", "P", "dtype"]
+    for (name, tokens, routing, P, dtype), g in df.groupby(keys, sort=False):
+        c = cases.get((name, tokens, routing))
+        if c is None:
+            raise ValueError(f"{name} T={tokens} {routing} is not one of the 84 configurations")
+        s = c.shape
+        _, _, layouts = routing_of(c, int(P))
+        rows = g.drop_duplicates("schedule").set_index("schedule")
+        tiles = gpu_tiles(dtype, int(rows.block_m.iloc[0]))
+        out_bytes = OUT_DTYPES[dtype].itemsize
+        pred: dict[str, list] = {}
+        for r in range(int(P)):
+            grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
+            ew = build_schedule("expert_wave", grid, n_sms)
+            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]))
+            cost = CostModel(prm, rate, n_sms, out_bytes)
+            remote = grid.remote_rows_per_block(layouts[r])
+            for sched, row in rows.iterrows():
+                if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
+                    ch = str(row.schedule_param).split("|")
+                    ch = ch[r] if len(ch) == int(P) else ch[0]
+                    if not (ch.startswith("lag=") or ch in ("expert_wave", "interleaved")):
+                        raise ValueError(f"{name} T={tokens} {routing} {dtype}: model_guided's recorded choice "
+                                         f"{row.schedule_param!r} names no candidate")
+                    tl_ = build_schedule("lag", grid, n_sms, lag=int(ch.split("=")[1])) if ch.startswith("lag=") \
+                        else build_schedule(ch, grid, n_sms)
+                elif sched == "lag":
+                    lag = str(row.schedule_param)
+                    tl_ = build_schedule("lag", grid, n_sms, lag=int(lag.split("=")[1]) if lag.startswith("lag=")
+                                         else None)
+                else:
+                    tl_ = ew if sched == "expert_wave" else build_schedule(sched, grid, n_sms)
+                p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)
+                pred.setdefault(sched, []).append((p["total_ns"] / 1e6, p["imbalance"]))
+        base = max(t for t, _ in pred["expert_wave"]) if "expert_wave" in pred else float("nan")
+        for sched, v in pred.items():
+            ms = max(t for t, _ in v)
+            out.append(dict(zip(keys, (name, tokens, routing, P, dtype)), schedule=sched, model_ms=ms,
+                            model_speedup=base / ms, imbalance=max(i for _, i in v)))
+    return pd.DataFrame(out)
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:

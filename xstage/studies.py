@@ -750,6 +750,45 @@ def megamoe_order_cost_line(cost: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The current model (``xstage.moe.predict_kernel_ns``: the busiest program, static assignment) applied to the
+    recorded rows with the Burst-Gap parameters and SM count the sweep ran with (``meta``). Returns (rows with
+    ``predicted_speedup`` replaced by the revised model's, so the parity figure can show it; a table per dtype and
+    schedule: measured and both models' geomean speedups, the fraction within ±10 %, the median |error| and the
+    correlation with the measured speedups)."""
+    from .moe import repredict
+    from .model import BurstGapParams
+
+    prm = BurstGapParams(**(meta.get("params", {}).get("prm") or default_params_dict()))
+    n_sms = int(meta.get("sm_count") or 132)
+    rp = repredict(df, prm, n_sms)
+    keys = MEGAMOE_KEYS + ["schedule"]
+    revised = df.drop(columns=["predicted_speedup"]).merge(
+        rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
+    old, new = megamoe_speedups(df), megamoe_speedups(revised)
+    old, new = (x[x.schedule != MEGAMOE_BASELINE] for x in (old, new))
+
+    def stats(t: pd.DataFrame, tag: str) -> pd.DataFrame:
+        g = t.groupby(["dtype", "schedule"], sort=False)
+        return pd.DataFrame({
+            f"{tag}_geomean": g.predicted_speedup.apply(_geomean),
+            f"{tag}_within_10pct": g.model_error.apply(lambda e: float((e.abs() <= MODEL_TOLERANCE).mean())),
+            f"{tag}_median_abs_error": g.model_error.apply(lambda e: float(e.abs().median())),
+            f"{tag}_corr": g.apply(lambda x: float(np.corrcoef(x.speedup, x.predicted_speedup)[0, 1])
+                                   if len(x) > 2 else float("nan")),
+        })
+    measured = old.groupby(["dtype", "schedule"], sort=False).speedup.apply(_geomean).rename("measured_geomean")
+    table = pd.concat([measured, stats(old, "recorded_model"), stats(new, "revised_model")], axis=1).reset_index()
+    return revised, table
+
+
+def default_params_dict() -> dict:
+    """The reference Burst-Gap parameters as a dict (when a record does not carry the ones it used)."""
+    from .model import BurstGapParams
+
+    return BurstGapParams.reference().as_dict()
+
+
 def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> dict[str, str]:
     """One line per figure for its caption's ``ours`` (from :func:`megamoe_summary`): ``speedup``, ``model``,
     ``fused``, ``gemm``; each names the dtype and how many configurations of how many it covers."""
