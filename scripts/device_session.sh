@@ -3,10 +3,15 @@
 #   scripts/device_session.sh install test-moe test-ulysses ulysses megamoe:8
 # Sweeps write straight into $OUT/<machine>/ (appends are atomic, so a call cut short still returns every
 # finished configuration), seeded from data/<machine>/ when that already holds part of a sweep (they resume).
-# Needs OUT; MACHINE defaults to h200x2; FRESH_ULYSSES=1 starts the Ulysses sweep afresh. A failing stage is logged and the next one still runs.
+# Needs OUT. WORLD_SIZE (default 2) ranks, one per GPU; MACHINE defaults to h200x<WORLD_SIZE>; FRESH_ULYSSES=1
+# starts the Ulysses sweep afresh. On 8 GPUs, everything the notebooks need:
+#   WORLD_SIZE=8 scripts/device_session.sh install test-remote bandwidth burst-gap:300 ulysses:400 megamoe:9
+# A failing stage is logged and the next one still runs. Files over 16 MiB do not come back from the device
+# tool: the burst-gap CSV (~18 MB) is gzip-compressed when its stage ends (xstage.data reads .csv.gz).
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
-MACHINE=${MACHINE:-h200x2}
+WORLD_SIZE=${WORLD_SIZE:-2}
+MACHINE=${MACHINE:-h200x$WORLD_SIZE}
 SCRATCH=$OUT/$MACHINE
 mkdir -p "$OUT/logs" "$SCRATCH"
 PY=${PY:-python3}
@@ -36,9 +41,14 @@ for s in "$@"; do
     test-moe) stage test-moe 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_moe_gpu.py ;;
     test-ulysses) stage test-ulysses 240 $PY -m pytest -q -x -p no:cacheprovider tests/test_ulysses_gpu.py ;;
     test-remote) stage test-remote 180 $PY -m pytest -q -x -p no:cacheprovider tests/test_remote_store_gpu.py ;;
-    ulysses:*) [ "${FRESH_ULYSSES:-0}" = 1 ] || seed ulysses; stage ulysses "${s#ulysses:}" $PY -m xstage sweep ulysses --out "$SCRATCH" ;;
+    bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" ;;
+    burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
+       --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;
+    ulysses:*) [ "${FRESH_ULYSSES:-0}" = 1 ] || seed ulysses; stage ulysses "${s#ulysses:}" $PY -m xstage sweep ulysses \
+       --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     megamoe:*) seed megamoe; m=${s#megamoe:}
-       stage megamoe $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH" --max-minutes "$m" ;;
+       stage megamoe $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH" --max-minutes "$m" \
+       --world-size "$WORLD_SIZE" ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done

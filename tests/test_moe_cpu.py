@@ -48,6 +48,7 @@ CASES = [
     pytest.param(2, (64, 128, 4, 2, 40, "zipf"), "fp32", id="P2-zipf-fp32"),
     pytest.param(2, (64, 64, 4, 2, 48, "hot"), "fp16", id="P2-hot-fp16"),
     pytest.param(4, (64, 64, 8, 2, 24, "uniform"), "fp16", id="P4-uniform-fp16"),
+    pytest.param(8, (64, 64, 16, 2, 24, "zipf"), "fp16", id="P8-zipf-fp16"),            # EP = 8 (issue 4)
 ]
 
 

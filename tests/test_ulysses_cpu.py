@@ -35,6 +35,7 @@ CASES = [
     pytest.param(2, 360, 2, 128, 64, 64, torch.float16, id="P2-D128-straddle-tail"),  # Sl = 180, 40-key tail
     pytest.param(4, 384, 4, 128, 64, 32, torch.float16, id="P4-D128-straddle"),       # Sl = 96
     pytest.param(4, 360, 4, 64, 32, 64, torch.float32, id="P4-D64-straddle-tail-fp32"),  # Sl = 90
+    pytest.param(8, 360, 8, 64, 32, 32, torch.float16, id="P8-D64-straddle-tail"),        # Sl = 45 (issue 4)
     pytest.param(2, 360, 2, 128, 64, 64, torch.float16, True, id="P2-D128-straddle-tail-tma"),
     pytest.param(4, 360, 4, 64, 32, 32, torch.float32, True, id="P4-D64-straddle-tail-fp32-tma"),
 ]
