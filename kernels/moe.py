@@ -28,6 +28,10 @@ Progress: program p walks tasks p, p + n_programs, ...; the host guarantees that
 all of its Linear-1 producers in the list. On a GPU with all programs resident (n_programs <= SMs), the earliest
 unfinished task then never waits on a later one, so the kernel cannot deadlock. Under Triton's interpreter the
 programs run one after another, so the launcher uses one program per task (or a single program) there.
+Assignment: static (task i -> program i % n_programs), or DYNAMIC: each program claims the next task of the list
+with an atomic ticket (an expensive tile no longer pins every later tile of its program: on 2 H200s the static
+assignment of the interleaved list gave a third of the programs every Linear-1 tile). Claims follow list order,
+so the same argument rules out a deadlock.
 
 Version ladder (constexprs of one kernel; each a bar of the MegaMoE figure):
   1. FP8=False: bf16 on GPUs (fp16 / fp32 under the interpreter, whose bf16 ``tl.dot`` is wrong), fp32
@@ -59,6 +63,7 @@ Layouts (row-major, contiguous, element strides):
   table     [P] int64      every rank's combine base address, valid in this process (peer pointers)
   status    [n_tasks, 6] int64  per Linear-2 task: (rank, task, expected, seen, polls, timed_out)
   ts        [n_tasks, 2] int64  TIMED: task start, after its last store
+  ticket    [1] int32      DYNAMIC: tickets drawn so far (cumulative over launches; launch k's task 0 is ticket_base)
 """
 import triton
 import triton.language as tl
@@ -161,8 +166,37 @@ def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combin
     tl.store(dst[:, None] + cols[None, :], out, mask=row_ok[:, None])
 
 
+@triton.jit
+def _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
+              counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I, expected, max_polls,
+              BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
+              FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr):
+    """One task of the list: a Linear-1 tile or a Linear-2 tile (with its wait and remote-store epilogue)."""
+    tp = tasks_ptr + task * TASK_FIELDS
+    kind = tl.load(tp + 0)
+    expert = tl.load(tp + 1)
+    row_block = tl.load(tp + 2)
+    col_block = tl.load(tp + 3)
+    pool = tl.load(tp + 4)
+    row0 = tl.load(offs_ptr + expert) + row_block * BLOCK_M
+    row_end = tl.load(offs_ptr + expert + 1)
+    if TIMED:
+        t0 = globaltimer(DEVICE)
+    if kind == 0:
+        _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, counters_ptr,
+                      expert, row0, row_end, col_block, pool, Hd, I, BLOCK_M, BLOCK_N1, BLOCK_K, FP8)
+    else:
+        _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combine_table, comb_ptr,
+                      status_ptr, task, rank, expert, row0, row_end, col_block, pool, expected, max_polls,
+                      T, Hd, I, BLOCK_M, BLOCK_N2, BLOCK_K, FP8)
+    if TIMED:
+        tl.debug_barrier()                                             # every warp has issued its stores
+        tl.store(ts_ptr + task * 2, t0)
+        tl.store(ts_ptr + task * 2 + 1, globaltimer(DEVICE))
+
+
 # Integers that change between launches (the epoch every launch) are not specialised: one compile per variant.
-@triton.jit(do_not_specialize=["n_tasks", "rank", "T", "expected", "max_polls"])
+@triton.jit(do_not_specialize=["n_tasks", "rank", "T", "expected", "max_polls", "ticket_base"])
 def megamoe_kernel(
     x_ptr, xs_ptr,         # [R, Hd] received rows; [R, Hd/128] fp32 scales (FP8; else any pointer)
     w1_ptr, w1s_ptr,       # [El, 2I, Hd]; [El, 2I/128, Hd/128] (FP8)
@@ -176,36 +210,32 @@ def megamoe_kernel(
     comb_ptr,              # this rank's combine buffer (its element type is the output's)
     status_ptr,            # int64 [n_tasks, 6] Linear-2 waits
     ts_ptr,                # int64 [n_tasks, 2] (TIMED)
+    ticket_ptr,            # int32 [1] DYNAMIC: the next task's ticket (cumulative over launches)
     n_tasks, rank, T, Hd, I,
     expected,              # counter value meaning "all Linear-1 tiles of the row block done in this launch"
     max_polls,             # bound on every wait
+    ticket_base,           # DYNAMIC: the ticket of this launch's task 0 (each launch draws n_tasks + programs)
     BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr,
+    DYNAMIC: tl.constexpr = False,  # programs claim the next task of the list (atomic ticket) instead of i % n
 ):
-    pid = tl.program_id(0)
-    n_prog = tl.num_programs(0)
-    for task in range(pid, n_tasks, n_prog):                           # task i -> program i % n_programs
-        tp = tasks_ptr + task * TASK_FIELDS
-        kind = tl.load(tp + 0)
-        expert = tl.load(tp + 1)
-        row_block = tl.load(tp + 2)
-        col_block = tl.load(tp + 3)
-        pool = tl.load(tp + 4)
-        row0 = tl.load(offs_ptr + expert) + row_block * BLOCK_M
-        row_end = tl.load(offs_ptr + expert + 1)
-        if TIMED:
-            t0 = globaltimer(DEVICE)
-        if kind == 0:
-            _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, counters_ptr,
-                          expert, row0, row_end, col_block, pool, Hd, I, BLOCK_M, BLOCK_N1, BLOCK_K, FP8)
-        else:
-            _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combine_table, comb_ptr,
-                          status_ptr, task, rank, expert, row0, row_end, col_block, pool, expected, max_polls,
-                          T, Hd, I, BLOCK_M, BLOCK_N2, BLOCK_K, FP8)
-        if TIMED:
-            tl.debug_barrier()                                         # every warp has issued its stores
-            tl.store(ts_ptr + task * 2, t0)
-            tl.store(ts_ptr + task * 2 + 1, globaltimer(DEVICE))
+    if DYNAMIC:
+        # Tasks are claimed in list order, so every task before a claimed one is claimed by a running program:
+        # with all programs resident a Linear-2 wait always ends (its producers come earlier in the list).
+        # Every program draws until it gets a ticket past the list: n_tasks + programs tickets per launch.
+        task = tl.atomic_add(ticket_ptr, 1) - ticket_base
+        while task < n_tasks:
+            _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr,
+                      tasks_ptr, counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I,
+                      expected, max_polls, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE)
+            task = tl.atomic_add(ticket_ptr, 1) - ticket_base
+    else:
+        pid = tl.program_id(0)
+        n_prog = tl.num_programs(0)
+        for task in range(pid, n_tasks, n_prog):                       # task i -> program i % n_programs
+            _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr,
+                      tasks_ptr, counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I,
+                      expected, max_polls, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE)
 
 
 @triton.jit(do_not_specialize=["rank", "n_items"])

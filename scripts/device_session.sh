@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-machine session, stage by stage, every stage bounded in time and logged under $OUT/logs/.
-#   scripts/device_session.sh install test-moe test-ulysses ulysses megamoe:8
+#   scripts/device_session.sh install test-moe test-ulysses ulysses:300 megamoe:8 megamoe-dynamic:8
 # Sweeps write straight into $OUT/<machine>/ (appends are atomic, so a call cut short still returns every
 # finished configuration), seeded from data/<machine>/ when that already holds part of a sweep (they resume).
 # Needs OUT. WORLD_SIZE (default 2) ranks, one per GPU; MACHINE defaults to h200x<WORLD_SIZE>; FRESH_ULYSSES=1
@@ -18,9 +18,11 @@ PY=${PY:-python3}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export XSTAGE_GIT_COMMIT=${XSTAGE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 
-seed() {   # data/<machine>/<name>.{csv,json} -> scratch, once (a sweep started here resumes from it)
-  for f in "data/$MACHINE/$1.csv" "data/$MACHINE/$1.json"; do
-    [ -e "$f" ] && [ ! -e "$SCRATCH/$(basename "$f")" ] && cp "$f" "$SCRATCH/"
+seed() {   # data/<machine>[/<sub>]/<name>.{csv,json} -> scratch, once (a sweep started here resumes from it)
+  local sub=${2:+/$2}
+  mkdir -p "$SCRATCH$sub"
+  for f in "data/$MACHINE$sub/$1.csv" "data/$MACHINE$sub/$1.json"; do
+    [ -e "$f" ] && [ ! -e "$SCRATCH$sub/$(basename "$f")" ] && cp "$f" "$SCRATCH$sub/"
   done
   return 0
 }
@@ -49,6 +51,9 @@ for s in "$@"; do
     megamoe:*) seed megamoe; m=${s#megamoe:}
        stage megamoe $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH" --max-minutes "$m" \
        --world-size "$WORLD_SIZE" ;;
+    megamoe-dynamic:*) seed megamoe dynamic; m=${s#megamoe-dynamic:}
+       stage megamoe-dynamic $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH/dynamic" \
+       --max-minutes "$m" --world-size "$WORLD_SIZE" --assignment dynamic ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done

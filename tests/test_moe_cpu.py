@@ -57,9 +57,11 @@ def test_fused_layer_matches_reference_and_schedules_are_bit_identical(P, case, 
     """check_job: NaN-poisoned combine buffers checked whole against the float32 reference (<= 2x PyTorch's
     own error at the dtype), and all four schedules' combine buffers bit-identical."""
     seed = random.randrange(2**30)
-    res = M.check_job(EmulatedWorld(P), [case], seed=seed, dtype=dtype, tiles=TILES, n_sms=2)
+    res = M.check_job(EmulatedWorld(P), [case], seed=seed, dtype=dtype, tiles=TILES, n_sms=2,
+                      assignments=M.ASSIGNMENTS if P == 2 else ("static",))
     assert [r["rank"] for r in res] == list(range(P)), seed
     assert all(r["schedules"] == 4 and r["remote_rows"] > 0 for r in res), seed
+    assert all(r["runs"] == 4 * (2 if P == 2 else 1) for r in res), seed
     assert all(r["rel_l2"] <= 2 * r["rel_l2_torch"] + M.REL_L2_FLOOR[dtype] for r in res), (seed, res)
     assert sum(r["rows"] for r in res) == case[4] * case[3] * P           # every (token, slot) item once
 
@@ -81,6 +83,30 @@ def test_layer_output_and_one_program_walking_all_tasks():
     M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, n_programs=1)
     for r in range(2):
         M.check_bit_identical(bufs.combine_view(r), combs[r], f"rank {r}: 1 program vs 1 per task")
+
+
+def test_dynamic_assignment_draws_one_ticket_per_task_and_program():
+    """Dynamic assignment: every launch draws n_tasks + n_programs tickets (each program one past the list), the
+    host's count and the device's ticket agree over launches and reset with the counters; the output bits equal
+    the static assignment's with 1 program and with one program per task."""
+    world = EmulatedWorld(2)
+    prob = _problem(2, (64, 64, 4, 2, 32, "zipf"), "fp16", seed=7)
+    bufs = _buffers(world, prob)
+    tasks = {r: M.build_tasks(prob, "interleaved", 2, r) for r in range(2)}
+    M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
+    want = {r: bufs.combine_view(r).clone() for r in range(2)}
+    for n_prog, launches in ((1, 2), (None, 1)):
+        drawn = {r: bufs.drawn[r] for r in range(2)}
+        for _ in range(launches):
+            M._poison(world, bufs, 32)
+            M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, n_programs=n_prog, dynamic=True)
+            for r in range(2):
+                M.check_bit_identical(bufs.combine_view(r), want[r], f"rank {r} dynamic, {n_prog} programs")
+        for r in range(2):
+            per = tasks[r].n_tasks + (n_prog or tasks[r].n_tasks)
+            assert bufs.drawn[r] == drawn[r] + launches * per == int(bufs.tickets[r].item()), (r, n_prog)
+    bufs.reset_counters(0)
+    assert bufs.drawn[0] == 0 and int(bufs.tickets[0].item()) == 0
 
 
 def test_buffers_shared_by_cases_of_different_row_blocks():
@@ -222,10 +248,16 @@ def test_sweep_parameters_and_gpus_checked_before_anything_runs(tmp_path):
         M.run_megamoe(tmp_path, cases=[M.as_case((4000, 2048, 8, 2, 128, "uniform"))])
     with pytest.raises(ValueError, match="unknown case"):
         M.cases_by_name(["nope"])
+    with pytest.raises(ValueError, match="assignment must be one of"):
+        M.run_megamoe(tmp_path, assignment="round_robin")
     if torch.cuda.device_count() < 2:
         with pytest.raises(RuntimeError, match="needs 2 CUDA GPU"):
             M.run_megamoe(tmp_path, cases=M.cases_by_name(["mixtral_8x7b_T128_hot"]))
     assert not any(tmp_path.iterdir())
+    from xstage import env
+    data.start_file(tmp_path, M.MEGAMOE, env.provenance("test", {"assignment": "static"}))
+    with pytest.raises(ValueError, match=r"holds a static-assignment sweep; record the dynamic one in another"):
+        M.run_megamoe(tmp_path, assignment="dynamic")
 
 
 # --------------------------------------------------------------------------------- table, routing, layouts
@@ -390,6 +422,15 @@ def test_burst_gap_prediction_of_schedules():
     # programs every Linear-1 tile: the busiest program decides (as measured on 2 H200s, notebook 03)
     assert pred["interleaved"]["imbalance"] > 1.2 > pred["expert_wave"]["imbalance"]
     assert pred["interleaved"]["total_ns"] > pred["expert_wave"]["total_ns"]
+    # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again
+    dyn = M.CostModel.from_tflops(prm, 500.0, n)
+    dyn = M.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic")
+    pdyn = {s: M.predict_kernel_ns(M.build_schedule(s, grid, n), remote, dyn, hidden, inter, tiles)
+            for s in ("expert_wave", "interleaved")}
+    assert pdyn["interleaved"]["imbalance"] < 1.1 and pdyn["interleaved"]["total_ns"] < pdyn["expert_wave"]["total_ns"]
+    with pytest.raises(ValueError, match="assignment must be one of"):
+        M.predict_kernel_ns(M.build_schedule("lag", grid, n), remote, M.CostModel(prm, 1.0, n, assignment="x"),
+                            hidden, inter, tiles)
     none = {s: M.predict_kernel_ns(M.build_schedule(s, grid, n), np.zeros(grid.n_pool), cost, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     for p in none.values():
@@ -539,6 +580,10 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         M.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(M.SCHEDULES), 2, 1, prm, 0,
                       time.time() - 1)   # past its deadline and all done: nothing appended
         assert len(data.load(tmp_path, M.MEGAMOE)[0]) == 8
+        M.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(M.SCHEDULES), 2, 1, prm, 0,
+                      None, "dynamic")   # the same flow with programs claiming tasks (atomic ticket)
+        dd, _ = data.load(tmp_path / "dynamic", M.MEGAMOE)
+        assert len(dd) == 4 and (dd.kernel_ms > 0).all() and (dd.predicted_ms > 0).all()
         t = M.summary_table(df)
         assert list(t["shape"].iloc[-2:]) == ["geomean", "max"] and "speedup_interleaved" in t
     finally:
@@ -580,24 +625,26 @@ def ptxas_info(ptx):
         return regs, spill
     except Exception as e:
         return -1, -1
-for fp8, bm, bk, stages in ((False, 128, 64, 3), (False, 64, 64, 3), (True, 64, 128, 2)):
+for fp8, bm, bk, stages, dyn in ((False, 128, 64, 3, False), (False, 64, 64, 3, False), (True, 64, 128, 2, False),
+                                 (False, 128, 64, 3, True)):
     a = '*fp8e4nv' if fp8 else '*bf16'
     sc = '*fp32' if fp8 else a
     sig = {'x_ptr': a, 'xs_ptr': sc, 'w1_ptr': a, 'w1s_ptr': sc, 'w2_ptr': a, 'w2s_ptr': sc, 'h_ptr': a,
            'hs_ptr': sc, 'meta_ptr': '*i32', 'offs_ptr': '*i32', 'tasks_ptr': '*i32', 'counters_ptr': '*i32',
-           'combine_table': '*i64', 'comb_ptr': '*bf16', 'status_ptr': '*i64', 'ts_ptr': '*i64', 'n_tasks': 'i32',
-           'rank': 'i32', 'T': 'i32', 'Hd': 'i32', 'I': 'i32', 'expected': 'i32', 'max_polls': 'i32',
+           'combine_table': '*i64', 'comb_ptr': '*bf16', 'status_ptr': '*i64', 'ts_ptr': '*i64',
+           'ticket_ptr': '*i32', 'n_tasks': 'i32', 'rank': 'i32', 'T': 'i32', 'Hd': 'i32', 'I': 'i32',
+           'expected': 'i32', 'max_polls': 'i32', 'ticket_base': 'i32',
            'BLOCK_M': 'constexpr', 'BLOCK_N1': 'constexpr', 'BLOCK_N2': 'constexpr', 'BLOCK_K': 'constexpr',
-           'FP8': 'constexpr', 'TIMED': 'constexpr', 'DEVICE': 'constexpr'}
+           'FP8': 'constexpr', 'TIMED': 'constexpr', 'DEVICE': 'constexpr', 'DYNAMIC': 'constexpr'}
     names = list(sig)
     div = [i for i, n in enumerate(names) if sig[n].startswith('*')] + [names.index('Hd'), names.index('I')]
     src = triton.compiler.ASTSource(fn=k.megamoe_kernel, signature=sig, constexprs=dict(
-        BLOCK_M=bm, BLOCK_N1=128, BLOCK_N2=128, BLOCK_K=bk, FP8=fp8, TIMED=True, DEVICE=True),
+        BLOCK_M=bm, BLOCK_N1=128, BLOCK_N2=128, BLOCK_K=bk, FP8=fp8, TIMED=True, DEVICE=True, DYNAMIC=dyn),
         attrs={(i,): [['tt.divisibility', 16]] for i in div})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=8, num_stages=stages))
     ptx = c.asm['ptx']
     regs, spill = ptxas_info(ptx)
-    print('fp8' if fp8 else 'bf16', bm, sorted(set(re.findall(r'wgmma\.mma_async[\w.]*', ptx))),
+    print('fp8' if fp8 else 'bf16', bm, 'dynamic' if dyn else 'static', sorted(set(re.findall(r'wgmma\.mma_async[\w.]*', ptx))),
           'v4' if 'st.global.v4.b32' in ptx else 'no-v4',
           sorted(set(re.findall(r'(?<![\w.])(?:atom|red)\.global[\w.]*', ptx))),
           sorted(set(re.findall(r'ld\.global\.[\w.]*acquire[\w.]*', ptx))), 'globaltimer' in ptx,
@@ -617,7 +664,8 @@ for fp8 in (False, True):
 
 def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
     """sm_90 compile on the CPU (TRITON_INTERPRET=0): the bf16 variant issues bf16 wgmma, the fp8 variant e4m3
-    wgmma; Linear-1 tiles release their counter (red.release.gpu), Linear-2 tiles acquire it at system scope;
+    wgmma; Linear-1 tiles release their counter (red.release.gpu), Linear-2 tiles acquire it at system scope; the
+    dynamic assignment draws tickets with an acq_rel atomic add;
     combine and dispatch stores are 16 bytes wide; the default H200 tiles fit shared memory without spills."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     out = subprocess.run([sys.executable, "-c", PTX_CHECK], env=env, capture_output=True, text=True, timeout=600)
@@ -627,13 +675,14 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
     lines = out.stdout.strip().splitlines()
     print(out.stdout)
     want_mma = {"bf16": "f32.bf16.bf16", "fp8": "f32.e4m3.e4m3"}
-    for line in lines[:3]:
+    for line in lines[:4]:
         dt = line.split()[0]
         assert want_mma[dt] in line and " v4 " in line, line
         assert "red.global.gpu.release.add.u32" in line and "ld.global.sys.acquire.b32" in line, line
+        assert ("atom.global.gpu.acq_rel.add.u32" in line) == (" dynamic " in line), line   # the ticket
         assert "True regs" in line, line                                           # TIMED: the global timer
         f = line.split()
         regs, spill, shared = int(f[f.index("regs") + 1]), int(f[f.index("spill") + 1]), int(f[-1])
         assert shared <= 227 * 1024, line
         assert regs == -1 or (regs <= 255 and spill == 0), line                    # -1: ptxas -v unavailable
-    assert lines[3:] == ["dispatch bf16 v4", "dispatch fp8 v4"], lines[3:]
+    assert lines[4:] == ["dispatch bf16 v4", "dispatch fp8 v4"], lines[4:]

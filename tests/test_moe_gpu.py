@@ -20,7 +20,9 @@ CASES = M.cases_by_name(["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deeps
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_fused_layer_against_reference_on_two_gpus(dtype):
-    spawn(M.check_job, 2, CASES, random.randrange(2**30), dtype)
+    # every schedule with the static and the dynamic (atomic ticket) task assignment: all bit-identical
+    spawn(M.check_job, 2, CASES, random.randrange(2**30), dtype, None, M.SCHEDULES, None, M.MAX_POLLS, None,
+          M.ASSIGNMENTS)
 
 
 def test_missing_dependency_times_out_with_report_on_two_gpus():

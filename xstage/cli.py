@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--repeats", type=int, default=20)
     mo.add_argument("--max-minutes", type=float, default=None,
                     help="start no new configuration after this long (run again to resume)")
+    mo.add_argument("--assignment", choices=("static", "dynamic"), default="static",
+                    help="tasks to programs: i %% programs (static) or claimed in list order (dynamic); "
+                         "one folder per assignment, e.g. --out data/h200x2/dynamic")
 
     be = sub.add_parser("bench", help="benchmarks")
     besub = be.add_subparsers(dest="bench", required=True)
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             cases = moe.cases_by_name(args.cases) if args.cases else None
             print(moe.run_megamoe(args.out, world_size=args.world_size, dtypes=args.dtypes, cases=cases,
                                   schedules=args.schedules, repeats=args.repeats, max_minutes=args.max_minutes,
-                                  command=command))
+                                  command=command, assignment=args.assignment))
         elif args.cmd == "sweep":
             from .sweep import BurstGapGrid, run_burst_gap
 

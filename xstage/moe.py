@@ -66,6 +66,7 @@ Dtypes: ``bf16`` and ``fp8`` (e4m3 with 1x128 activation / 128x128 weight scales
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import sys
@@ -93,6 +94,7 @@ ZIPF_EXPONENT = 1.0         # expert popularity p_e ~ 1 / rank_e^s (ranks in a s
 HOT_FRACTION = 0.5          # "hot": this fraction of tokens routes one slot to the hot expert; no others do
 LAG_CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0)   # model_guided's lags, in units of n_sms Linear-1 tiles
 WAVE_FILL = 2               # expert_wave: a wave's Linear-1 tiles reach WAVE_FILL x n_sms
+ASSIGNMENTS = ("static", "dynamic")   # task -> program: i % n_programs, or claimed in list order (atomic ticket)
 MAX_POLLS = 20_000_000      # bound on every wait (~seconds on a GPU): a peer still compiling must fit
 CALLS_TARGET_MS = 2.0       # sweep: back-to-back calls per timed run so that a run lasts >= ~2 ms ...
 CALLS_MAX = 16              # ... at most this many (CUDA events around one short call include its launch)
@@ -558,24 +560,41 @@ def _task_list(name: str, param: str, rows: list[tuple], grid: TileGrid) -> Task
 
 @dataclass(frozen=True)
 class CostModel:
-    """What ``predict_kernel_ns`` needs: the Burst-Gap parameters, the GEMM rate, programs, output bytes."""
+    """What ``predict_kernel_ns`` needs: the Burst-Gap parameters, the GEMM rate, programs, output bytes, and how
+    tasks go to programs (``ASSIGNMENTS``)."""
 
     prm: BurstGapParams
     flop_per_ns_per_program: float
     n_programs: int
     out_bytes: int = 2
+    assignment: str = "static"
 
     @classmethod
     def from_tflops(cls, prm: BurstGapParams, tflops: float, n_programs: int, out_bytes: int = 2) -> "CostModel":
         return cls(prm, tflops * 1e3 / n_programs, n_programs, out_bytes)
 
 
+def _claim_order(work: np.ndarray, n: int) -> np.ndarray:
+    """Dynamic assignment: task i goes to the program that becomes free first (list order, ties to the lowest
+    program), as an atomic ticket hands them out. Returns each task's program."""
+    free = [(0.0, p) for p in range(n)]
+    heapq.heapify(free)
+    prog = np.empty(len(work), dtype=np.int64)
+    for i, w in enumerate(work.tolist()):
+        t, p = heapq.heappop(free)
+        prog[i] = p
+        heapq.heappush(free, (t + w, p))
+    return prog
+
+
 def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
                       hidden: int, inter: int, tiles: TileConfig) -> dict:
     """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds',
-    'imbalance'}. Compute and waits are the busiest program's (static round-robin assignment of tasks to
-    programs; ``imbalance`` = its load / the mean load); stalls and the final drain come from the Burst-Gap
-    stage, round by round."""
+    'imbalance'}. Compute and waits are the busiest program's (``cost.assignment``: static round-robin, task i on
+    program i % n, or dynamic, each task to the program free first; ``imbalance`` = its load / the mean load);
+    stalls and the final drain come from the Burst-Gap stage, round by round."""
+    if cost.assignment not in ASSIGNMENTS:
+        raise ValueError(f"assignment must be one of {ASSIGNMENTS}, got {cost.assignment!r}")
     prm = replace(cost.prm, overhead_ns=0.0)   # overhead_ns is the microbenchmark harness's, not the kernel's
     n = max(1, cost.n_programs)
     F = cost.flop_per_ns_per_program
@@ -592,7 +611,7 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
     remote = np.where(is2, remote_rows_per_block[tasks[:, 4]] * float(tiles.block_n2 * cost.out_bytes), 0.0)
     # Program p walks tasks p, p + n, ... (a static round-robin): the kernel lasts as long as its busiest program,
     # so a list whose expensive tiles land on the same programs is slower than its round averages say.
-    prog = pos % n
+    prog = pos % n if cost.assignment == "static" else _claim_order(work, n)
     load = np.bincount(prog, weights=work, minlength=n)
     busiest = int(np.argmax(load))
     compute = float(np.bincount(prog, weights=work - wait, minlength=n)[busiest])
@@ -618,10 +637,10 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
 
 
 def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_programs: int,
-                   compute_ms: float) -> float:
+                   compute_ms: float, assignment: str = "static") -> float:
     """Per-program FLOP/ns such that the model's compute-only time of ``tl_`` equals ``compute_ms`` (the kernel
-    measured with every combine store local)."""
-    unit = CostModel(BurstGapParams.reference(), 1.0, n_programs)
+    measured with every combine store local, tasks assigned by ``assignment``)."""
+    unit = CostModel(BurstGapParams.reference(), 1.0, n_programs, assignment=assignment)
     none = np.zeros(max(tl_.grid.n_pool, 1), dtype=np.int64)
     return predict_kernel_ns(tl_, none, unit, hidden, inter, tiles)["total_ns"] / (compute_ms * 1e6)
 
@@ -822,6 +841,8 @@ class MoEBuffers:
     launches: dict[int, int]                        # rank -> experts-kernel launches since the counters were zeroed
     n1: dict[int, tuple]                            # rank -> (Linear-1 column blocks, row blocks) of those launches
     epoch: int = 0
+    tickets: dict[int, torch.Tensor] = field(default_factory=dict)   # rank -> int32 [1] (dynamic assignment)
+    drawn: dict[int, int] = field(default_factory=dict)              # rank -> tickets drawn since they were zeroed
 
     def x_view(self, rank: int) -> torch.Tensor:
         t = self.recv_x.local(rank)
@@ -840,6 +861,9 @@ class MoEBuffers:
 
     def reset_counters(self, rank: int) -> None:
         self.counters[rank].zero_()
+        if rank in self.tickets:
+            self.tickets[rank].zero_()
+        self.drawn[rank] = 0
         self.launches[rank] = 0
 
 
@@ -877,7 +901,9 @@ def moe_buffers(world, cap_rows: int, tokens: int, hidden: int, inter: int, topk
         status[r] = torch.zeros(P, STATUS_FIELDS, dtype=torch.int64, device=dev)
     bufs = MoEBuffers(P, cap_rows, tokens, hidden, inter, topk, dtype, recv_x, recv_xs, recv_meta, combine, flags,
                       tables, h, hs, counters, status, {r: 0 for r in world.local_ranks},
-                      {r: (0, 0) for r in world.local_ranks})
+                      {r: (0, 0) for r in world.local_ranks},
+                      tickets={r: torch.zeros(1, dtype=torch.int32, device=world.device(r)) for r in world.local_ranks},
+                      drawn={r: 0 for r in world.local_ranks})
     world.barrier()  # every rank's flags are zero before anyone signals
     return bufs
 
@@ -1014,14 +1040,15 @@ def _validate_experts(world, bufs: MoEBuffers, inputs, tasks, tiles: TileConfig,
 def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks: Mapping[int, TaskList],
                 tiles: TileConfig, n_programs: int | None = None, barrier: bool = True, check: bool = True,
                 max_polls: int = MAX_POLLS, local_combine: bool = False,
-                ts: Mapping[int, torch.Tensor] | None = None, validate: bool = True) -> None:
+                ts: Mapping[int, torch.Tensor] | None = None, validate: bool = True, dynamic: bool = False) -> None:
     """Launch the persistent experts kernel on every local rank (its task list), then the combine barrier.
 
     ``n_programs``: GPU default = SMs (all resident); under the interpreter one program per task (or 1).
     ``check``: read every wait's status (a host sync) and raise RuntimeError naming rank, expert and tile of a
     timed-out dependency; then the barrier's. ``local_combine``: every combine store goes to this rank's own
     buffer (the compute-only control; its output is meaningless). ``validate=False`` skips ``check_tasks``
-    (tests that plant a missing dependency)."""
+    (tests that plant a missing dependency). ``dynamic``: programs claim the list's tasks in order through an
+    atomic ticket instead of the static task i -> program i % n_programs (same tiles, same bits)."""
     launches = _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, ts, validate)
     fp8 = bufs.dtype == "fp8"
     for r, n_prog in launches:
@@ -1038,6 +1065,13 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
             bufs.reset_counters(r)
             bufs.launches[r] = 1
             expected = n1
+        if bufs.drawn.get(r, 0) + tl_.n_tasks + n_prog > INT32_MAX:
+            bufs.reset_counters(r)
+            bufs.launches[r] = 1
+            expected = n1
+        ticket_base = bufs.drawn.get(r, 0)
+        if dynamic:
+            bufs.drawn[r] = ticket_base + tl_.n_tasks + n_prog          # every program draws once past the list
         task_t, status = tl_.on(world.device(r))
         inp = inputs[r]
         w = inp.weights
@@ -1049,10 +1083,10 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
         megamoe_kernel[(n_prog,)](
             x, bufs.xs_view(r) if fp8 else x, w.w1, w.w1s if fp8 else w.w1, w.w2, w.w2s if fp8 else w.w2,
             bufs.h[r], bufs.hs[r] if fp8 else bufs.h[r], bufs.meta_view(r), offs, task_t, bufs.counters[r], table,
-            comb, status, ts[r] if timed else status, tl_.n_tasks, r, inp.x.shape[0], bufs.hidden, bufs.inter,
-            expected, max_polls,
+            comb, status, ts[r] if timed else status, bufs.tickets[r], tl_.n_tasks, r, inp.x.shape[0], bufs.hidden,
+            bufs.inter, expected, max_polls, ticket_base,
             BLOCK_M=tiles.block_m, BLOCK_N1=tiles.block_n1, BLOCK_N2=tiles.block_n2, BLOCK_K=tiles.block_k,
-            FP8=fp8, TIMED=timed, DEVICE=not env.interpreted(), num_warps=tiles.num_warps,
+            FP8=fp8, TIMED=timed, DEVICE=not env.interpreted(), DYNAMIC=dynamic, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages)
     if check:
         for r, _ in launches:
@@ -1092,13 +1126,14 @@ def moe_barrier(world, bufs: MoEBuffers, phase: str, check: bool = True, max_pol
 
 def megamoe_layer(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks: Mapping[int, TaskList],
                   tiles: TileConfig, check: bool = True, max_polls: int = MAX_POLLS,
-                  n_programs: int | None = None) -> dict[int, torch.Tensor]:
+                  n_programs: int | None = None, dynamic: bool = False) -> dict[int, torch.Tensor]:
     """The whole fused layer on every local rank: dispatch + barrier, experts kernel + barrier, top-k reduction.
     Returns {rank: out [T, Hd]}; the combine buffers stay in ``bufs`` (``combine_view``)."""
     _validate_layer(world, bufs, inputs, tiles)
     _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, None, True)
     dispatch(world, bufs, inputs, check=check, max_polls=max_polls)
-    run_experts(world, bufs, inputs, tasks, tiles, n_programs=n_programs, check=check, max_polls=max_polls)
+    run_experts(world, bufs, inputs, tasks, tiles, n_programs=n_programs, check=check, max_polls=max_polls,
+                dynamic=dynamic)
     return {r: topk_reduce(bufs.combine_view(r, inputs[r].x.shape[0])) for r in world.local_ranks}
 
 
@@ -1276,13 +1311,15 @@ def _poison(world, bufs: MoEBuffers, tokens: int) -> None:
 
 def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles: TileConfig | None = None,
               schedules: Sequence[str] = SCHEDULES, n_sms: int | None = None, max_polls: int = MAX_POLLS,
-              n_programs: int | None = None) -> list[dict]:
+              n_programs: int | None = None, assignments: Sequence[str] = ("static",)) -> list[dict]:
     """For each case (an MoECase or (hidden, intermediate, experts, topk, tokens, routing)): poison every combine
     buffer with NaN, run the whole fused layer with each schedule, and require (1) the first schedule's combine
     buffer [K, T, Hd] (every element: no NaN) within 2x PyTorch's own error of the float32 reference (fp8:
     within FP8_REL_L2 of the float32 emulation of its quantisation); (2) every other schedule's combine buffer
-    bit-identical to it; (3) on GPUs, the unfused baseline close to the fused output. Runs on every rank (GPU)
-    or once for an emulated world. Returns one dict per (case, local rank)."""
+    bit-identical to it; (3) on GPUs, the unfused baseline close to the fused output. ``assignments``: each
+    schedule runs with each of them (``static``: task i on program i % n; ``dynamic``: atomic ticket), all
+    bit-identical. Runs on every rank (GPU) or once for an emulated world. Returns one dict per (case, local
+    rank)."""
     P = world.world_size
     dtype = dtype or default_dtype()
     validate_dtype(dtype)
@@ -1290,6 +1327,9 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
     bad = [s for s in schedules if s not in SCHEDULES]
     if bad or not schedules:
         raise ValueError(f"schedules must be a non-empty subset of {SCHEDULES}, got {list(schedules)}")
+    if not assignments or any(a not in ASSIGNMENTS for a in assignments):
+        raise ValueError(f"assignments must be a non-empty subset of {ASSIGNMENTS}, got {list(assignments)}")
+    runs = [(sched, a) for sched in schedules for a in assignments]
     probs = []
     for c in cases:
         s = c.shape
@@ -1305,16 +1345,20 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
         bufs = moe_buffers(world, max(prob.cap_rows, 1), c.tokens, s.hidden, s.intermediate, s.topk,
                            s.experts // P, dtype, min_block_m=t.block_m)
         first, errs = {}, {}
-        for sched in schedules:
+        for sched, assign in runs:
+            lead = (sched, assign) == runs[0]
+            dyn = assign == "dynamic"
             tasks = {r: build_tasks(prob, sched, sms, r) for r in world.local_ranks}
-            if not world.emulated and sched == schedules[0]:   # compile before any barrier waits on a peer
+            if not world.emulated and (lead or dyn):   # compile before any barrier waits on a peer
                 dispatch(world, bufs, prob.inputs, barrier=False)
-                run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False, n_programs=n_programs)
+                run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False, n_programs=n_programs,
+                            dynamic=dyn)
                 world.barrier()
             _poison(world, bufs, c.tokens)
-            outs = megamoe_layer(world, bufs, prob.inputs, tasks, t, max_polls=max_polls, n_programs=n_programs)
+            outs = megamoe_layer(world, bufs, prob.inputs, tasks, t, max_polls=max_polls, n_programs=n_programs,
+                                 dynamic=dyn)
             world.barrier()
-            if sched == schedules[0] and not world.emulated:   # collective: every rank, before any check
+            if lead and not world.emulated:   # collective: every rank, before any check
                 r = world.local_ranks[0]
                 w = prob.inputs[r].weights
                 unf = make_unfused(world, prob.inputs[r], (w.w1_hi if dtype == "fp8" else w.w1,
@@ -1323,9 +1367,9 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
             def check():
                 for r in world.local_ranks:
                     comb = bufs.combine_view(r, c.tokens)
-                    what = f"{c.name} (seed {c.seed}, weights {seed}) {dtype} P={P} rank {r} {sched}"
-                    if sched != schedules[0]:
-                        check_bit_identical(comb, first[r], f"{what} vs {schedules[0]}")
+                    what = f"{c.name} (seed {c.seed}, weights {seed}) {dtype} P={P} rank {r} {sched} {assign}"
+                    if not lead:
+                        check_bit_identical(comb, first[r], f"{what} vs {' '.join(runs[0])}")
                         continue
                     inp = prob.inputs[r]
                     ref_w = reference_weights(s.hidden, s.intermediate, seed, world.device(r), dtype)
@@ -1344,7 +1388,8 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
         for r in world.local_ranks:
             lay = prob.layouts[r]
             results.append(dict(case=c.name, dtype=dtype, P=P, rank=r, rows=lay.rows, remote_rows=lay.remote_rows,
-                                rel_l2=errs[r][0], rel_l2_torch=errs[r][1], schedules=len(schedules)))
+                                rel_l2=errs[r][0], rel_l2_torch=errs[r][1], schedules=len(schedules),
+                                runs=len(runs)))
         del prob, bufs, first
         if not world.emulated:
             torch.cuda.empty_cache()
@@ -1424,7 +1469,7 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[str], repeats: int, warmup: int,
-                  prm: BurstGapParams, unfused_cache: dict) -> dict:
+                  prm: BurstGapParams, unfused_cache: dict, assignment: str = "static") -> dict:
     """On this rank: check, then time every schedule's kernel and layer, dispatch, the compute-only control and
     the unfused baseline. Returns per-rank lists and predictions (gathered by the job)."""
     from .bench import time_ms
@@ -1436,6 +1481,7 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
         return [ms / inner for ms in time_ms(calls, warmup=warmup, reps=repeats)]
 
     rank = world.local_ranks[0]
+    dyn = assignment == "dynamic"
     c, s, t = prob.case, prob.case.shape, prob.tiles
     dev = world.device(rank)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -1450,19 +1496,19 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     base = {rank: build_tasks(prob, "expert_wave", sms, rank)}
     # compile everything before the first barrier (no rank spins on a peer's compiler), then the local control
     dispatch(world, bufs, prob.inputs, barrier=False)
-    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False)
-    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, local_combine=True)
+    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, dynamic=dyn)
+    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, local_combine=True, dynamic=dyn)
     world.barrier()
     lap("compile")
-    probe = _median(time_ms(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False),
-                            warmup=1, reps=3))
+    probe = _median(time_ms(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False,
+                                                dynamic=dyn), warmup=1, reps=3))
     inners = [None] * world.world_size   # every rank the same (the layer and the baseline are collective)
     world.dist.all_gather_object(inners, min(CALLS_MAX, max(1, math.ceil(CALLS_TARGET_MS / max(probe, 1e-3)))))
     inner = max(inners)
     compute = timed(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False,
-                                        local_combine=True), inner)
-    rate = calibrate_rate(base[rank], s.hidden, s.intermediate, t, sms, _median(compute))
-    cost = CostModel(prm, rate, sms, OUT_DTYPES[prob.dtype].itemsize)
+                                        local_combine=True, dynamic=dyn), inner)
+    rate = calibrate_rate(base[rank], s.hidden, s.intermediate, t, sms, _median(compute), assignment)
+    cost = CostModel(prm, rate, sms, OUT_DTYPES[prob.dtype].itemsize, assignment)
     remote = prob.grid(rank).remote_rows_per_block(prob.layouts[rank])
     lap("probe+compute")
     lists = {name: (base[rank] if name == "expert_wave" else build_tasks(prob, name, sms, rank, cost=cost))
@@ -1478,7 +1524,7 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     want = []
     for name in schedules:
         _poison(world, bufs, c.tokens)
-        out = megamoe_layer(world, bufs, prob.inputs, {rank: lists[name]}, t)[rank]
+        out = megamoe_layer(world, bufs, prob.inputs, {rank: lists[name]}, t, dynamic=dyn)[rank]
         torch.cuda.synchronize()
         comb = bufs.combine_view(rank, c.tokens)
         unf = unfused() if not want else None      # collective: every rank at the same schedule
@@ -1502,12 +1548,13 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     for name in schedules:
         tasks = {rank: lists[name]}
         world.barrier()
-        kern = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False), inner)
+        kern = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
+                                         dynamic=dyn), inner)
         _agree(world, lambda: check_task_status(lists[name], rank, prob.layouts[rank], s.intermediate // t.block_n1,
                                                 dev))
         world.barrier()
         layer = timed(lambda: (dispatch(world, bufs, prob.inputs, check=False),
-                               run_experts(world, bufs, prob.inputs, tasks, t, check=False),
+                               run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn),
                                topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
         pred = predict_kernel_ns(lists[name], remote, cost, s.hidden, s.intermediate, t)["total_ns"] / 1e6
         res["sched"][name] = dict(kernel=kern, layer=layer, pred=pred, param=lists[name].param or "",
@@ -1559,7 +1606,7 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.Data
 
 def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes: Sequence[str],
                 schedules: Sequence[str], repeats: int, warmup: int, prm: dict, seed: int,
-                deadline: float | None) -> None:
+                deadline: float | None, assignment: str = "static") -> None:
     """Runs on every rank: (case, dtype) pairs not yet in ``folder`` are checked, timed and appended one at a
     time (shape by shape: weights are generated once per shape and dtype). Stops starting new pairs after
     ``deadline`` (time.time()); a re-run resumes."""
@@ -1605,7 +1652,8 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
                 t0 = time.perf_counter()
                 prob = make_problem(world, c, dtype, tiles[c.name], weights={rank: w}, weight_seed=seed)
                 t_setup = time.perf_counter() - t0
-                res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache)
+                res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache,
+                                    assignment)
                 parts = [None] * P
                 world.dist.all_gather_object(parts, res)
                 if rank == 0:
@@ -1634,11 +1682,12 @@ def recorded_params(machine: str = "h200x2") -> BurstGapParams:
 def run_megamoe(out: str | Path, world_size: int = 2, dtypes: Sequence[str] = DTYPES_GPU,
                 cases: Sequence[MoECase] | None = None, schedules: Sequence[str] = SCHEDULES, repeats: int = 20,
                 warmup: int = 3, prm: BurstGapParams | None = None, seed: int = 0, max_minutes: float | None = None,
-                command: str = "") -> Path:
+                command: str = "", assignment: str = "static") -> Path:
     """Run (or resume) the MegaMoE sweep on ``world_size`` GPUs into ``out``/megamoe.csv; returns its path.
     ``max_minutes``: start no new (case, dtype) after that long (a re-run resumes). ``prm``: Burst-Gap
-    parameters of the predictions (default: fitted to data/h200x2). Parameters are validated before the GPUs
-    are checked and anything launches."""
+    parameters of the predictions (default: fitted to data/h200x2). ``assignment``: how the kernel's programs
+    take tasks (``ASSIGNMENTS``); one folder holds one assignment (recorded in the sidecar's params). Parameters
+    are validated before the GPUs are checked and anything launches."""
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2 (the combine needs peers), got {world_size}")
     if repeats < 20 or warmup < 1:
@@ -1665,17 +1714,25 @@ def run_megamoe(out: str | Path, world_size: int = 2, dtypes: Sequence[str] = DT
                     raise ValueError(f"{c.name}: {what} ({n}) is not tile-aligned (a multiple of {b})")
     if max_minutes is not None and max_minutes <= 0:
         raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
+    if assignment not in ASSIGNMENTS:
+        raise ValueError(f"assignment must be one of {ASSIGNMENTS}, got {assignment!r}")
+    side = Path(out) / f"{MEGAMOE.name}.json"
+    if side.exists():
+        had = data.read_meta(side, MEGAMOE).get("params", {}).get("assignment", "static")
+        if had != assignment:
+            raise ValueError(f"{side.parent} holds a {had}-assignment sweep; record the {assignment} one in another "
+                             f"folder (e.g. {Path(out) / assignment})")
     env.require_gpus(world_size, "the MegaMoE sweep")
     from .ranks import spawn
 
     prm = prm or recorded_params()
     params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
-                  zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu")
+                  zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment)
     meta = env.provenance(command, params)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
     spawn(megamoe_job, world_size, cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup,
-          prm.as_dict(), seed, deadline)
+          prm.as_dict(), seed, deadline, assignment)
     return Path(out) / f"{MEGAMOE.name}.csv"
 
 
@@ -1686,12 +1743,14 @@ def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
     return replace(t, block_m=block_m)
 
 
-def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int) -> pd.DataFrame:
+def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static") -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
     per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
     recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
-    taken as the maximum over ranks. Returns the rows' keys + schedule with ``model_ms`` and ``model_speedup``
-    (expert_wave / schedule) and ``imbalance`` (busiest program / mean, max over ranks)."""
+    taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
+    on static records: what a dynamic run should show, with the static compute-only calibration). Returns the
+    rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
+    (busiest program / mean, max over ranks)."""
     cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
     out = []
     keys = ["shape", "tokens", "routing", "P", "dtype"]
@@ -1709,7 +1768,7 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int) -> pd.DataFrame
             grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
             ew = build_schedule("expert_wave", grid, n_sms)
             rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]))
-            cost = CostModel(prm, rate, n_sms, out_bytes)
+            cost = CostModel(prm, rate, n_sms, out_bytes, assignment)
             remote = grid.remote_rows_per_block(layouts[r])
             for sched, row in rows.iterrows():
                 if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
