@@ -309,6 +309,13 @@ def test_sources(rows, data_root):
         studies.megamoe_data("recorded", "partial", dtypes=["bf16"], shapes=["mixtral_8x7b"])
     with pytest.raises(studies.NoRecordedData, match="recorded machines: h200x2, partial"):
         studies.megamoe_data("recorded", "a100x8")
+    with pytest.raises(studies.NoRecordedData, match=r"with dynamic assignment for machine h200x2; run `xstage "
+                                                     r"sweep megamoe --assignment dynamic --out data/h200x2/dynamic`"):
+        studies.megamoe_data("recorded", "h200x2", assignment="dynamic")
+    dyn = rows[rows["shape"] == "qwen3_235b"]
+    record(data_root, dyn, machine="h200x2/dynamic")                  # data/<machine>/dynamic/megamoe.csv
+    df, _ = studies.megamoe_data("recorded", "h200x2", assignment="dynamic")
+    assert len(df) == len(dyn) and set(df["shape"]) == {"qwen3_235b"}
 
 
 @pytest.mark.skipif(env.gpu_count() >= 2, reason="this machine has the GPUs")
@@ -323,7 +330,8 @@ def test_notebook_parameters_are_typed_for_reproduce():
 
     params = reproduce.inspect_parameters(NOTEBOOK)
     assert {k: v["type"] for k, v in params.items()} == {
-        "source": "str", "machine": "str", "dtypes": "list[str]", "schedules": "list[str]", "shapes": "list[str]"}
+        "source": "str", "machine": "str", "dtypes": "list[str]", "schedules": "list[str]", "shapes": "list[str]",
+        "assignment": "str"}
     got = reproduce.resolve_parameters([NOTEBOOK], {"dtypes": "fp8", "shapes": "qwen3_235b,mixtral_8x7b"})[NOTEBOOK]
     assert got == {"source": "auto", "dtypes": ["fp8"], "shapes": ["qwen3_235b", "mixtral_8x7b"]}
     nb = json.loads(NOTEBOOK.read_text())
@@ -372,6 +380,8 @@ def test_notebook_with_data(rows, data_root, monkeypatch, capsys):
     assert "fp8: interleaved" in ns["head"]["speedup"] and "(4/84 configs)" in ns["head"]["speedup"]
     with pytest.raises(ValueError, match="shapes: unknown 'gpt4'"):
         run_notebook(monkeypatch, source="recorded", shapes=["gpt4"])
+    with pytest.raises(ValueError, match="assignment must be one of static, dynamic, got 'greedy'"):
+        run_notebook(monkeypatch, source="recorded", assignment="greedy")
 
 
 def test_order_cost_against_a_direct_computation(rows):
@@ -424,3 +434,19 @@ def test_revised_model_on_recorded_rows(rows):
     bad.loc[bad.schedule == "model_guided", "schedule_param"] = "banana"
     with pytest.raises(ValueError, match="model_guided's recorded choice 'banana' names no candidate"):
         moe.repredict(bad, moe.BurstGapParams.reference(), 132)
+
+
+def test_order_cost_splits_order_and_communication_when_recorded(rows):
+    """Schema v2 rows carry each schedule's compute-only control: order_ms = its control - Expert-Wave's,
+    comm_ms = its kernel - its control, and the line reports both; v1 rows (NaN) leave them out."""
+    v2 = rows.copy()
+    v2["compute_sched_ms"] = v2.compute_ms * np.where(v2.schedule == "expert_wave", 1.0, 1.1)
+    cost = studies.megamoe_order_cost(v2, 300.0)
+    ew = v2[v2.schedule == "expert_wave"].set_index(["shape", "tokens", "routing", "dtype"])
+    for r in cost.sample(5, random_state=1).itertuples():
+        e = ew.loc[(r.shape, r.tokens, r.routing, r.dtype)]
+        assert r.order_ms == pytest.approx(0.1 * e.compute_ms)
+        assert r.comm_ms == pytest.approx(r.kernel_ms - 1.1 * e.compute_ms)
+    assert "on the tile order" in studies.megamoe_order_cost_line(cost)
+    old = studies.megamoe_order_cost(rows.assign(compute_sched_ms=np.nan), 300.0)
+    assert old.order_ms.isna().all() and "tile order" not in studies.megamoe_order_cost_line(old)

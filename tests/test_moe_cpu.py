@@ -573,7 +573,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         df, meta2 = data.load(tmp_path, M.MEGAMOE)
         assert len(df) == 8 and set(df.routing) == {"uniform", "hot"} and len(meta2["runs"]) == 1
         assert (df.kernel_ms > 0).all() and (df.layer_ms > 0).all() and (df.unfused_ms > 0).all()
-        assert (df.grouped_mm_ms > 0).all()
+        assert (df.grouped_mm_ms > 0).all() and (df.compute_sched_ms > 0).all()
         assert (df.remote_bytes == 0).all() and (df.predicted_ms > 0).all()   # P = 1: nothing remote
         assert (df[df.schedule == "expert_wave"].predicted_speedup == 1).all()
         assert (df.tflops > 0).all() and (df.n_timed == 2).all()
@@ -686,3 +686,22 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
         assert shared <= 227 * 1024, line
         assert regs == -1 or (regs <= 255 and spill == 0), line                    # -1: ptxas -v unavailable
     assert lines[4:] == ["dispatch bf16 v4", "dispatch fp8 v4"], lines[4:]
+
+
+def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
+    """megamoe v1 (the first 2-GPU record) had no compute_sched_ms: it loads with NaN there, and a v2 sweep
+    refuses to append to it."""
+    from xstage import env
+
+    meta = {**env.provenance("test", {}), "schema": "megamoe", "schema_version": 1, "runs": []}
+    cols = [c for c in M.MEGAMOE.columns if c != "compute_sched_ms"]
+    (tmp_path / "megamoe.csv").write_text(",".join(cols) + "\n")
+    data.write_json_atomic(tmp_path / "megamoe.json", meta)
+    df, got = data.load(tmp_path, M.MEGAMOE)
+    assert got["schema_version"] == 1 and list(df.columns) == list(M.MEGAMOE.columns) and df.empty
+    with open(tmp_path / "megamoe.csv", "a") as f:
+        f.write(",".join("1" if M.MEGAMOE.columns[c] != "str" else "x" for c in cols) + "\n")
+    df, _ = data.load(tmp_path, M.MEGAMOE)
+    assert len(df) == 1 and df.compute_sched_ms.isna().all()
+    with pytest.raises(data.DataError, match="holds schema v1; record v2 elsewhere"):
+        data.start_file(tmp_path, M.MEGAMOE, env.provenance("test", {}))

@@ -40,7 +40,7 @@ def test_sweep_writes_and_resumes(tmp_path):
     assert meta["params"]["prm"]["drain_gbps"] > 0 and meta["gpu_count"] >= 2
     assert (df.kernel_ms > 0).all() and (df.layer_ms >= df.kernel_ms * 0.5).all() and (df.unfused_ms > 0).all()
     assert (df.remote_bytes > 0).all() and (df.compute_ms > 0).all() and (df.predicted_ms > 0).all()
-    assert (df.grouped_mm_ms > 0).all()
+    assert (df.grouped_mm_ms > 0).all() and (df.compute_sched_ms > 0).all()
     t = M.summary_table(df)
     print(t.to_string(index=False))
     assert set(t[t["shape"] == "geomean"].dtype) == {"bf16", "fp8"}

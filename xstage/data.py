@@ -54,8 +54,10 @@ BURST_GAP = Schema(
 # Older schema versions that load with a documented migration (the file itself is never rewritten):
 #   burst_gap v1 had no grid barrier between bursts, so every v1 row is sync=False.
 #   burst_gap v2 did not record barrier_ns / idle_ns (NaN).
+#   megamoe v1 timed the compute-only control for expert_wave only (compute_ms); compute_sched_ms is NaN.
 MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False, barrier_ns=float("nan"), idle_ns=float("nan")),
-              ("burst_gap", 2): lambda df: df.assign(barrier_ns=float("nan"), idle_ns=float("nan"))}
+              ("burst_gap", 2): lambda df: df.assign(barrier_ns=float("nan"), idle_ns=float("nan")),
+              ("megamoe", 1): lambda df: df.assign(compute_sched_ms=float("nan"))}
 
 BANDWIDTH = Schema(
     "bandwidth", 1,

@@ -1437,14 +1437,14 @@ def missing_dependency_job(world, rank: int = 0, max_polls: int = 1000, seed: in
 
 # ------------------------------------------------------------------------------------------------------ sweep
 MEGAMOE = data.Schema(
-    "megamoe", 1,
+    "megamoe", 2,
     {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",
      "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str", "schedule": "str",
      "schedule_param": "str", "block_m": "int64", "n_tasks": "int64", "rows": "int64", "remote_bytes": "int64",
      "kernel_ms": "float64", "kernel_ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
      "tflops": "float64",
      "compute_ms": "float64", "dispatch_ms": "float64", "layer_ms": "float64", "unfused_ms": "float64",
-     "grouped_mm_ms": "float64",
+     "grouped_mm_ms": "float64", "compute_sched_ms": "float64",
      "predicted_ms": "float64", "predicted_speedup": "float64"},
     ("shape", "tokens", "routing", "P", "dtype"),
 )
@@ -1459,6 +1459,9 @@ MEGAMOE = data.Schema(
 #                      also on fp8 rows); routing layout and task lists are built outside all timed regions
 #   grouped_mm_ms      the GEMM phases alone in torch: torch._grouped_mm Linear-1, SwiGLU, torch._grouped_mm
 #                      Linear-2 on this rank's rows in bf16 (no communication); compare with compute_ms
+#   compute_sched_ms   this schedule's kernel with every combine store local (v2; NaN in v1 records, which have
+#                      the compute-only control of expert_wave alone, compute_ms): kernel_ms - compute_sched_ms is
+#                      what the remote combine costs this schedule, compute_sched_ms - compute_ms its tile order
 #   predicted_ms       the Burst-Gap prediction of kernel_ms (module docstring; max over ranks)
 #   predicted_speedup  predicted expert_wave / predicted this schedule
 #   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate
@@ -1550,6 +1553,8 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
         world.barrier()
         kern = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
                                          dynamic=dyn), inner)
+        local = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
+                                          local_combine=True, dynamic=dyn), inner)   # this order, no remote stores
         _agree(world, lambda: check_task_status(lists[name], rank, prob.layouts[rank], s.intermediate // t.block_n1,
                                                 dev))
         world.barrier()
@@ -1558,7 +1563,7 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
                                topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
         pred = predict_kernel_ns(lists[name], remote, cost, s.hidden, s.intermediate, t)["total_ns"] / 1e6
         res["sched"][name] = dict(kernel=kern, layer=layer, pred=pred, param=lists[name].param or "",
-                                  n_tasks=lists[name].n_tasks)
+                                  n_tasks=lists[name].n_tasks, local=local)
     world.barrier()
     res["dispatch"] = timed(lambda: dispatch(world, bufs, prob.inputs, check=False), inner)
     world.barrier()
@@ -1588,6 +1593,7 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.Data
     rows = []
     for name in parts[0]["sched"]:
         kern, kern_min = agg(lambda p: p["sched"][name]["kernel"])
+        local, _ = agg(lambda p: p["sched"][name]["local"])
         layer, _ = agg(lambda p: p["sched"][name]["layer"])
         rows.append(dict(shape=s.name, hidden=s.hidden, intermediate=s.intermediate, experts=s.experts,
                          topk=s.topk, tokens=c.tokens, routing=c.routing, seed=c.seed, P=P, dtype=prob.dtype,
@@ -1598,7 +1604,7 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.Data
                          kernel_ms_min=kern_min, n_timed=repeats, calls_per_run=parts[0]["inner"],
                          tflops=flops / P / (kern * 1e-3) / 1e12,
                          compute_ms=compute, dispatch_ms=dispatch_ms, layer_ms=layer, unfused_ms=unfused_ms,
-                         grouped_mm_ms=grouped_ms,
+                         grouped_mm_ms=grouped_ms, compute_sched_ms=local,
                          predicted_ms=pred[name],
                          predicted_speedup=pred.get("expert_wave", float("nan")) / pred[name]))
     return pd.DataFrame(rows)

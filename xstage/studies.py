@@ -448,7 +448,7 @@ MODEL_TOLERANCE = 0.10                 # |predicted - measured| / measured speed
 FUSED_OVER_UNFUSED_GOAL = 1.3          # geomean of unfused_ms / layer_ms (the issue's goal)
 GEMM_OVER_GROUPED_MM_GOAL = 0.7        # our compute-only kernel's TFLOP/s / torch._grouped_mm's (same rows)
 _MEGAMOE_MEDIANS = ["kernel_ms", "predicted_ms", "predicted_speedup", "layer_ms", "unfused_ms", "compute_ms",
-                    "grouped_mm_ms", "rows"]
+                    "grouped_mm_ms", "compute_sched_ms", "rows"]
 _MEGAMOE_DIMS = ["hidden", "intermediate", "experts", "topk"]
 
 
@@ -501,7 +501,7 @@ def megamoe_expected(shapes=None) -> list[str]:
 
 
 def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
-                 dtypes=None, shapes=None) -> tuple[pd.DataFrame, dict]:
+                 dtypes=None, shapes=None, assignment: str = "static") -> tuple[pd.DataFrame, dict]:
     """MegaMoE rows (schema xstage.moe.MEGAMOE: per configuration, dtype, schedule) and provenance.
 
     source:  recorded (data/<machine>/megamoe.csv or .csv.gz), gpu (run or resume the sweep on every visible
@@ -511,20 +511,27 @@ def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
     out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
     dtypes, shapes: the selection (:func:`megamoe_selection`; None = all): what a gpu sweep runs and which
              recorded rows are returned.
+    assignment: static (data/<machine>/) or dynamic (data/<machine>/dynamic/): how the kernel's programs took
+             tasks (``xstage.moe.ASSIGNMENTS``); a gpu sweep runs with it.
     Recorded data that is not there (no file, or no row of the selection) raises :class:`NoRecordedData`.
     """
-    from .moe import CASES, MEGAMOE
+    from .moe import ASSIGNMENTS, CASES, MEGAMOE
+
+    if assignment not in ASSIGNMENTS:
+        raise ValueError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
 
     sel = megamoe_selection(dtypes=dtypes, shapes=shapes)
     src = _check_source(source)
     if src == "simulated":
         raise ValueError("the MegaMoE study has no simulated source; use recorded or gpu")
     if src == "recorded":
-        folder = data.machine_dir(machine)
+        folder = data.machine_dir(machine) / ("dynamic" if assignment == "dynamic" else "")
         if not data.paths(folder, MEGAMOE)[0].is_file():
             have = data.recorded_machines(MEGAMOE)
-            raise NoRecordedData(f"no recorded MegaMoE data for machine {machine}; run `xstage sweep megamoe` on "
-                                 f"2 GPUs" + (f" (recorded machines: {', '.join(have)})" if have else ""))
+            what = "" if assignment == "static" else " with dynamic assignment"
+            how = "" if assignment == "static" else f" --assignment dynamic --out data/{machine}/dynamic"
+            raise NoRecordedData(f"no recorded MegaMoE data{what} for machine {machine}; run `xstage sweep megamoe"
+                                 f"{how}` on 2 GPUs" + (f" (recorded machines: {', '.join(have)})" if have else ""))
         df, meta = data.load(folder, MEGAMOE)
         meta = {**meta, "source": "recorded"}
     else:
@@ -534,8 +541,12 @@ def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
 
         folder = Path(out) if out is not None else _default_out(env.machine_name())
         cases = [c for c in CASES if c.shape.name in sel["shapes"]]
+        if assignment == "dynamic":
+            folder = folder / "dynamic"
         run_megamoe(folder, world_size=torch.cuda.device_count(), dtypes=sel["dtypes"], cases=cases,
-                    command=f"xstage.studies.megamoe_data('gpu', dtypes={sel['dtypes']}, shapes={sel['shapes']})")
+                    assignment=assignment,
+                    command=f"xstage.studies.megamoe_data('gpu', dtypes={sel['dtypes']}, shapes={sel['shapes']}, "
+                            f"assignment={assignment!r})")
         df, meta = data.load(folder, MEGAMOE)
         meta = {**meta, "source": "gpu"}
     keep = df.dtype.isin(sel["dtypes"]) & df["shape"].isin(sel["shapes"])
@@ -579,7 +590,7 @@ def megamoe_speedups(df: pd.DataFrame) -> pd.DataFrame:
 
     if df.empty:
         raise ValueError("no MegaMoE rows")
-    d = df if "grouped_mm_ms" in df else df.assign(grouped_mm_ms=np.nan)
+    d = df.assign(**{c: np.nan for c in ("grouped_mm_ms", "compute_sched_ms") if c not in df})
     t = d.groupby(MEGAMOE_KEYS + ["schedule"])[_MEGAMOE_MEDIANS].median().reset_index()
     dims = d.groupby(MEGAMOE_KEYS)[_MEGAMOE_DIMS].first()
     base = t[t.schedule == MEGAMOE_BASELINE].set_index(MEGAMOE_KEYS).kernel_ms.rename("expert_wave_ms")
@@ -721,6 +732,9 @@ def megamoe_order_cost(df: pd.DataFrame, drain_gbps: float) -> pd.DataFrame:
       beyond_stage    |extra_ms| > drain_ms: the difference is something else (tile order, waits, caches)
       ew_comm_share   Expert-Wave's kernel_ms / compute_ms - 1: what its remote combine costs over the same
                       kernel with every store local (0: the combine is hidden already; nothing left to win)
+      order_ms        this schedule's compute-only control - Expert-Wave's (``compute_sched_ms``, records of
+                      schema v2; NaN before): the difference its tile order makes without any remote store
+      comm_ms         kernel_ms - compute_sched_ms: what the remote combine costs this schedule (v2; else NaN)
 
     ``drain_gbps``: the Burst-Gap drain rate the sweep predicted with (``meta['params']['prm']``)."""
     if not drain_gbps > 0:
@@ -733,9 +747,12 @@ def megamoe_order_cost(df: pd.DataFrame, drain_gbps: float) -> pd.DataFrame:
     t["extra_ms"] = t.kernel_ms - t.expert_wave_ms
     t["drain_ms"] = t.remote_bytes / (drain_gbps * 1e9) * 1e3
     t["beyond_stage"] = t.extra_ms.abs() > t.drain_ms
+    t = t.join(ew.compute_sched_ms.rename("ew_compute_sched_ms"), on=MEGAMOE_KEYS)
+    t["order_ms"] = t.compute_sched_ms - t.ew_compute_sched_ms
+    t["comm_ms"] = t.kernel_ms - t.compute_sched_ms
     return t[["config", "shape", "tokens", "routing", "P", "dtype", "schedule", "kernel_ms", "expert_wave_ms",
-              "compute_ms", "remote_bytes", "extra_ms", "drain_ms", "beyond_stage", "ew_comm_share"]
-             ].reset_index(drop=True)
+              "compute_ms", "remote_bytes", "extra_ms", "drain_ms", "beyond_stage", "ew_comm_share", "order_ms",
+              "comm_ms"]].reset_index(drop=True)
 
 
 def megamoe_order_cost_line(cost: pd.DataFrame) -> str:
@@ -746,7 +763,10 @@ def megamoe_order_cost_line(cost: pd.DataFrame) -> str:
         parts.append(f"{d}: Expert-Wave's remote combine costs {ew.median():+.1%} over its compute-only control "
                      f"(median; {ew.min():+.1%} .. {ew.max():+.1%}); the schedules' time differences exceed the "
                      f"whole combine's drain time in {int(g.beyond_stage.sum())} of {len(g)} cases (median "
-                     f"{g.extra_ms.median():+.3f} ms against a median drain of {g.drain_ms.median():.3f} ms)")
+                     f"{g.extra_ms.median():+.3f} ms against a median drain of {g.drain_ms.median():.3f} ms)"
+                     + (f"; the compute-only controls put {g.order_ms.median():+.3f} ms of it on the tile order and "
+                        f"{g.comm_ms.median():+.3f} ms on the remote combine (medians)"
+                        if g.order_ms.notna().any() else ""))
     return "; ".join(parts)
 
 
@@ -761,7 +781,7 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
 
     prm = BurstGapParams(**(meta.get("params", {}).get("prm") or default_params_dict()))
     n_sms = int(meta.get("sm_count") or 132)
-    rp = repredict(df, prm, n_sms)
+    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"))
     keys = MEGAMOE_KEYS + ["schedule"]
     revised = df.drop(columns=["predicted_speedup"]).merge(
         rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
