@@ -248,3 +248,11 @@ def test_gallery_errors_name_the_figure(tmp_path: Path, capsys) -> None:
     assert err.startswith("error: figures not in") and "zz" in err and len(err.splitlines()) == 1
     with pytest.raises(ValueError, match="README has no line"):
         report.replace_gallery("no marker\n", "x")
+
+
+def test_every_notebook_is_valid_nbformat_with_cell_ids():
+    """nbformat 4.5 wants an id on every cell (missing ones are a warning today, an error in later nbformat)."""
+    for nb_path in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(nb_path, as_version=4)
+        nbformat.validate(nb)
+        assert all("id" in c for c in nb.cells), nb_path.name

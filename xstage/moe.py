@@ -228,10 +228,15 @@ def default_tiles(dtype: str, rows_per_expert: float | None = None) -> TileConfi
     each K block's unscaled MMA results). Small tiles under the interpreter."""
     if env.interpreted():
         return INTERPRETER_TILES
+    return gpu_tiles(dtype, 64 if dtype == "fp8" or (rows_per_expert is not None and rows_per_expert < 96) else 128)
+
+
+def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
+    """The H200 tiles of ``dtype`` with row blocks of ``block_m`` (``default_tiles`` picks ``block_m``; a recorded
+    row's ``block_m`` gives back the whole configuration it ran with)."""
     if dtype == "fp8":
-        return TileConfig(64, 128, 128, 128, 8, 2)
-    bm = 64 if rows_per_expert is not None and rows_per_expert < 96 else 128
-    return TileConfig(bm, 128, 128, 64, 8, 3)
+        return TileConfig(block_m, 128, 128, 128, 8, 2)
+    return TileConfig(block_m, 128, 128, 64, 8, 3)
 
 
 def default_dtype() -> str:
@@ -1740,13 +1745,6 @@ def run_megamoe(out: str | Path, world_size: int = 2, dtypes: Sequence[str] = DT
     spawn(megamoe_job, world_size, cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup,
           prm.as_dict(), seed, deadline, assignment)
     return Path(out) / f"{MEGAMOE.name}.csv"
-
-
-def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
-    """The H200 tiles ``default_tiles`` picks for ``dtype`` with row blocks of ``block_m`` (a recorded row's
-    ``block_m`` gives back the whole configuration it ran with)."""
-    t = TileConfig(64, 128, 128, 128, 8, 2) if dtype == "fp8" else TileConfig(block_m, 128, 128, 64, 8, 3)
-    return replace(t, block_m=block_m)
 
 
 def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static") -> pd.DataFrame:
