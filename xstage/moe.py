@@ -72,6 +72,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -401,16 +402,16 @@ class TileGrid:
     def of(cls, layout: RankLayout, hidden: int, inter: int, tiles: TileConfig) -> "TileGrid":
         return cls(layout.expert_rows, tiles.block_m, inter // tiles.block_n1, hidden // tiles.block_n2)
 
-    @property
+    @cached_property              # (the grid is frozen: computed once, read for every tile)
     def row_blocks(self) -> list[int]:
         return [-(-r // self.block_m) for r in self.expert_rows]
 
-    @property
+    @cached_property
     def pool_start(self) -> list[int]:
         rb = self.row_blocks
         return [0, *itertools.accumulate(rb)][:-1]
 
-    @property
+    @cached_property
     def n_pool(self) -> int:
         return sum(self.row_blocks)
 
