@@ -779,7 +779,8 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     from .moe import repredict
     from .model import BurstGapParams
 
-    prm = BurstGapParams(**(meta.get("params", {}).get("prm") or default_params_dict()))
+    recorded = meta.get("params", {}).get("prm")       # the parameters the sweep predicted with, if it kept them
+    prm = BurstGapParams(**recorded) if recorded else BurstGapParams.reference()
     n_sms = int(meta.get("sm_count") or 132)
     rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"))
     keys = MEGAMOE_KEYS + ["schedule"]
@@ -800,13 +801,6 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     measured = old.groupby(["dtype", "schedule"], sort=False).speedup.apply(_geomean).rename("measured_geomean")
     table = pd.concat([measured, stats(old, "recorded_model"), stats(new, "revised_model")], axis=1).reset_index()
     return revised, table
-
-
-def default_params_dict() -> dict:
-    """The reference Burst-Gap parameters as a dict (when a record does not carry the ones it used)."""
-    from .model import BurstGapParams
-
-    return BurstGapParams.reference().as_dict()
 
 
 def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> dict[str, str]:
