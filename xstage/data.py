@@ -6,16 +6,26 @@ version. Loading checks all of it; a missing or malformed file is a :class:`Data
 
 Sweeps append rows one configuration at a time with a single ``write`` on an ``O_APPEND`` file followed by
 ``fsync``, so an interrupted sweep leaves only whole configurations behind and a re-run resumes after them.
+
+Integrity: the sidecar records ``csv_rows`` (data rows) and ``csv_sha256`` (of the uncompressed CSV text, so
+``gunzip -c burst_gap.csv.gz | sha256sum`` shows it), updated atomically after every append. Loading checks
+both (required for files under data/), then the values: the schema's times finite and positive, no two rows
+with the same identity (``key`` + ``row``). A truncated, edited or corrupt file is a :class:`DataError`
+naming it.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import io
 import json
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .env import REPO_ROOT
@@ -33,6 +43,9 @@ class Schema:
     version: int
     columns: dict[str, str]      # column -> pandas dtype
     key: tuple[str, ...]         # columns that identify one configuration (resume unit)
+    row: tuple[str, ...] = ()    # with ``key``, the columns that identify one row (no two rows share them)
+    times: tuple[str, ...] = ()  # times (and rates derived from them): finite and > 0 in every row
+    optional_times: tuple[str, ...] = ()  # NaN where not measured, else finite and >= 0
 
 
 BURST_GAP = Schema(
@@ -43,6 +56,9 @@ BURST_GAP = Schema(
      "drain_ns": "float64", "drain_ns_max": "float64", "gap_meas_ns": "float64", "barrier_ns": "float64",
      "idle_ns": "float64", "start_skew_ns": "float64"},
     ("target", "programs", "burst_bytes", "gap_ns", "store_bytes", "n_bursts", "drain", "sync"),
+    row=("rank", "repeat", "burst"),
+    times=("issue_ns", "issue_ns_max", "issue_ns_min", "span_ns"),
+    optional_times=("drain_ns", "drain_ns_max", "gap_meas_ns", "barrier_ns", "idle_ns", "start_skew_ns"),
 )
 # Columns (per configuration, rank, repeat, burst; medians over programs unless named _max/_min):
 #   issue_ns     sender-visible issue time of the burst (CTA barrier -> all warps issued)
@@ -64,9 +80,78 @@ BANDWIDTH = Schema(
     {"method": "str", "target": "str", "programs": "int64", "num_warps": "int64", "rows": "int64",
      "store_bytes": "int64", "bytes": "int64", "repeat": "int64", "ms": "float64", "gbps": "float64"},
     ("method", "target", "programs", "num_warps", "rows", "store_bytes", "bytes"),
+    row=("repeat",), times=("ms", "gbps"),
 )
 
-SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH)}
+BURST_TRAIN = Schema(
+    "burst_train", 1,
+    {"train": "str", "target": "str", "programs": "int64", "store_bytes": "int64", "n_bursts": "int64",
+     "rank": "int64", "repeat": "int64", "burst": "int64", "burst_bytes": "int64", "gap_ns": "int64",
+     "issue_ns": "float64", "issue_p10_ns": "float64", "issue_p25_ns": "float64", "issue_p75_ns": "float64",
+     "issue_p90_ns": "float64", "issue_min_ns": "float64", "issue_max_ns": "float64", "start_ns": "float64",
+     "start_skew_ns": "float64", "end_skew_ns": "float64", "span_ns": "float64"},
+    ("train", "target", "programs", "store_bytes"),
+    row=("rank", "repeat", "burst"),
+    times=("issue_ns", "issue_p10_ns", "issue_p25_ns", "issue_p75_ns", "issue_p90_ns", "issue_min_ns",
+           "issue_max_ns", "span_ns"),
+    optional_times=("start_ns", "start_skew_ns", "end_skew_ns"),
+)
+# burst_train: free-running irregular trains (xstage.remote_store.BurstTrain), one row per (train, target,
+# programs, rank, repeat, burst); burst_bytes / gap_ns are that burst's size per program and the compute gap
+# after it; issue_* are statistics over the P programs of (issue end - issue start); start_ns is the median
+# program's issue start after the launch's earliest program start; *_skew_ns are max - min over programs.
+# Row identity and time columns of MEGAMOE and ULYSSES (below); a Schema's own ``row`` / ``times`` / ``optional_times`` win over these.
+ROW_CHECKS = {
+    "megamoe": dict(row=("schedule", "schedule_param"),
+                    times=("kernel_ms", "kernel_ms_min", "tflops", "compute_ms", "dispatch_ms", "layer_ms",
+                           "unfused_ms", "predicted_ms", "predicted_speedup"),
+                    optional_times=("grouped_mm_ms", "compute_sched_ms")),
+    "ulysses": dict(row=("method", "repeat"), times=("sender_visible_ms", "end_to_end_ms", "tflops")),
+}
+
+MEGAMOE = Schema(
+    "megamoe", 2,
+    {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",
+     "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str", "schedule": "str",
+     "schedule_param": "str", "block_m": "int64", "n_tasks": "int64", "rows": "int64", "remote_bytes": "int64",
+     "kernel_ms": "float64", "kernel_ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
+     "tflops": "float64",
+     "compute_ms": "float64", "dispatch_ms": "float64", "layer_ms": "float64", "unfused_ms": "float64",
+     "grouped_mm_ms": "float64", "compute_sched_ms": "float64",
+     "predicted_ms": "float64", "predicted_speedup": "float64"},
+    ("shape", "tokens", "routing", "P", "dtype"),
+)
+# megamoe (xstage.moe_sweep), per configuration, dtype and schedule; every time is the median over repeats of
+# the max over ranks:
+#   kernel_ms          CUDA events around the experts kernel alone (no barrier); kernel_ms_min its minimum
+#   n_timed            timed runs (after warm-up), each of calls_per_run back-to-back calls (times are per call)
+#   tflops             GEMM FLOPs of all ranks / P / kernel_ms (per GPU)
+#   rows, remote_bytes the busiest rank's received rows, and the largest remote combine bytes of a rank
+#   compute_ms         the expert_wave kernel with every combine store local (compute-only control; same per row)
+#   dispatch_ms        dispatch push + its barrier; layer_ms: the whole fused layer (dispatch, barrier, kernel,
+#                      barrier, top-k sum); unfused_ms: NCCL all_to_all + torch._grouped_mm layer (bf16 weights,
+#                      also on fp8 rows); routing layout and task lists are built outside all timed regions
+#   grouped_mm_ms      the GEMM phases alone in torch: torch._grouped_mm Linear-1, SwiGLU, torch._grouped_mm
+#                      Linear-2 on this rank's rows in bf16 (no communication); compare with compute_ms
+#   compute_sched_ms   this schedule's kernel with every combine store local (v2; NaN in v1 records, which have
+#                      the compute-only control of expert_wave alone, compute_ms): kernel_ms - compute_sched_ms is
+#                      what the remote combine costs this schedule, compute_sched_ms - compute_ms its tile order
+#   predicted_ms       the Burst-Gap prediction of kernel_ms (xstage.moe_plan; max over ranks)
+#   predicted_speedup  predicted expert_wave / predicted this schedule
+#   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate
+
+ULYSSES = Schema(
+    "ulysses", 1,
+    {"shape": "str", "S": "int64", "H": "int64", "D": "int64", "P": "int64", "method": "str",
+     "sender_visible_ms": "float64", "end_to_end_ms": "float64", "repeat": "int64", "tflops": "float64"},
+    ("shape", "S", "H", "D", "P"),
+)
+# ulysses (xstage.ulysses_sweep), per shape, method, repeat; the max over ranks:
+#   sender_visible_ms  fused: device timestamps, last store issued - first program start; baselines: = end_to_end
+#   end_to_end_ms      CUDA events around the layer on each rank, output complete everywhere
+#   tflops             attention FLOPs per rank (attention_flops / P) / end_to_end
+
+SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, ULYSSES)}
 REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count", "driver", "torch", "triton",
                  "git_commit", "date_utc", "command", "params")
 
@@ -105,6 +190,99 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+# --------------------------------------------------------------------------------------------- integrity
+INTEGRITY_FIELDS = ("csv_rows", "csv_sha256")
+_HASHES: dict[str, tuple[int, object, int]] = {}  # csv path -> (bytes hashed, running sha256, rows): appends
+
+
+def integrity(raw: bytes) -> dict:
+    """The sidecar's integrity fields for a CSV's (uncompressed) bytes: data rows (header excluded), sha256."""
+    return {"csv_rows": max(raw.count(b"\n") - 1, 0), "csv_sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def read_bytes(csv: Path) -> bytes:
+    """The CSV's bytes, ``.csv.gz`` decompressed; a missing, unreadable or corrupt file is a DataError naming it."""
+    if not csv.is_file():
+        raise DataError(f"missing data file {csv}")
+    try:
+        raw = csv.read_bytes()
+    except OSError as e:
+        raise DataError(f"{csv} cannot be read: {e.strerror or e}") from e
+    if csv.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError as e:
+            raise DataError(f"{csv} is a truncated gzip file ({e})") from e
+        except (gzip.BadGzipFile, zlib.error, OSError) as e:
+            raise DataError(f"{csv} is not a valid gzip file ({type(e).__name__}: {e})") from e
+    return raw
+
+
+def seal(folder: Path | str, schema: Schema) -> dict:
+    """Record ``csv_rows`` / ``csv_sha256`` of the study's CSV, as the file is now, in its sidecar (for files
+    recorded before sidecars carried them); returns them. The CSV itself is never rewritten."""
+    csv, side = paths(folder, schema)
+    meta = read_meta(side, schema)
+    fields = integrity(read_bytes(csv))
+    write_json_atomic(side, {**meta, **fields})
+    return fields
+
+
+def _under_data_root(path: Path) -> bool:
+    try:
+        path.resolve().relative_to(DATA_ROOT.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def check_integrity(csv: Path, raw: bytes, meta: dict) -> None:
+    """The CSV against its sidecar's ``csv_rows`` / ``csv_sha256``; required for files under data/."""
+    if not any(k in meta for k in INTEGRITY_FIELDS):
+        if _under_data_root(csv):
+            raise DataError(f"the sidecar of {csv} records no csv_rows / csv_sha256: every recorded file under "
+                            f"data/ must (xstage.data.seal records them)")
+        return
+    got = integrity(raw)
+    if "csv_rows" in meta and got["csv_rows"] != meta["csv_rows"]:
+        raise DataError(f"{csv} has {got['csv_rows']} rows, its sidecar records {meta['csv_rows']}: the file was "
+                        f"truncated or edited (an interrupted sweep: run it again to resume)")
+    if "csv_sha256" in meta and got["csv_sha256"] != meta["csv_sha256"]:
+        raise DataError(f"{csv} does not match the sha256 its sidecar records ({str(meta['csv_sha256'])[:12]}..., "
+                        f"file {got['csv_sha256'][:12]}...): the file was edited or is corrupt")
+
+
+def _row_checks(schema: Schema) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    extra = ROW_CHECKS.get(schema.name, {})
+    return (schema.row or extra.get("row", ()), schema.times or extra.get("times", ()),
+            schema.optional_times or extra.get("optional_times", ()))
+
+
+def check_values(df: pd.DataFrame, schema: Schema, csv: Path) -> None:
+    """Times finite and positive (optional times NaN or >= 0), no two rows with the same identity."""
+    row, times, optional = _row_checks(schema)
+    for cols, ok, what in ((times, lambda v: np.isfinite(v) & (v > 0), "finite and > 0"),
+                           (optional, lambda v: np.isnan(v) | (np.isfinite(v) & (v >= 0)),
+                            "NaN (not measured) or finite and >= 0")):
+        for col in cols:
+            if col not in df.columns:
+                continue
+            v = df[col].to_numpy(dtype=float)
+            bad = ~ok(v)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise DataError(f"{csv}: {col} must be {what}; {int(bad.sum())} row(s) are not "
+                                f"(first: line {i + 2}, {col}={v[i]})")
+    ident = list(schema.key) + [c for c in row if c in df.columns]
+    if row:
+        dup = df.duplicated(ident)
+        if dup.any():
+            i = int(np.flatnonzero(dup.to_numpy())[0])
+            first = ", ".join(f"{c}={df[c].iloc[i]}" for c in ident)
+            raise DataError(f"{csv}: {int(dup.sum())} duplicate row(s) (same {'/'.join(ident)}); first: line "
+                            f"{i + 2} ({first})")
+
+
 def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
     """Create (or continue) ``<schema>.csv`` with its sidecar; returns the CSV path.
 
@@ -119,20 +297,24 @@ def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
         if old["schema_version"] != schema.version:
             raise DataError(f"{csv} holds schema v{old['schema_version']}; record v{schema.version} elsewhere")
         old.setdefault("runs", []).append({k: meta[k] for k in ("git_commit", "date_utc", "command", "params")})
-        meta = old
+        meta = {**old, **integrity(read_bytes(csv))}  # as the file is now (it may have been cut back by hand)
     elif csv.exists():
         raise DataError(f"{csv} exists without its provenance sidecar {side.name}; move it away first")
     else:
         meta["runs"] = []
         csv.parent.mkdir(parents=True, exist_ok=True)
-        with open(csv, "w") as f:
-            f.write(",".join(schema.columns) + "\n")
+        header = (",".join(schema.columns) + "\n").encode()
+        with open(csv, "wb") as f:
+            f.write(header)
+        meta.update(integrity(header))
+    _HASHES.pop(str(csv.resolve()), None)
     write_json_atomic(side, meta)
     return csv
 
 
 def append_rows(csv: Path, schema: Schema, df: pd.DataFrame) -> None:
-    """Append whole rows in one write + fsync (one configuration at a time)."""
+    """Append whole rows in one write + fsync (one configuration at a time), then record the file's rows and
+    sha256 in its sidecar (an atomic replace; the running hash is kept, so an append hashes only its rows)."""
     missing = [c for c in schema.columns if c not in df.columns]
     if missing:
         raise DataError(f"rows for {csv} lack columns {missing}")
@@ -141,10 +323,26 @@ def append_rows(csv: Path, schema: Schema, df: pd.DataFrame) -> None:
     data = buf.getvalue().encode()
     fd = os.open(csv, os.O_WRONLY | os.O_APPEND)
     try:
+        before = os.fstat(fd).st_size
         os.write(fd, data)
         os.fsync(fd)
+        after = os.fstat(fd).st_size
     finally:
         os.close(fd)
+    side = csv.with_suffix(".json")
+    if not side.is_file():
+        return
+    key = str(csv.resolve())
+    cached = _HASHES.get(key)
+    if cached is not None and cached[0] == before and after == before + len(data):
+        h, rows = cached[1], cached[2] + data.count(b"\n")
+        h.update(data)
+    else:  # first append of this process, or someone else wrote too: hash the file as it is
+        raw = csv.read_bytes()
+        h, rows, after = hashlib.sha256(raw), max(raw.count(b"\n") - 1, 0), len(raw)
+    _HASHES[key] = (after, h, rows)
+    meta = json.loads(side.read_text())
+    write_json_atomic(side, {**meta, "csv_rows": rows, "csv_sha256": h.copy().hexdigest()})
 
 
 # -------------------------------------------------------------------------------------------------- read
@@ -153,8 +351,10 @@ def read_meta(side: Path, schema: Schema) -> dict:
         raise DataError(f"missing provenance sidecar {side}")
     try:
         meta = json.loads(side.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{side} is not valid JSON: {e}") from e
+    if not isinstance(meta, dict):
+        raise DataError(f"{side} is not a JSON object (got {type(meta).__name__})")
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise DataError(f"{side} lacks provenance fields {missing}")
@@ -167,10 +367,15 @@ def read_meta(side: Path, schema: Schema) -> dict:
 
 
 def read_rows(csv: Path, schema: Schema, version: int | None = None) -> pd.DataFrame:
-    if not csv.is_file():
-        raise DataError(f"missing data file {csv}")
+    return _read_rows(csv, schema, version)[0]
+
+
+def _read_rows(csv: Path, schema: Schema, version: int | None = None) -> tuple[pd.DataFrame, bytes]:
+    raw = read_bytes(csv)
+    if raw and not raw.endswith(b"\n"):
+        raise DataError(f"{csv} ends mid-row: the file is truncated (its last line has no newline)")
     try:
-        df = pd.read_csv(csv)
+        df = pd.read_csv(io.BytesIO(raw))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise DataError(f"{csv} is not a readable CSV: {e}") from e
     if version is not None and version != schema.version:
@@ -183,14 +388,17 @@ def read_rows(csv: Path, schema: Schema, version: int | None = None) -> pd.DataF
         df = df.astype(schema.columns)
     except (ValueError, TypeError) as e:
         raise DataError(f"{csv} has a malformed value: {e}") from e
-    return df
+    return df, raw
 
 
 def load(folder: Path | str, schema: Schema = BURST_GAP) -> tuple[pd.DataFrame, dict]:
-    """Rows and provenance of one recorded study; clear errors naming the file."""
+    """Rows and provenance of one recorded study, verified (module docstring); clear errors naming the file."""
     csv, side = paths(folder, schema)
     meta = read_meta(side, schema)
-    return read_rows(csv, schema, meta["schema_version"]), meta
+    df, raw = _read_rows(csv, schema, meta["schema_version"])
+    check_integrity(csv, raw, meta)
+    check_values(df, schema, csv)
+    return df, meta
 
 
 def done_keys(csv: Path, schema: Schema) -> set[tuple]:

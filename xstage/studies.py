@@ -15,6 +15,7 @@ Legend: P = issuing programs, b = bytes per program per burst, k = burst index i
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import tempfile
@@ -100,12 +101,14 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
     sync = variant == "sync"
     if src == "simulated":
         grid = replace(grid or BurstGapGrid(**SIMULATED_GRID), sync=sync)
-        folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="xstage-sim-"))
-        if not sync:
-            folder = folder / "free_running"
-        run_burst_gap(grid, folder, source="simulated", params=BurstGapParams.reference(),
-                      command=f"xstage.studies.burst_gap_data('simulated', variant={variant!r})")
-        df, meta = data.load(folder)
+        tmp = tempfile.TemporaryDirectory(prefix="xstage-sim-") if out is None else None
+        with tmp or contextlib.nullcontext():  # a temporary folder is removed once the rows are loaded
+            folder = Path(tmp.name if tmp else out)
+            if not sync:
+                folder = folder / "free_running"
+            run_burst_gap(grid, folder, source="simulated", params=BurstGapParams.reference(),
+                          command=f"xstage.studies.burst_gap_data('simulated', variant={variant!r})")
+            df, meta = data.load(folder)
         return df, {**meta, "source": "simulated",
                     "note": "Burst-Gap event simulation with BurstGapParams.reference(); it models no drift, so "
                             "the free-running variant looks like the synchronised one."}
