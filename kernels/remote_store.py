@@ -148,3 +148,48 @@ def stream_store_tma_kernel(
     for r0 in range(0, rows_total, R):
         idx = base + r0 * C + offs
         desc.store([r0, 0], payload(idx, seed))
+
+
+@triton.jit
+def burst_train_store_kernel(
+    dst_addr,              # int64: address of dst[sum_k P * N_k] int32 (peer pointer, pinned host, or local)
+    elems_ptr,             # *int32 [B] N_k: int32 elements each program stores in burst k (multiple of R*V)
+    base_ptr,              # *int64 [B] element offset of burst k's block: sum_{j<k} P * N_j
+    gap_ptr,               # *int64 [B] compute gap after burst k, in SM cycles
+    ts_ptr,                # *int64 [P, B, 2] cycles: issue start, issue end of every program's every burst
+    cal_ptr,               # *int64 [P, 2]: global timer (ns) and cycle counter at the program's start
+    seed,                  # int32 payload seed
+    N_BURSTS: tl.constexpr,
+    V: tl.constexpr,
+    R: tl.constexpr,
+    DEVICE: tl.constexpr,
+):
+    """A free-running train given as data: burst k of every program stores N_k int32 (at base_k + pid * N_k)
+    and is followed by gap_k cycles of compute (a clock spin). No grid barrier: programs start together (one
+    launch) and then drift apart as the stage shares its drain among them. Same payload as the other kernels."""
+    pid = tl.program_id(0)
+    dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)
+    BLOCK: tl.constexpr = R * V
+    offs = tl.arange(0, R)[:, None] * V + tl.arange(0, V)[None, :]  # [R, V]
+    offs = tl.max_contiguous(tl.multiple_of(offs, [V, V]), [1, V])
+    tl.store(cal_ptr + pid * 2, globaltimer(DEVICE))
+    tl.store(cal_ptr + pid * 2 + 1, clock64(DEVICE))
+    for b in range(N_BURSTS):
+        n = tl.load(elems_ptr + b)
+        base = tl.multiple_of(tl.load(base_ptr + b) + pid.to(tl.int64) * n, BLOCK)
+        gap = tl.load(gap_ptr + b)
+        tl.debug_barrier()
+        t0 = clock64(DEVICE)
+        for start in range(0, n, BLOCK):
+            idx = tl.multiple_of(base + start, BLOCK) + offs
+            tl.store(dst + idx, payload(idx, seed))
+        tl.debug_barrier()
+        t1 = clock64(DEVICE)
+        rec = ts_ptr + (pid * N_BURSTS + b) * 2
+        tl.store(rec + 0, t0)
+        tl.store(rec + 1, t1)
+        if DEVICE:
+            until = t1 + gap
+            now = clock64(DEVICE)
+            while now < until:
+                now = clock64(DEVICE)

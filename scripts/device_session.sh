@@ -3,6 +3,8 @@
 #   scripts/device_session.sh install test-moe test-ulysses ulysses:300 megamoe:8 megamoe-dynamic:8
 # Sweeps write straight into $OUT/<machine>/ (appends are atomic, so a call cut short still returns every
 # finished configuration), seeded from data/<machine>/ when that already holds part of a sweep (they resume).
+# On one GPU (the host link as the remote path):
+#   WORLD_SIZE=1 scripts/device_session.sh install test-host bandwidth burst-gap-host:240 free-running-host:240 trains:300
 # Needs OUT. WORLD_SIZE (default 2) ranks, one per GPU; MACHINE defaults to h200x<WORLD_SIZE>; FRESH_ULYSSES=1
 # starts the Ulysses sweep afresh. On 8 GPUs, everything the notebooks need:
 #   WORLD_SIZE=8 scripts/device_session.sh install test-remote bandwidth burst-gap:300 ulysses:400 megamoe:9
@@ -43,7 +45,18 @@ for s in "$@"; do
     test-moe) stage test-moe 300 $PY -m pytest -q -x -p no:cacheprovider tests/test_moe_gpu.py ;;
     test-ulysses) stage test-ulysses 240 $PY -m pytest -q -x -p no:cacheprovider tests/test_ulysses_gpu.py ;;
     test-remote) stage test-remote 180 $PY -m pytest -q -x -p no:cacheprovider tests/test_remote_store_gpu.py ;;
-    bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" ;;
+    test-host) stage test-host 180 $PY -m pytest -q -x -p no:cacheprovider -m gpu tests/test_remote_store_gpu.py ;;
+    # the host link on one GPU: pinned host memory over PCIe (sizes up to 1 MiB per program: it is ~7x slower)
+    burst-gap-host:*) seed burst_gap; stage burst-gap-host "${s#burst-gap-host:}" $PY -m xstage sweep burst-gap \
+       --out "$SCRATCH" --targets host,local --store-bytes 16 --burst-kib 1,2,4,8,16,32,64,128,256,512,1024; \
+       [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;
+    free-running-host:*) seed burst_gap free_running; stage free-running-host "${s#free-running-host:}" $PY -m xstage \
+       sweep burst-gap --out "$SCRATCH/free_running" --no-sync --targets host,local --store-bytes 16 \
+       --burst-kib 1,2,4,8,16,32,64,128,256,512,1024; \
+       [ -e "$SCRATCH/free_running/burst_gap.csv" ] && gzip -f "$SCRATCH/free_running/burst_gap.csv" ;;
+    trains:*) seed burst_train; stage trains "${s#trains:}" $PY -m xstage sweep trains --out "$SCRATCH" \
+       ${TRAIN_TARGETS:+--targets $TRAIN_TARGETS} ;;
+    bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
        --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;
     ulysses:*) [ "${FRESH_ULYSSES:-0}" = 1 ] || seed ulysses; stage ulysses "${s#ulysses:}" $PY -m xstage sweep ulysses \

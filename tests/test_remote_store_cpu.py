@@ -11,21 +11,88 @@ import torch
 
 from xstage import cli, sweep
 from xstage.ranks import EmulatedWorld
-from xstage.remote_store import (POISON, BurstGapPoint, burst_gap_buffers, check_destination, launch_burst_gap,
-                                 payload_reference)
+from xstage import data
+from xstage.remote_store import (POISON, BurstGapPoint, BurstTrain, burst_gap_buffers, check_destination,
+                                 check_train_destination, launch_burst_gap, payload_reference, train_family)
 
 pytestmark = pytest.mark.interpreter
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
-@pytest.mark.parametrize("target", ["remote", "local"])
+@pytest.mark.parametrize("target", ["remote", "host", "local"])
 @pytest.mark.parametrize("store_bytes", [4, 8, 16])
 def test_destinations_bit_exact(world_size, target, store_bytes):
     programs, kib, bursts = random.choice([(1, 1, 3), (3, 2, 2), (5, 1, 2)])
     p = BurstGapPoint(target, programs, kib * 1024, 0, store_bytes, bursts, False, True)
     world = EmulatedWorld(world_size)
-    symm, local = sweep.allocate(world, [p])
-    sweep.check_point(world, symm, local, p, seed=random.randrange(2**31))
+    dests = sweep.allocate(world, p.dst_elems, {target})
+    sweep.check_point(world, dests, p, seed=random.randrange(2**31))
+
+
+@pytest.mark.parametrize("target", ["host", "local"])
+def test_one_rank_world_for_the_host_link(target):
+    p = BurstGapPoint(target, 3, 2048, 0, 16, 2, False, True)
+    world = EmulatedWorld(1)
+    dests = sweep.allocate(world, p.dst_elems, {target})
+    sweep.check_point(world, dests, p, seed=random.randrange(2**31))
+    with pytest.raises(ValueError, match="target 'remote' needs world_size >= 2"):
+        sweep.BurstGapGrid(targets=("remote",), world_size=1).validate()
+    sweep.BurstGapGrid(targets=("host", "local"), world_size=1, burst_kib=(1,), gap_us=(0,)).validate()
+
+
+@pytest.mark.parametrize("world_size,target", [(1, "host"), (1, "local"), (2, "remote"), (4, "remote")])
+def test_train_destinations_bit_exact(world_size, target):
+    """Irregular train (sizes and gaps as data): every burst of every program lands bit for bit."""
+    seed = random.randrange(2**31)
+    name, sizes, gaps = train_family(random.randrange(1000), 1, n_bursts=3, kib=(2, 8))[0]
+    tr = BurstTrain(name, target, random.choice([1, 3]), sizes, gaps)
+    world = EmulatedWorld(world_size)
+    dests = sweep.allocate(world, tr.dst_elems, {target})
+    sweep.check_train(world, dests, tr, seed)
+
+
+def test_check_train_destination_names_burst_program_element():
+    tr = BurstTrain("t", "local", 3, (2048, 4096), (0, 0))
+    dst = payload_reference(0, tr.dst_elems, 7).clone()
+    check_train_destination(dst, tr, 7)
+    dst[3 * 512 + 1024 + 9] ^= 1                          # burst 1, program 1, element 9
+    with pytest.raises(AssertionError, match="first at burst 1, program 1, element 9"):
+        check_train_destination(dst, tr, 7)
+
+
+def test_train_family_is_seeded_and_in_range():
+    a, b = train_family(3, 5), train_family(3, 5)
+    assert a == b and a != train_family(4, 5)
+    sizes = [s for _, ss, _ in a for s in ss]
+    gaps = [g for _, _, gs in a for g in gs]
+    assert min(sizes) >= 2048 and max(sizes) <= 320 * 1024 and all(s % 2048 == 0 for s in sizes)
+    assert 0 in gaps and max(gaps) <= 100_000 and min(g for g in gaps if g) >= 500
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(burst_bytes=(2048, 1000), gap_ns=(0, 0)), "multiples of 2048"),
+    (dict(burst_bytes=(2048,), gap_ns=(0, 0)), "same"),
+    (dict(burst_bytes=(2048,), gap_ns=(-1,)), "gaps must be >= 0"),
+    (dict(target="peer"), "target must be one of"),
+    (dict(programs=0), "programs must be in"),
+])
+def test_bad_trains_fail_before_launch(bad, match):
+    kw = dict(name="x", target="host", programs=2, burst_bytes=(2048,), gap_ns=(0,))
+    with pytest.raises(ValueError, match=match):
+        BurstTrain(**{**kw, **bad}).validate()
+
+
+def test_train_sweep_rows_and_resume(tmp_path):
+    from xstage import env
+
+    grid = sweep.TrainGrid(count=2, n_bursts=2, programs=(2,), targets=("host",), repeats=1)
+    world = EmulatedWorld(1)
+    sweep.train_job(world, grid, str(tmp_path), env.provenance("test", {}))
+    df = data.read_rows(tmp_path / "burst_train.csv", data.BURST_TRAIN)   # interpreter: timestamps are 0
+    assert len(df) == 2 * 2 and set(df.train) == {t.name for t in grid.trains()}
+    assert (df.burst_bytes == [b for t in grid.trains() for b in t.burst_bytes]).all()
+    sweep.train_job(world, grid, str(tmp_path), env.provenance("test", {}))   # resumes: nothing new
+    assert len(data.read_rows(tmp_path / "burst_train.csv", data.BURST_TRAIN)) == 4
 
 
 def test_payload_reference_matches_kernel_on_a_fresh_seed():
@@ -55,8 +122,7 @@ def test_check_destination_catches_a_wrong_or_missing_element():
 def test_measure_point_rows_under_the_interpreter():
     p = BurstGapPoint("remote", 2, 1024, 0, 16, 3, False)
     world = EmulatedWorld(2)
-    symm, local = sweep.allocate(world, [p])
-    df = sweep.measure_point(world, symm, local, p, repeats=2)
+    df = sweep.measure_point(world, sweep.allocate(world, p.dst_elems, {"remote"}), p, repeats=2)
     assert len(df) == 2 * 2 * 3 and set(df["rank"]) == {0, 1}
 
 
@@ -109,7 +175,8 @@ def test_bad_point_fails_before_launch(monkeypatch, field, value, match):
     (["--store-bytes", "3"], "store_bytes must be one of"),
     (["--burst-kib", "3"], "power of two"),
     (["--repeats", "0"], "repeats must be >= 1"),
-    (["--world-size", "1"], "world_size must be >= 2"),
+    (["--world-size", "1"], "target .remote. needs world_size >= 2"),
+    (["--world-size", "0", "--targets", "host"], "world_size must be >= 1"),
     (["--targets", "remote,moon"], "target must be one of"),
     pytest.param([], "needs 2 CUDA GPU", marks=pytest.mark.skipif(
         torch.cuda.device_count() >= 2, reason="GPUs present: this would run a real sweep")),

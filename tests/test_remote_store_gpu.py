@@ -1,6 +1,7 @@
-"""On 2 GPUs (NVLink peers): destinations hold exactly the bytes sent, remote and local, every store width,
-with and without the drain fence and the grid barrier; a barrier that can never complete times out with a
-report instead of hanging; the sweep resumes. Skipped without 2 GPUs."""
+"""On GPUs: destinations hold exactly the bytes sent — remote (2 GPUs, NVLink peers), host (pinned host memory
+over PCIe, one GPU) and local — every store width, with and without the drain fence and the grid barrier, and
+irregular free-running trains; a barrier that can never complete times out with a report instead of hanging;
+the sweeps resume. Skipped without the GPUs each needs."""
 import random
 
 import pytest
@@ -8,16 +9,47 @@ import torch
 
 from xstage import sweep
 from xstage.ranks import spawn
-from xstage.remote_store import BurstGapPoint, burst_gap_buffers, check_barrier_status, launch_burst_gap
+from xstage.remote_store import (BurstGapPoint, BurstTrain, burst_gap_buffers, check_barrier_status,
+                                 launch_burst_gap, train_family)
 
-pytestmark = pytest.mark.multigpu
+POINTS = [(1, 1, 0, 4, False, True), (7, 64, 1000, 8, True, False), (132, 1024, 0, 16, False, True),
+          (264, 256, 2000, 16, True, True), (264, 1, 0, 16, False, False)]
 
 
+@pytest.mark.gpu
+def test_host_link_destinations_bit_exact_on_one_gpu():
+    """Pinned host memory reached through its address from the kernel: every byte lands (poisoned first)."""
+    points = [BurstGapPoint(t, p, kib * 1024, gap, w, 4, d, s) for t in ("host", "local")
+              for (p, kib, gap, w, d, s) in POINTS]
+    spawn(sweep.check_job, 1, points, random.randrange(2**30))
+
+
+def _train_check_job(world, trains, seed):
+    dests = sweep.allocate(world, max(t.dst_elems for t in trains), {t.target for t in trains})
+    for i, tr in enumerate(trains):
+        sweep.check_train(world, dests, tr, seed + i)
+
+
+@pytest.mark.gpu
+def test_irregular_trains_bit_exact_on_one_gpu():
+    fam = train_family(random.randrange(1000), 3)
+    trains = [BurstTrain(n, t, p, sz, gp) for t in ("host", "local") for p in (16, 264) for n, sz, gp in fam]
+    spawn(_train_check_job, 1, trains, random.randrange(2**30))
+
+
+@pytest.mark.gpu
+def test_train_sweep_resumes_on_one_gpu(tmp_path):
+    grid = sweep.TrainGrid(count=2, n_bursts=3, programs=(4,), targets=("host",), repeats=2)
+    sweep.run_trains(grid, tmp_path, source="gpu")
+    n1 = len(open(tmp_path / "burst_train.csv").readlines())
+    sweep.run_trains(grid, tmp_path, source="gpu")
+    assert len(open(tmp_path / "burst_train.csv").readlines()) == n1 == 1 + 2 * 2 * 3
+
+
+@pytest.mark.multigpu
 def test_destinations_bit_exact_on_two_gpus():
     points = [BurstGapPoint(t, p, kib * 1024, gap, w, 4, d, s)
-              for t in ("remote", "local") for (p, kib, gap, w, d, s) in
-              [(1, 1, 0, 4, False, True), (7, 64, 1000, 8, True, False), (132, 1024, 0, 16, False, True),
-               (264, 256, 2000, 16, True, True), (264, 1, 0, 16, False, False)]]
+              for t in ("remote", "local") for (p, kib, gap, w, d, s) in POINTS]
     spawn(sweep.check_job, 2, points, random.randrange(2**30))
 
 
@@ -33,6 +65,7 @@ def test_grid_barrier_times_out_with_report():
         check_barrier_status(bufs["status"], p, rank=0)
 
 
+@pytest.mark.multigpu
 def test_sweep_resumes(tmp_path):
     grid = sweep.BurstGapGrid(burst_kib=(1, 64), gap_us=(0, 5), programs=(4,), store_bytes=(16,),
                               targets=("remote",), n_bursts=3, repeats=2)

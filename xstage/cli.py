@@ -5,92 +5,216 @@
                          [--world-size 2] [--source gpu|simulated]
   xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10]
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
-  xstage bench bandwidth --out data/h200x2
-  xstage fit --data data/h200x2
+  xstage sweep trains --out data/h200x1 [--targets host,local] [--programs 16,66,132,264] [--seed 0]
+  xstage bench bandwidth --out data/h200x2 [--world-size 1]
+  xstage fit --data data/h200x2 [--link nvlink|host] [--write]
+  xstage predict --data data/h200x1 --link host --programs 132 --burst-kib 64,8 --gap-us 10,0
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
+  xstage --version;  xstage <command> --help  (every option with its default)
 
 Sweeps start their own ranks (one process per GPU); nobody types torchrun. Parameters are checked before
-anything launches; errors are one line, exit code 2.
+anything launches; errors are one line on stderr, exit code 2 (XSTAGE_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
+from pathlib import Path
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (``xstage sweep burst-gap: error: ...``), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default (comma-separated for lists), unless it says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (not action.option_strings or "%(default)" in text or "default" in text or d is argparse.SUPPRESS
+                or d is None or d is False or (isinstance(d, (tuple, list)) and not d)):
+            return text
+        shown = ",".join(map(str, d)) if isinstance(d, (tuple, list)) else str(d)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+def _nonempty(s: str, items: tuple, what: str) -> tuple:
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a non-empty comma-separated list of {what}, got {s!r}")
+    return items
 
 
 def _ints(s: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in s.split(",") if x != "")
+        items = tuple(int(x) for x in s.split(",") if x.strip() != "")
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    return _nonempty(s, items, "integers")
 
 
 def _floats(s: str) -> tuple[float, ...]:
     try:
-        return tuple(float(x) for x in s.split(",") if x != "")
+        items = tuple(float(x) for x in s.split(",") if x.strip() != "")
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+    if not all(math.isfinite(x) for x in items):
+        raise argparse.ArgumentTypeError(f"expected finite numbers, got {s!r}")
+    return _nonempty(s, items, "numbers")
+
+
+def _nonneg_floats(s: str) -> tuple[float, ...]:
+    items = _floats(s)
+    if any(x < 0 for x in items):
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {s!r}")
+    return items
 
 
 def _strs(s: str) -> tuple[str, ...]:
-    return tuple(x for x in s.split(",") if x)
+    return _nonempty(s, tuple(x.strip() for x in s.split(",") if x.strip()), "names")
+
+
+def _count(s: str, minimum: int = 1) -> int:
+    try:
+        value = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _nonneg_int(s: str) -> int:
+    return _count(s, 0)
+
+
+def _minutes(s: str) -> float:
+    try:
+        value = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {s!r}") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {s!r}")
+    return value
+
+
+def _out_folder(s: str) -> str:
+    """An output folder: it may not exist yet (it is created), it must not be a file."""
+    if Path(s).exists() and not Path(s).is_dir():
+        raise argparse.ArgumentTypeError(f"{s} is an existing file, not a folder")
+    return s
+
+
+def _data_folder(s: str) -> str:
+    if not Path(s).is_dir():
+        raise argparse.ArgumentTypeError(f"{s} is not a folder" if Path(s).exists() else f"{s} does not exist")
+    return s
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .sweep import BurstGapGrid
 
     d = BurstGapGrid()
-    ap = argparse.ArgumentParser(prog="xstage", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    from . import __version__
+
+    ap = OneLineParser(prog="xstage", description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    ap.add_argument("--version", action="version", version=f"xstage {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     sw = sub.add_parser("sweep", help="run a sweep and record it under data/<machine>/")
     swsub = sw.add_subparsers(dest="study", required=True)
     bg = swsub.add_parser("burst-gap", help="remote-store burst/gap sweep (notebook 01)")
-    bg.add_argument("--out", required=True, help="output folder, e.g. data/h200x2 (resumes if it exists)")
-    bg.add_argument("--burst-kib", type=_ints, default=d.burst_kib)
-    bg.add_argument("--gap-us", type=_floats, default=d.gap_us)
-    bg.add_argument("--programs", type=_ints, default=d.programs, help="default: 1,4,16,SMs/2,SMs,2*SMs")
-    bg.add_argument("--store-bytes", type=_ints, default=d.store_bytes)
-    bg.add_argument("--targets", type=_strs, default=d.targets)
-    bg.add_argument("--bursts", type=int, default=d.n_bursts)
-    bg.add_argument("--repeats", type=int, default=d.repeats)
+    bg.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x2 (resumes if it exists)")
+    bg.add_argument("--burst-kib", type=_ints, default=d.burst_kib, help="burst sizes per program (KiB)")
+    bg.add_argument("--gap-us", type=_nonneg_floats, default=d.gap_us, help="compute gaps between bursts (us)")
+    bg.add_argument("--programs", type=_ints, default=d.programs,
+                    help="issuing program counts (default: 1,4,16,SMs/2,SMs,2*SMs of the GPU)")
+    bg.add_argument("--store-bytes", type=_ints, default=d.store_bytes, help="store widths (bytes)")
+    bg.add_argument("--targets", "--target", dest="targets", type=_strs, default=None,
+                    help="remote (peer GPU over NVLink), host (pinned host memory over PCIe), local (control); "
+                         "default: remote,local with 2 GPUs, host,local with one")
+    bg.add_argument("--bursts", type=_count, default=d.n_bursts, help="bursts per train")
+    bg.add_argument("--repeats", type=int, default=d.repeats, help="timed trains per configuration")
     bg.add_argument("--drain", action="store_true", help="time each burst's drain (fence) instead of pure issue")
     bg.add_argument("--no-sync", action="store_true",
                     help="no grid barrier between bursts (programs drift apart: the free-running variant)")
-    bg.add_argument("--world-size", type=int, default=d.world_size)
-    bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu")
+    bg.add_argument("--world-size", type=int, default=None, help="default: 2 with a remote target, else 1")
+    bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
+                    help="gpu: run the kernels; simulated: the Burst-Gap event simulation (no GPU)")
+
+    from .sweep import TrainGrid
+
+    t = TrainGrid()
+    tr = swsub.add_parser("trains", help="free-running irregular trains, sizes and gaps as data (notebooks 01/02)")
+    tr.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x1 (resumes if it exists)")
+    tr.add_argument("--targets", "--target", dest="targets", type=_strs, default=None,
+                    help="remote, host, local; default: remote,local with 2 GPUs, host,local with one")
+    tr.add_argument("--programs", type=_ints, default=t.programs, help="issuing program counts")
+    tr.add_argument("--seed", type=int, default=t.seed, help="the family's seed (a new seed: new trains)")
+    tr.add_argument("--count", type=int, default=t.count, help="trains in the family")
+    tr.add_argument("--bursts", type=_count, default=t.n_bursts, help="bursts per train")
+    tr.add_argument("--repeats", type=int, default=t.repeats, help="timed repeats per train")
+    tr.add_argument("--world-size", type=int, default=None, help="default: 2 with a remote target, else 1")
+    tr.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
+                    help="simulated: the stage model with the parameters fitted to --params-from")
+    tr.add_argument("--params-from", default=None, help="data folder whose fit drives the simulated source")
+    tr.add_argument("--link", choices=("nvlink", "host"), default="host", help="which fit --params-from gives")
 
     ul = swsub.add_parser("ulysses", help="Ulysses attention: fused vs serial vs overlapped (notebook 04)")
-    ul.add_argument("--out", required=True, help="output folder, e.g. data/h200x2 (resumes if it exists)")
-    ul.add_argument("--world-size", type=int, default=2)
+    ul.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x2 (resumes if it exists)")
+    ul.add_argument("--world-size", type=int, default=2, help="ranks (one process per GPU)")
     ul.add_argument("--shapes", type=_strs, default=(),
                     help="shape names from the DiT table / sequence sweep (default: all that fit the world size)")
-    ul.add_argument("--repeats", type=int, default=10)
+    ul.add_argument("--repeats", type=int, default=10, help="timed repeats per shape and method")
     ul.add_argument("--no-tune", action="store_true", help="use the first H200 config instead of timing several")
 
+    from .moe_plan import ASSIGNMENT_REGISTRY, DTYPE_REGISTRY, DTYPES_GPU, SCHEDULE_REGISTRY, SCHEDULES
+
     mo = swsub.add_parser("megamoe", help="MegaMoE: schedules x 84 configurations, bf16 and FP8 (notebook 03)")
-    mo.add_argument("--out", required=True, help="output folder, e.g. data/h200x2 (resumes if it exists)")
-    mo.add_argument("--world-size", type=int, default=2)
-    mo.add_argument("--dtypes", type=_strs, default=("bf16", "fp8"))
+    mo.add_argument("--out", required=True, type=_out_folder,
+                    help="output folder, e.g. data/h200x2 (resumes if it exists)")
+    mo.add_argument("--world-size", type=int, default=2, help="ranks (one process per GPU)")
+    mo.add_argument("--dtypes", type=_strs, default=DTYPES_GPU,
+                    help="; ".join(f"{d}: {DTYPE_REGISTRY[d].doc}" for d in DTYPES_GPU))
     mo.add_argument("--cases", type=_strs, default=(), help="case names (default: all 84)")
-    mo.add_argument("--schedules", type=_strs, default=("expert_wave", "interleaved", "lag", "model_guided"))
-    mo.add_argument("--repeats", type=int, default=20)
-    mo.add_argument("--max-minutes", type=float, default=None,
-                    help="start no new configuration after this long (run again to resume)")
-    mo.add_argument("--assignment", choices=("static", "dynamic"), default="static",
-                    help="tasks to programs: i %% programs (static) or claimed in list order (dynamic); "
-                         "one folder per assignment, e.g. --out data/h200x2/dynamic")
+    mo.add_argument("--schedules", type=_strs, default=SCHEDULES, help=SCHEDULE_REGISTRY.help())
+    mo.add_argument("--repeats", type=int, default=20, help="timed repeats per configuration")
+    mo.add_argument("--max-minutes", type=_minutes, default=None,
+                    help="start no new configuration after this long (run again to resume; default: no limit)")
+    mo.add_argument("--assignment", choices=ASSIGNMENT_REGISTRY.names, default="static",
+                    help=f"tasks to programs: {ASSIGNMENT_REGISTRY.help()}; one folder per assignment, e.g. "
+                         "--out data/h200x2/dynamic")
 
     be = sub.add_parser("bench", help="benchmarks")
     besub = be.add_subparsers(dest="bench", required=True)
     bw = besub.add_parser("bandwidth", help="peak SM remote-store bandwidth vs copy-engine peer copy")
-    bw.add_argument("--out", required=True)
+    bw.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x2")
+    bw.add_argument("--world-size", type=int, default=None,
+                    help="2: NVLink peer, host and local; 1: host link and local (default: 2 if two GPUs)")
 
-    fi = sub.add_parser("fit", help="fit the Burst-Gap model to recorded burst-gap data")
-    fi.add_argument("--data", required=True, help="folder holding burst_gap.csv/.json")
-    fi.add_argument("--bootstrap", type=int, default=100)
+    fi = sub.add_parser("fit", help="fit the stage model of one link to a machine's records")
+    fi.add_argument("--data", required=True, type=_data_folder,
+                    help="folder holding burst_gap (+ free_running/, burst_train) records")
+    fi.add_argument("--link", choices=("nvlink", "host"), default=None,
+                    help="nvlink: the remote target; host: pinned host memory (default: the one recorded)")
+    fi.add_argument("--write", action="store_true",
+                    help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
+    fi.add_argument("--fluid", action="store_true", help="the paper's three-parameter fluid model instead")
+    fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")
+
+    pr = sub.add_parser("predict", help="per-burst times of a train from a link's fitted stage model")
+    pr.add_argument("--data", required=True, type=_data_folder, help="folder with the link's fit (xstage fit --write)")
+    pr.add_argument("--link", choices=("nvlink", "host"), required=True, help="which fitted link")
+    pr.add_argument("--programs", type=_count, required=True, help="issuing programs")
+    pr.add_argument("--burst-kib", type=_floats, required=True, help="KiB per program per burst, e.g. 64,8,320")
+    pr.add_argument("--gap-us", type=_floats, required=True, help="compute gap after each burst, e.g. 10,0,100")
+    pr.add_argument("--sync", action="store_true", help="grid barrier between bursts: the grid's span per burst")
 
     rp = sub.add_parser("reproduce", help="run every notebook through papermill into a run folder")
     try:  # the notebook stack is an extra: GPU nodes may run sweeps without it
@@ -99,7 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
         rp.set_defaults(missing=str(e))
     else:
         reproduce.add_arguments(rp)
+    _every_parser(ap)
     return ap
+
+
+def _every_parser(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand: its help as description, defaults in its help (HelpFormatter), one-line errors."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                child.formatter_class = HelpFormatter
+                child.description = child.description or helps.get(name)
+                _every_parser(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,35 +246,53 @@ def main(argv: list[str] | None = None) -> int:
         command = command.replace(os.environ["OUT"].rstrip("/") + "/", "$OUT/")
     try:
         if args.cmd == "sweep" and args.study == "ulysses":
-            from . import ulysses
+            from .ulysses import shapes_by_name
+            from .ulysses_sweep import run_ulysses
 
-            shapes = ulysses.shapes_by_name(args.shapes) if args.shapes else None
-            print(ulysses.run_ulysses(args.out, world_size=args.world_size, repeats=args.repeats, shapes=shapes,
-                                      tune=not args.no_tune, command=command))
+            shapes = shapes_by_name(args.shapes) if args.shapes else None
+            print(run_ulysses(args.out, world_size=args.world_size, repeats=args.repeats, shapes=shapes,
+                              tune=not args.no_tune, command=command))
         elif args.cmd == "sweep" and args.study == "megamoe":
-            from . import moe
+            from .moe_plan import cases_by_name
+            from .moe_sweep import run_megamoe
+            from .studies import recorded_params
 
-            cases = moe.cases_by_name(args.cases) if args.cases else None
-            print(moe.run_megamoe(args.out, world_size=args.world_size, dtypes=args.dtypes, cases=cases,
-                                  schedules=args.schedules, repeats=args.repeats, max_minutes=args.max_minutes,
-                                  command=command, assignment=args.assignment))
+            cases = cases_by_name(args.cases) if args.cases else None
+            print(run_megamoe(args.out, recorded_params, world_size=args.world_size, dtypes=args.dtypes,
+                              cases=cases, schedules=args.schedules, repeats=args.repeats,
+                              max_minutes=args.max_minutes, command=command, assignment=args.assignment))
+        elif args.cmd == "sweep" and args.study == "trains":
+            from .sweep import TrainGrid, default_targets, run_trains, world_for
+
+            targets = args.targets or default_targets()
+            grid = TrainGrid(seed=args.seed, count=args.count, n_bursts=args.bursts, programs=args.programs,
+                             targets=targets, repeats=args.repeats, world_size=world_for(targets) if args.world_size is None else args.world_size)
+            params = None
+            if args.source == "simulated":
+                from .model import load_params
+
+                if not args.params_from:
+                    raise ValueError("--source simulated needs --params-from DIR (a folder with a stage fit)")
+                params = load_params(args.params_from, args.link)
+            print(run_trains(grid, args.out, source=args.source, params=params, command=command))
         elif args.cmd == "sweep":
-            from .sweep import BurstGapGrid, run_burst_gap
+            from .sweep import BurstGapGrid, default_targets, run_burst_gap, world_for
 
+            targets = args.targets or default_targets()
             grid = BurstGapGrid(burst_kib=args.burst_kib, gap_us=args.gap_us, programs=args.programs,
-                                store_bytes=args.store_bytes, targets=args.targets, n_bursts=args.bursts,
+                                store_bytes=args.store_bytes, targets=targets, n_bursts=args.bursts,
                                 repeats=args.repeats, drain=(True,) if args.drain else (False,),
-                                sync=not args.no_sync, world_size=args.world_size)
+                                sync=not args.no_sync, world_size=world_for(targets) if args.world_size is None else args.world_size)
             print(run_burst_gap(grid, args.out, source=args.source, command=command))
         elif args.cmd == "bench":
-            from .bench import bandwidth_summary
             from .data import BANDWIDTH, load
+            from .studies import bandwidth_summary
             from .sweep import run_bandwidth
 
-            run_bandwidth(args.out, command=command)
+            run_bandwidth(args.out, command=command, world_size=args.world_size)
             df, _ = load(args.out, BANDWIDTH)
-            print(bandwidth_summary(df).head(12).to_string(index=False))
-        elif args.cmd == "fit":
+            print(bandwidth_summary(df).to_string(index=False))
+        elif args.cmd == "fit" and args.fluid:
             from .data import load
             from .fit import fit_burst_gap, summary_table
 
@@ -146,14 +300,35 @@ def main(argv: list[str] | None = None) -> int:
             res = fit_burst_gap(df, n_bootstrap=args.bootstrap)
             print(f"{meta['machine']} ({meta['gpu_name']} x{meta['gpu_count']}):")
             print(summary_table(res).to_string(index=False))
+        elif args.cmd == "fit":
+            from .fit import fit_link, recorded_links, stage_summary, write_stage_fit
+
+            link = args.link or recorded_links(args.data)[0]
+            res = fit_link(args.data, link)
+            print(stage_summary(res).to_string(index=False))
+            if args.write:
+                print(write_stage_fit(res, args.data, command=command))
+        elif args.cmd == "predict":
+            from .model import KIB, load_params, predict_train
+
+            prm = load_params(args.data, args.link)
+            t = predict_train(prm, args.programs, [b * KIB for b in args.burst_kib], [g * 1e3 for g in args.gap_us],
+                              sync=args.sync)
+            what = "grid span" if args.sync else "median program's issue time"
+            print(f"{args.link}, {args.programs} programs, {what} per burst (ns):")
+            print(" ".join(f"{x:.1f}" for x in t))
         elif args.cmd == "reproduce":
             if getattr(args, "missing", None):
                 raise RuntimeError(f"reproduce needs the notebook extra (pip install -e '.[notebooks]'): {args.missing}")
             from . import reproduce
 
             return reproduce.run(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"xstage: error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - every error is one line (XSTAGE_DEBUG=1: the traceback)
+        if os.environ.get("XSTAGE_DEBUG"):
+            raise
+        known = isinstance(e, (ValueError, RuntimeError, OSError))
+        text = " ".join(str(e).split()) or type(e).__name__
+        print(f"xstage: error: {text if known else f'{type(e).__name__}: {text}'}", file=sys.stderr)
         return 2
     return 0
 

@@ -100,7 +100,8 @@ BURST_TRAIN = Schema(
 # programs, rank, repeat, burst); burst_bytes / gap_ns are that burst's size per program and the compute gap
 # after it; issue_* are statistics over the P programs of (issue end - issue start); start_ns is the median
 # program's issue start after the launch's earliest program start; *_skew_ns are max - min over programs.
-# Row identity and time columns of MEGAMOE and ULYSSES (below); a Schema's own ``row`` / ``times`` / ``optional_times`` win over these.
+# Row identity and time columns of MEGAMOE and ULYSSES (below); a Schema's own ``row`` / ``times`` /
+# ``optional_times`` win over these.
 ROW_CHECKS = {
     "megamoe": dict(row=("schedule", "schedule_param"),
                     times=("kernel_ms", "kernel_ms_min", "tflops", "compute_ms", "dispatch_ms", "layer_ms",

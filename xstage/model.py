@@ -244,3 +244,257 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
                    "idle_ns": float(p.gap_ns), "start_skew_ns": float(np.ptp(start[:, 0]))}
             out.append(pd.DataFrame(row))
     return pd.concat(out, ignore_index=True)[list(BURST_GAP.columns)]
+
+
+# ============================================================================ per-program stage model (rung 3)
+# The fluid model above treats the grid as one issuer. Fused kernels never synchronise their bursts: each
+# program runs its own train, programs drift apart, and later bursts stop contending. The stage model follows
+# every program (in G weight groups) through its train:
+#
+#   issue     a program issues at r = 1024 / issue_ns_per_kib bytes/ns while the stage has room
+#   stage     one finite stage per link, capacity C(P) = 1 / (1 / (c_p * min(P, S)) + 1 / C_max): it grows with
+#             the programs that feed it (per-SM store slots, c_p each, S = SMs) up to a GPU-wide limit C_max
+#             (measured: the bytes a grid absorbs grow with P but not in proportion)
+#   drain     at D bytes/ns; while the stage is full the issuers together get D, shared by arbitration:
+#             program weights w uniform on [1 - spread, 1] (water-filled: nobody above r). spread = 0 is equal
+#             shares, under which programs that start together stay together; spread > 0 lets the favoured
+#             programs finish first, which is the drift measured in free-running trains.
+#   overhead  o ns per burst inside the measured issue time (CTA barrier + timer reads); the stage drains then
+#
+# A train is given per burst: bytes per program b_k and the compute gap g_k that FOLLOWS burst k (g_{n-1} is
+# unused). ``sync=True`` adds the synchronised sweep's grid barrier: every program starts burst k + 1 together,
+# g_k after the last one finished burst k; the measured quantity is then the grid's span per burst.
+# Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
+
+STAGE_GROUPS = 16            # weight groups a grid is simulated as (min(P, 16)); each holds P / G programs
+MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
+NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters of one link's stage model (see the section comment above)."""
+
+    issue_ns_per_kib: float          # ns for one program to issue 1 KiB unimpeded
+    drain_gbps: float                # D (GB/s == bytes/ns)
+    capacity_kib: float              # C_max: GPU-wide limit of the stage (KiB)
+    capacity_per_program_kib: float  # c_p: stage bytes each issuing program (up to one per SM) adds (KiB)
+    spread: float                    # arbitration: weights uniform on [1 - spread, 1]; 0 = equal shares
+    overhead_ns: float = 0.0         # fixed cost inside each measured issue time
+    sm_count: int = 132              # S: programs beyond one per SM add no stage (not fitted: the GPU's count)
+    link: str = ""                   # "nvlink" or "host" (a label)
+
+    def __post_init__(self):
+        for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be positive and finite, got {v}")
+        if not (np.isfinite(self.overhead_ns) and self.overhead_ns >= 0):
+            raise ValueError(f"overhead_ns must be >= 0 and finite, got {self.overhead_ns}")
+        if not (0 <= self.spread < 1):
+            raise ValueError(f"spread must be in [0, 1), got {self.spread}")
+        if int(self.sm_count) != self.sm_count or self.sm_count < 1:
+            raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
+
+    def capacity_bytes(self, programs) -> np.ndarray:
+        """C(P) in bytes."""
+        p = np.minimum(np.asarray(programs, np.float64), self.sm_count)
+        return KIB / (1.0 / (self.capacity_per_program_kib * p) + 1.0 / self.capacity_kib)
+
+    @property
+    def program_rate(self) -> float:
+        """r: bytes/ns one program issues unimpeded."""
+        return KIB / self.issue_ns_per_kib
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_fluid(cls, prm: BurstGapParams, sm_count: int = 132, link: str = "") -> "StageParams":
+        """Rung 1: the paper's three parameters as a stage model (constant capacity, equal shares)."""
+        return cls(prm.issue_ns_per_kib, prm.drain_gbps, prm.capacity_kib, NO_LIMIT_KIB, 0.0, prm.overhead_ns,
+                   sm_count, link)
+
+
+def _water_fill(w, m, total, cap):
+    """Per-program rates s[N, G] with sum_g m * s = total[N] (where the issuers can take it), s <= cap, shares
+    proportional to w among those below the cap. w = 0 marks groups that do not take part."""
+    s = np.zeros_like(w)
+    free = w > 0
+    left = total.copy()
+    for _ in range(w.shape[1] + 1):
+        mw = np.where(free, m * w, 0.0).sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s_try = np.where(free, w * (left / mw)[:, None], 0.0)
+        over = free & (s_try > cap)
+        if not over.any():
+            return np.where(free, s_try, s)
+        s = np.where(over, cap, s)
+        left = left - np.where(over, m * cap, 0.0).sum(axis=1)
+        free = free & ~over
+    return s
+
+
+def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int = STAGE_GROUPS):
+    """Every configuration's train through the stage model, vectorized over configurations.
+
+    programs [N]; burst_bytes, gap_ns [N, n] (per program; gap after each burst); sync [N] bool.
+    Returns (start, end) [N, G, n] ns per weight group (groups beyond min(P, G) are NaN) and the group
+    sizes m [N, G] (programs per group)."""
+    P = np.asarray(programs, np.float64)
+    b = np.asarray(burst_bytes, np.float64)
+    g = np.asarray(gap_ns, np.float64)
+    sync = np.broadcast_to(np.asarray(sync, bool), P.shape)
+    N, n = b.shape
+    if N * groups * n > MAX_STAGE_WORK:
+        raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
+                         f"({MAX_STAGE_WORK}); predict fewer at a time")
+    G = groups
+    Gc = np.minimum(P, G).astype(int)                                  # groups used per configuration
+    gi = np.arange(G)[None, :]
+    valid = gi < Gc[:, None]                                            # [N, G]
+    m = np.where(valid, P[:, None] / np.maximum(Gc, 1)[:, None], 0.0)   # programs per group
+    w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
+    r, D, o = prm.program_rate, prm.drain_gbps, prm.overhead_ns
+    C = prm.capacity_bytes(P)
+    # phase: 0 overhead, 1 issuing, 2 gap, 3 waiting at the grid barrier (sync), 4 done
+    phase = np.where(valid, 0, 4)
+    k = np.zeros((N, G), int)
+    rem = np.where(valid, o, 0.0)
+    start = np.full((N, G, n), np.nan)
+    end = np.full((N, G, n), np.nan)
+    start[:, :, 0] = np.where(valid, 0.0, np.nan)
+    t = np.zeros(N)
+    q = np.zeros(N)
+    rows = np.arange(N)[:, None]
+    eps_t = 1e-9
+    for _ in range(8 * G * n + 4 * n + 16):
+        # transitions whose time is up (zero-length gaps and overheads chain within one pass of this loop)
+        for _ in range(4):
+            bb = b[rows, np.minimum(k, n - 1)]
+            gg = g[rows, np.minimum(k, n - 1)]
+            up = (rem <= eps_t) & (phase < 3)
+            if not up.any():
+                break
+            to_issue = up & (phase == 0)
+            to_end = up & (phase == 1)
+            to_next = up & (phase == 2)
+            phase = np.where(to_issue, 1, phase)
+            rem = np.where(to_issue, bb, rem)
+            if to_end.any():
+                ii, jj = np.nonzero(to_end)
+                end[ii, jj, k[ii, jj]] = t[ii]
+                last = k == n - 1
+                phase = np.where(to_end & last, 4, np.where(to_end & sync[:, None], 3, np.where(to_end, 2, phase)))
+                rem = np.where(to_end & ~sync[:, None], gg, rem)
+            if to_next.any():
+                k = np.where(to_next, k + 1, k)
+                ii, jj = np.nonzero(to_next)
+                start[ii, jj, k[ii, jj]] = t[ii]
+                phase = np.where(to_next, 0, phase)
+                rem = np.where(to_next, o, rem)
+            # the grid barrier: when every group of a sync configuration waits, all start the gap together
+            release = sync & np.all((phase == 3) | ~valid, axis=1) & np.any(phase == 3, axis=1)
+            if release.any():
+                rel = release[:, None] & (phase == 3)
+                phase = np.where(rel, 2, phase)
+                rem = np.where(rel, g[rows, k], rem)
+        active = np.any(phase < 4, axis=1)
+        if not active.any():
+            break
+        issuing = phase == 1
+        demand = np.where(issuing, m * r, 0.0).sum(axis=1)
+        full = (q >= C * (1 - 1e-9)) & (demand > D)
+        rate = np.where(issuing, r, 0.0)
+        if full.any():
+            shared = _water_fill(np.where(issuing & full[:, None], w, 0.0), m, np.full(N, D), r)
+            rate = np.where(full[:, None], shared, rate)
+        inflow = (m * rate).sum(axis=1)
+        qdot = np.where(full, 0.0, inflow - D)
+        qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_evt = np.where(issuing, rem / rate, np.where((phase == 0) | (phase == 2), rem, np.inf))
+            t_fill = np.where(~full & (qdot > 0), (C - q) / qdot, np.inf)
+        dt = np.minimum(t_evt.min(axis=1), t_fill)
+        dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
+        t = t + dt
+        rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
+                                                                    rem - dt[:, None], rem))
+        q = np.clip(q + qdot * dt, 0.0, C)
+        q = np.where(np.isfinite(t_fill) & (dt >= t_fill), C, q)
+    else:
+        raise RuntimeError("stage simulation did not finish within its step bound (a bug: please report)")
+    return start, end, m
+
+
+def _check_train(programs, burst_bytes, gap_ns):
+    """Validated (programs, burst_bytes[n], gap_ns[n]) of one train; ValueError naming what is wrong."""
+    b = np.asarray(burst_bytes, dtype=np.float64).ravel()
+    g = np.asarray(gap_ns, dtype=np.float64).ravel()
+    if isinstance(programs, bool) or not np.isscalar(programs) or int(programs) != programs or programs < 1:
+        raise ValueError(f"programs must be a positive integer, got {programs!r}")
+    if b.size == 0:
+        raise ValueError("burst_bytes is empty: a train needs at least one burst")
+    if b.size != g.size:
+        raise ValueError(f"burst_bytes and gap_ns must have the same length, got {b.size} and {g.size}")
+    for name, x in (("burst_bytes", b), ("gap_ns", g)):
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"{name} must be finite, got {x.tolist()}")
+        if np.any(x < 0):
+            raise ValueError(f"{name} must be >= 0, got {x.tolist()}")
+    if np.any(b == 0):
+        raise ValueError(f"burst_bytes must be positive, got {b.tolist()}")
+    return int(programs), b, g
+
+
+def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bool = False) -> np.ndarray:
+    """ns per burst of a train that every one of ``programs`` programs runs (bytes per program per burst,
+    ``gap_ns[k]`` = the compute gap after burst k, the last one unused).
+
+    sync=False: the median program's issue time of each burst of a free-running train whose programs all
+    start together. sync=True: the grid's span of each burst (first start -> last end) when a grid barrier
+    starts every burst together, ``gap_ns[k]`` after the last program finished burst k (as the synchronised
+    sweep, where the harness's barrier time belongs in the gap)."""
+    if not isinstance(prm, StageParams):
+        raise ValueError(f"prm must be StageParams (xstage.model.load_params), got {type(prm).__name__}")
+    P, b, g = _check_train(programs, burst_bytes, gap_ns)
+    start, end, _ = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)])
+    return stage_measure(start, end, [bool(sync)])[0]
+
+
+def stage_measure(start, end, sync) -> np.ndarray:
+    """What the benchmark measures per burst [N, n]: the span over groups (sync) or the median group's issue
+    time (free-running: groups hold equal numbers of programs, so this is the median program)."""
+    sync = np.asarray(sync, bool)
+    span = np.nanmax(end, axis=1) - np.nanmin(start, axis=1)
+    med = np.nanmedian(end - start, axis=1)
+    return np.where(sync[:, None], span, med)
+
+
+def simulated_train_rows(trains, prm: StageParams, repeats: int, noise: float = 0.03, seed: int = 0) -> pd.DataFrame:
+    """Rows in the recorded ``burst_train`` schema for ``trains`` (xstage.remote_store.BurstTrain), from the
+    stage model plus lognormal timing noise per (repeat, burst). Statistics are over the weight groups."""
+    from .data import BURST_TRAIN
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for tr in trains:
+        start, end, _ = simulate_stage(prm, [tr.programs], np.asarray([tr.burst_bytes], np.float64),
+                                       np.asarray([tr.gap_ns], np.float64), [False])
+        s, e = start[0], end[0]
+        keep = np.isfinite(s[:, 0])
+        s, e = s[keep], e[keep]
+        issue = e - s
+        for rep in range(repeats):
+            k = rng.lognormal(0.0, noise, size=tr.n_bursts)
+            q = np.percentile(issue, [10, 25, 75, 90], axis=0) * k
+            out.append(pd.DataFrame({
+                "train": tr.name, "target": tr.target, "programs": tr.programs, "store_bytes": tr.store_bytes,
+                "n_bursts": tr.n_bursts, "rank": 0, "repeat": rep, "burst": np.arange(tr.n_bursts),
+                "burst_bytes": np.asarray(tr.burst_bytes), "gap_ns": np.asarray(tr.gap_ns),
+                "issue_ns": np.median(issue, axis=0) * k, "issue_p10_ns": q[0], "issue_p25_ns": q[1],
+                "issue_p75_ns": q[2], "issue_p90_ns": q[3], "issue_min_ns": issue.min(axis=0) * k,
+                "issue_max_ns": issue.max(axis=0) * k, "start_ns": np.median(s, axis=0),
+                "start_skew_ns": np.ptp(s, axis=0), "end_skew_ns": np.ptp(e, axis=0),
+                "span_ns": (e.max(axis=0) - s.min(axis=0)) * k}))
+    return pd.concat(out, ignore_index=True)[list(BURST_TRAIN.columns)]

@@ -11,11 +11,16 @@ import numpy as np
 import torch
 
 from . import env
-from .kernels.remote_store import burst_gap_store_kernel, stream_store_kernel, stream_store_tma_kernel
+from .kernels.remote_store import (burst_gap_store_kernel, burst_train_store_kernel, stream_store_kernel,
+                                   stream_store_tma_kernel)
 from .kernels.sync import clock_calibration_kernel
 
 STORE_BYTES = (4, 8, 16)
-TARGETS = ("remote", "local")
+# Where the stores go (the link): "remote" a peer GPU's symmetric buffer over NVLink, "host" pinned host memory
+# over PCIe (a pin_memory tensor's address, reached from the kernel like a peer pointer: one GPU suffices),
+# "local" this GPU's own memory (the control).
+TARGETS = ("remote", "host", "local")
+LINKS = {"remote": "nvlink", "host": "host", "local": "local"}
 NUM_WARPS = 4
 MAX_BURST_BYTES = 64 << 20
 
@@ -24,7 +29,8 @@ MAX_BURST_BYTES = 64 << 20
 class BurstGapPoint:
     """One configuration of the burst-gap microbenchmark (a row key in recorded data)."""
 
-    target: str          # "remote": peer (rank + 1) % W through NVLink; "local": this GPU's memory (control)
+    target: str          # "remote": peer (rank + 1) % W through NVLink; "host": pinned host memory (PCIe);
+                         # "local": this GPU's memory (control)
     programs: int        # P issuing programs (persistent CTAs)
     burst_bytes: int     # bytes each program stores per burst
     gap_ns: int          # time between one burst's end (or drain) and the next burst
@@ -158,24 +164,157 @@ def payload_reference(start: int, count: int, seed: int) -> torch.Tensor:
 POISON = -0x21524111  # 0xDEADBEEF as int32: what an unwritten element still holds
 
 
+def _mismatch(buf: torch.Tensor, n: int, seed: int):
+    """(index of the first element that differs from the payload, count, still-poisoned count) or None."""
+    got = buf[:n].cpu()
+    bad = torch.nonzero(got != payload_reference(0, n, seed))
+    if not bad.numel():
+        return None
+    return int(bad[0]), bad.numel(), int((got == POISON).sum()), int(got[int(bad[0])])
+
+
 def check_destination(buf: torch.Tensor, p: BurstGapPoint, seed: int) -> None:
     """Bit-exact check of a destination buffer against the payload; raises naming the first bad element."""
-    got = buf[: p.dst_elems].cpu()
-    want = payload_reference(0, p.dst_elems, seed)
-    bad = torch.nonzero(got != want)
-    if bad.numel():
-        i = int(bad[0])
+    hit = _mismatch(buf, p.dst_elems, seed)
+    if hit:
+        i, nbad, unwritten, got = hit
         n = p.burst_bytes // 4
         b, rest = divmod(i, p.programs * n)
         prog, off = divmod(rest, n)
-        unwritten = int((got == POISON).sum())
-        raise AssertionError(f"{bad.numel()} of {p.dst_elems} elements differ ({unwritten} still poisoned); first "
-                             f"at burst {b}, program {prog}, element {off}: got {int(got[i])}, want {int(want[i])}")
+        want = int(payload_reference(i, 1, seed))
+        raise AssertionError(f"{nbad} of {p.dst_elems} elements differ ({unwritten} still poisoned); first "
+                             f"at burst {b}, program {prog}, element {off}: got {got}, want {want}")
+
+
+def check_train_destination(buf: torch.Tensor, tr: "BurstTrain", seed: int) -> None:
+    """Bit-exact check of a train's destination; raises naming the burst, program and element."""
+    hit = _mismatch(buf, tr.dst_elems, seed)
+    if hit:
+        i, nbad, unwritten, got = hit
+        base = np.concatenate([[0], np.cumsum(np.asarray(tr.burst_bytes) // 4 * tr.programs)])
+        b = int(np.searchsorted(base, i, side="right") - 1)
+        prog, off = divmod(i - int(base[b]), tr.burst_bytes[b] // 4)
+        want = int(payload_reference(i, 1, seed))
+        raise AssertionError(f"train {tr.name}: {nbad} of {tr.dst_elems} elements differ ({unwritten} still "
+                             f"poisoned); first at burst {b}, program {prog}, element {off}: got {got}, want {want}")
+
+
+def destination_buffer(elems: int, target: str, device) -> torch.Tensor:
+    """A destination for the host/local targets: pinned host memory (the host link; on the CPU interpreter
+    a plain CPU tensor) or device memory."""
+    if target == "host":
+        return torch.empty(elems, dtype=torch.int32, pin_memory=not env.interpreted() and torch.cuda.is_available())
+    return torch.empty(elems, dtype=torch.int32, device=device)
+
+
+# ------------------------------------------------------------------------------------------ irregular trains
+TRAIN_KIB = (2, 320)        # per-program burst sizes of the seeded family (log-uniform, whole 2 KiB steps)
+TRAIN_GAP_US = (0.5, 100)   # compute gaps (log-uniform), a quarter of them 0
+TRAIN_BURSTS = 12
+
+
+def train_step_bytes(store_bytes: int = 16) -> int:
+    """Bytes one program stores per loop step of the train kernel (burst sizes are multiples of it)."""
+    return store_bytes * 32 * NUM_WARPS
+
+
+@dataclass(frozen=True)
+class BurstTrain:
+    """A free-running train as data (no grid barrier): every program runs the same bursts and gaps."""
+
+    name: str                       # e.g. "s0-07": seed 0 of the family, train 7
+    target: str                     # "remote", "host" or "local"
+    programs: int                   # P
+    burst_bytes: tuple[int, ...]    # bytes each program stores in burst k
+    gap_ns: tuple[int, ...]         # compute gap after burst k (the kernel spins the last one too)
+    store_bytes: int = 16
+
+    def validate(self, max_programs: int | None = None) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
+        if self.store_bytes not in STORE_BYTES:
+            raise ValueError(f"store_bytes must be one of {STORE_BYTES}, got {self.store_bytes}")
+        if self.programs < 1 or (max_programs is not None and self.programs > max_programs):
+            raise ValueError(f"programs must be in [1, {max_programs}], got {self.programs}")
+        if not self.burst_bytes or len(self.burst_bytes) != len(self.gap_ns):
+            raise ValueError(f"train {self.name}: burst_bytes and gap_ns need the same (non-zero) length, got "
+                             f"{len(self.burst_bytes)} and {len(self.gap_ns)}")
+        step = train_step_bytes(self.store_bytes)
+        for b in self.burst_bytes:
+            if b <= 0 or b % step or b > MAX_BURST_BYTES:
+                raise ValueError(f"train {self.name}: burst sizes must be positive multiples of {step} B up to "
+                                 f"{MAX_BURST_BYTES}, got {b}")
+        if any(g < 0 for g in self.gap_ns):
+            raise ValueError(f"train {self.name}: gaps must be >= 0, got {self.gap_ns}")
+
+    @property
+    def n_bursts(self) -> int:
+        return len(self.burst_bytes)
+
+    @property
+    def dst_elems(self) -> int:
+        return self.programs * sum(self.burst_bytes) // 4
+
+    def key(self) -> tuple:
+        return (self.name, self.target, self.programs, self.store_bytes)
+
+
+def train_family(seed: int, count: int, n_bursts: int = TRAIN_BURSTS, kib=TRAIN_KIB, gap_us=TRAIN_GAP_US,
+                 store_bytes: int = 16) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """``count`` seeded trains (name, bytes per program per burst, gap after each burst in ns): sizes
+    log-uniform in ``kib`` KiB (whole loop steps), gaps log-uniform in ``gap_us`` us with a quarter of them 0."""
+    if count < 1 or n_bursts < 1:
+        raise ValueError(f"count and n_bursts must be >= 1, got {count}, {n_bursts}")
+    rng = np.random.default_rng(seed)
+    step = train_step_bytes(store_bytes)
+    out = []
+    for i in range(count):
+        size = np.exp(rng.uniform(np.log(kib[0] * 1024), np.log(kib[1] * 1024), n_bursts))
+        size = np.maximum(np.round(size / step), 1).astype(np.int64) * step
+        gap = np.exp(rng.uniform(np.log(gap_us[0] * 1000), np.log(gap_us[1] * 1000), n_bursts))
+        gap = np.where(rng.random(n_bursts) < 0.25, 0, np.round(gap, -1)).astype(np.int64)
+        out.append((f"s{seed}-{i:02d}", tuple(int(x) for x in size), tuple(int(x) for x in gap)))
+    return out
+
+
+def train_buffers(tr: BurstTrain, device) -> dict[str, torch.Tensor]:
+    """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, 2] and calibration cal[P, 2]."""
+    elems = torch.tensor([b // 4 for b in tr.burst_bytes], dtype=torch.int32)
+    base = torch.zeros(tr.n_bursts, dtype=torch.int64)
+    base[1:] = torch.cumsum(elems.to(torch.int64) * tr.programs, 0)[:-1]
+    return {"elems": elems.to(device), "base": base.to(device),
+            "gap": torch.zeros(tr.n_bursts, dtype=torch.int64, device=device),
+            "ts": torch.empty(tr.programs * tr.n_bursts * 2, dtype=torch.int64, device=device),
+            "cal": torch.empty(tr.programs * 2, dtype=torch.int64, device=device)}
+
+
+def launch_train(dst_addr: int, bufs: dict[str, torch.Tensor], tr: BurstTrain, seed: int,
+                 cycles_per_ns: float = 1.0) -> None:
+    """Launch one free-running train into the buffer at ``dst_addr`` (int32 [sum_k P * N_k])."""
+    tr.validate()
+    bufs["gap"].copy_(torch.tensor([int(round(g * cycles_per_ns)) for g in tr.gap_ns], dtype=torch.int64))
+    v = tr.store_bytes // 4
+    burst_train_store_kernel[(tr.programs,)](
+        dst_addr, bufs["elems"], bufs["base"], bufs["gap"], bufs["ts"], bufs["cal"], seed,
+        N_BURSTS=tr.n_bursts, V=v, R=32 * NUM_WARPS, DEVICE=not env.interpreted(), num_warps=NUM_WARPS)
+
+
+def summarize_train(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
+    """ts_ns[P, B, 2] (ns: issue start, issue end of every program's bursts) -> per-burst statistics over
+    programs, each an array of length B. Times are relative to the earliest program start."""
+    t0, t1 = ts_ns[..., 0], ts_ns[..., 1]
+    issue = t1 - t0
+    q = np.percentile(issue, [10, 25, 75, 90], axis=0)
+    return {"issue_ns": np.median(issue, axis=0), "issue_p10_ns": q[0], "issue_p25_ns": q[1],
+            "issue_p75_ns": q[2], "issue_p90_ns": q[3], "issue_min_ns": issue.min(axis=0),
+            "issue_max_ns": issue.max(axis=0), "start_ns": np.median(t0, axis=0),
+            "start_skew_ns": t0.max(axis=0) - t0.min(axis=0), "end_skew_ns": t1.max(axis=0) - t1.min(axis=0),
+            "span_ns": t1.max(axis=0) - t0.min(axis=0)}
 
 
 # ------------------------------------------------------------------------------------ one measurement
 def to_ns(ts: np.ndarray, cal: np.ndarray, cycles_per_ns: float) -> np.ndarray:
-    """ts[P, B, 4] cycles -> ns on the global timer's time base, using each program's start (cal[P, 2])."""
+    """ts[P, B, k] cycles -> ns on the global timer's time base, using each program's start (cal[P, 2])."""
     # Subtract in int64 first: the global timer counts ns since the epoch (~1.8e18), where a float64 step is
     # 256 ns. Times are relative to the launch's earliest program start.
     g0 = (cal[:, 0] - cal[:, 0].min()).astype(np.float64)

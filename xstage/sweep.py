@@ -17,9 +17,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import data, env
-from .remote_store import (POISON, BurstGapPoint, burst_gap_buffers, calibrate_clock, check_barrier_status,
-                           check_destination, launch_burst_gap, summarize_timestamps, to_ns)
+from . import data, env, resume
+from .remote_store import (POISON, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
+                           check_barrier_status, check_destination, check_train_destination, destination_buffer,
+                           launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
+                           train_buffers, train_family)
 
 KIB = 1024
 
@@ -52,8 +54,7 @@ class BurstGapGrid:
         """Every point checked before anything launches."""
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        if self.world_size < 2:
-            raise ValueError(f"world_size must be >= 2 (remote stores need a peer), got {self.world_size}")
+        _check_world(self.world_size, self.targets)
         for kib in self.burst_kib:
             if kib <= 0:
                 raise ValueError(f"burst_kib must be positive, got {kib}")
@@ -61,12 +62,55 @@ class BurstGapGrid:
             p.validate(max_programs=64 * (sm_count or 132))
 
 
+def _check_world(world_size: int, targets) -> None:
+    """Remote stores need a peer (>= 2 ranks); the host link and local memory need one GPU."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if "remote" in targets and world_size < 2:
+        raise ValueError(f"target 'remote' needs world_size >= 2 (a peer GPU over NVLink), got {world_size}; "
+                         f"on one GPU use --targets host,local (pinned host memory over PCIe)")
+
+
+def default_targets() -> tuple[str, ...]:
+    """remote + local where two GPUs are visible (or on a CPU, whose emulated ranks have peers); host + local
+    on a one-GPU machine, whose remote path is the host link."""
+    return ("host", "local") if env.gpu_count() == 1 else ("remote", "local")
+
+
+def world_for(targets) -> int:
+    """The smallest world a set of targets needs."""
+    return 2 if "remote" in targets else 1
+
+
 # --------------------------------------------------------------------------------------- one config, all ranks
-def _dst_addr(world, symm, local, rank: int, target: str) -> int:
-    return symm.ptr((rank + 1) % world.world_size) if target == "remote" else local[rank].data_ptr()
+@dataclass
+class Destinations:
+    """Where each rank's stores go: the peer's symmetric buffer (remote), pinned host memory (host) or the
+    rank's own memory (local). Only the targets a sweep uses are allocated."""
+
+    symm: object | None
+    host: dict
+    local: dict
+
+    def addr(self, world, rank: int, target: str) -> int:
+        if target == "remote":
+            return self.symm.ptr((rank + 1) % world.world_size)
+        return (self.host if target == "host" else self.local)[rank].data_ptr()
+
+    def received(self, world, rank: int, target: str):
+        """(the buffer this rank's target wrote into as seen by its receiver, the seed offset of its sender)."""
+        if target == "remote":
+            return self.symm.local(rank), (rank - 1) % world.world_size
+        return (self.host if target == "host" else self.local)[rank], rank
+
+    def poison(self, world, elems: int) -> None:
+        for r in world.local_ranks:
+            for buf in ([self.symm.local(r)] if self.symm is not None else []) + [
+                    d[r] for d in (self.host, self.local) if r in d]:
+                buf[:elems].fill_(POISON)
 
 
-def measure_point(world, symm, local, p: BurstGapPoint, repeats: int, seed: int = 0,
+def measure_point(world, dests: Destinations, p: BurstGapPoint, repeats: int, seed: int = 0,
                   clock: dict | None = None) -> pd.DataFrame:
     """Warm-up train, then ``repeats`` trains on every local rank; per-burst rows for every rank."""
     bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
@@ -75,7 +119,7 @@ def measure_point(world, symm, local, p: BurstGapPoint, repeats: int, seed: int 
     for rep in range(-1, repeats):
         world.barrier()
         for r in world.local_ranks:
-            launch_burst_gap(_dst_addr(world, symm, local, r, p.target), bufs[r], p, seed + r, cpn[r])
+            launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r, cpn[r])
         world.barrier()
         for r in world.local_ranks:
             check_barrier_status(bufs[r]["status"], p, r)
@@ -89,73 +133,76 @@ def measure_point(world, symm, local, p: BurstGapPoint, repeats: int, seed: int 
     return pd.concat(rows, ignore_index=True)
 
 
-def check_point(world, symm, local, p: BurstGapPoint, seed: int) -> None:
+def check_point(world, dests: Destinations, p: BurstGapPoint, seed: int) -> None:
     """Poison every destination, run one train, check each destination bit for bit (remote: the sender is
     the previous rank, with its own seed)."""
-    for r in world.local_ranks:
-        symm.local(r)[: p.dst_elems].fill_(POISON)
-        local[r][: p.dst_elems].fill_(POISON)
+    dests.poison(world, p.dst_elems)
     world.barrier()
     bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
     for r in world.local_ranks:
-        launch_burst_gap(_dst_addr(world, symm, local, r, p.target), bufs[r], p, seed + r)
+        launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r)
     world.barrier()
     for r in world.local_ranks:
         check_barrier_status(bufs[r]["status"], p, r)
-        if p.target == "remote":
-            check_destination(symm.local(r), p, seed + (r - 1) % world.world_size)
-        else:
-            check_destination(local[r], p, seed + r)
+        buf, sender = dests.received(world, r, p.target)
+        check_destination(buf, p, seed + sender)
 
 
-def allocate(world, points: list[BurstGapPoint]):
-    elems = max(p.dst_elems for p in points)
-    symm = world.symmetric_empty(elems, torch.int32)
-    local = {r: torch.empty(elems, dtype=torch.int32, device=world.device(r)) for r in world.local_ranks}
-    return symm, local
+def allocate(world, elems: int, targets) -> Destinations:
+    symm = world.symmetric_empty(elems, torch.int32) if "remote" in targets else None
+    host = {r: destination_buffer(elems, "host", world.device(r)) for r in world.local_ranks} if "host" in targets \
+        else {}
+    local = {r: destination_buffer(elems, "local", world.device(r)) for r in world.local_ranks} \
+        if "local" in targets else {}
+    return Destinations(symm, host, local)
+
+
+def _sm_count(world) -> int:
+    return torch.cuda.get_device_properties(world.device(0)).multi_processor_count if not world.emulated else 4
+
+
+def _record_clock(world, folder: str, schema: data.Schema) -> dict:
+    """Every rank's SM clock calibration, appended to the sidecar (rank 0)."""
+    clock = {r: calibrate_clock(world.device(r)) for r in world.local_ranks}
+    if not world.emulated:
+        gathered = [None] * world.world_size
+        world.dist.all_gather_object(gathered, clock)
+        if world.local_ranks[0] == 0:
+            side = Path(folder) / f"{schema.name}.json"
+            m = data.read_meta(side, schema)
+            m.setdefault("clock", []).append({str(k): v for g in gathered for k, v in g.items()})
+            data.write_json_atomic(side, m)
+    return clock
+
+
+def _append_all_ranks(world, csv: Path, schema: data.Schema, df: pd.DataFrame) -> None:
+    parts = [df]
+    if not world.emulated:
+        parts = [None] * world.world_size
+        world.dist.all_gather_object(parts, df)
+    if world.local_ranks[0] == 0:
+        data.append_rows(csv, schema, pd.concat(parts, ignore_index=True))
 
 
 def burst_gap_job(world, grid: BurstGapGrid, folder: str, meta: dict, check: bool = True) -> None:
     """Runs on every rank (GPU) or once for an emulated world: check, then measure the points not yet done."""
     rank0 = world.local_ranks[0] == 0
-    sms = torch.cuda.get_device_properties(world.device(0)).multi_processor_count if not world.emulated else 4
+    sms = _sm_count(world)
     points = grid.points(sms)
-    csv = Path(folder) / f"{data.BURST_GAP.name}.csv"
-    todo_flags, seed = [None], random.randrange(2**30)
-    if rank0:
-        meta = {**meta, "sm_count": sms}
-        data.start_file(folder, data.BURST_GAP, meta)
-        done = data.done_keys(csv, data.BURST_GAP)
-        todo_flags = [([p.key() not in done for p in points], seed)]
-    if not world.emulated:  # every rank needs the same todo list and seeds (receivers check senders' payloads)
-        world.dist.broadcast_object_list(todo_flags, src=0)
-    flags, seed = todo_flags[0]
-    todo = [p for p, t in zip(points, flags) if t]
+    csv, todo, seed = resume.pending(world, folder, data.BURST_GAP, {**meta, "sm_count": sms}, points,
+                                     BurstGapPoint.key, payload=random.randrange(2**30))
     if not todo:
         return
-    clock = {r: calibrate_clock(world.device(r)) for r in world.local_ranks}
-    if not world.emulated:
-        gathered = [None] * world.world_size
-        world.dist.all_gather_object(gathered, clock)
-        if rank0:
-            side = Path(folder) / f"{data.BURST_GAP.name}.json"
-            m = data.read_meta(side, data.BURST_GAP)
-            m.setdefault("clock", []).append({str(k): v for g in gathered for k, v in g.items()})
-            data.write_json_atomic(side, m)
-    symm, local = allocate(world, todo)
+    clock = _record_clock(world, folder, data.BURST_GAP)
+    dests = allocate(world, max(p.dst_elems for p in todo), grid.targets)
     if check:  # bit-exact destinations before any timing: one small and one large point per target
         for t in grid.targets:
             for i, p in enumerate((todo[0], todo[-1])):
-                check_point(world, symm, local, replace(p, target=t, drain=False), seed=seed + 7919 * i)
+                check_point(world, dests, replace(p, target=t, drain=False), seed=seed + 7919 * i)
     bar = tqdm(todo, desc="burst-gap", disable=not rank0, file=sys.stderr, mininterval=2)
     for i, p in enumerate(bar):
-        df = measure_point(world, symm, local, p, grid.repeats, seed=seed + i, clock=clock)
-        parts = [df]
-        if not world.emulated:
-            parts = [None] * world.world_size
-            world.dist.all_gather_object(parts, df)
-        if rank0:
-            data.append_rows(csv, data.BURST_GAP, pd.concat(parts, ignore_index=True))
+        df = measure_point(world, dests, p, grid.repeats, seed=seed + i, clock=clock)
+        _append_all_ranks(world, csv, data.BURST_GAP, df)
 
 
 def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", params=None, command: str = "") -> Path:
@@ -163,7 +210,8 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
     out = Path(out)
     grid.validate()  # parameters first (with a nominal 132-SM GPU), then the hardware
     if source == "gpu":
-        env.require_gpus(grid.world_size, "the burst-gap sweep")
+        env.require_gpus(grid.world_size, "the burst-gap sweep" + (" (remote target)" if "remote" in grid.targets
+                                                                   else " (host link)"))
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         grid.validate(sms)
         from .ranks import spawn
@@ -197,16 +245,142 @@ def bandwidth_job(world, folder: str, meta: dict) -> None:
         data.append_rows(csv, data.BANDWIDTH, pd.DataFrame(rows))
 
 
-def run_bandwidth(out: str | Path, command: str = "") -> Path:
-    env.require_gpus(2, "the bandwidth benchmark")
+def run_bandwidth(out: str | Path, command: str = "", world_size: int | None = None) -> Path:
+    """Peak bandwidth per link: remote (with 2 GPUs), host and local. ``world_size`` None: 2 when two GPUs are
+    visible, else 1 (the host link only)."""
+    world_size = world_size or (2 if env.gpu_count() >= 2 else 1)
+    if world_size not in (1, 2):
+        raise ValueError(f"the bandwidth benchmark runs on 1 or 2 GPUs, got world_size={world_size}")
+    env.require_gpus(world_size, "the bandwidth benchmark")
     from .ranks import spawn
 
-    spawn(bandwidth_job, 2, str(out), env.provenance(command, {}))
+    spawn(bandwidth_job, world_size, str(out), env.provenance(command, {"world_size": world_size}))
     return Path(out) / f"{data.BANDWIDTH.name}.csv"
 
 
 def check_job(world, points: list[BurstGapPoint], seed: int) -> None:
     """Bit-exact destinations for each point (raises on the first mismatch, naming burst/program/element)."""
-    symm, local = allocate(world, points)
+    dests = allocate(world, max(p.dst_elems for p in points), {p.target for p in points})
     for i, p in enumerate(points):
-        check_point(world, symm, local, p, seed + 1000 * i)
+        check_point(world, dests, p, seed + 1000 * i)
+
+
+# ------------------------------------------------------------------------------------ free-running trains
+@dataclass(frozen=True)
+class TrainGrid:
+    """The irregular-train study: a seeded family of trains x program counts x targets (no grid barrier)."""
+
+    seed: int = 0
+    count: int = 24                                   # trains in the family
+    n_bursts: int = 12
+    programs: tuple[int, ...] = (16, 66, 132, 264)
+    targets: tuple[str, ...] = ("host", "local")
+    repeats: int = 5
+    world_size: int = 1
+    store_bytes: int = 16
+
+    def trains(self) -> list[BurstTrain]:
+        fam = train_family(self.seed, self.count, self.n_bursts, store_bytes=self.store_bytes)
+        return [BurstTrain(name, t, p, sizes, gaps, self.store_bytes)
+                for t in self.targets for p in self.programs for name, sizes, gaps in fam]
+
+    def validate(self, sm_count: int | None = None) -> None:
+        if self.repeats < 1 or self.count < 1 or self.n_bursts < 1:
+            raise ValueError(f"repeats, count and n_bursts must be >= 1, got {self.repeats}, {self.count}, "
+                             f"{self.n_bursts}")
+        _check_world(self.world_size, self.targets)
+        for tr in self.trains():
+            tr.validate(max_programs=64 * (sm_count or 132))
+
+
+def train_rows(tr: BurstTrain, rank: int, repeat: int, stats: dict[str, np.ndarray]) -> pd.DataFrame:
+    return pd.DataFrame({"train": tr.name, "target": tr.target, "programs": tr.programs,
+                         "store_bytes": tr.store_bytes, "n_bursts": tr.n_bursts, "rank": rank, "repeat": repeat,
+                         "burst": np.arange(tr.n_bursts), "burst_bytes": np.asarray(tr.burst_bytes),
+                         "gap_ns": np.asarray(tr.gap_ns), **{k: np.round(v, 1) for k, v in stats.items()}})
+
+
+def check_train(world, dests: Destinations, tr: BurstTrain, seed: int) -> None:
+    """Poison, run the train once, check every destination bit for bit."""
+    dests.poison(world, tr.dst_elems)
+    world.barrier()
+    bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
+    for r in world.local_ranks:
+        launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r)
+    world.barrier()
+    for r in world.local_ranks:
+        buf, sender = dests.received(world, r, tr.target)
+        check_train_destination(buf, tr, seed + sender)
+
+
+def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed: int, clock: dict) -> pd.DataFrame:
+    """A warm-up run, then ``repeats`` runs on every local rank; per-burst rows for every rank."""
+    bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
+    cpn = {r: clock[r]["cycles_per_ns"] for r in world.local_ranks}
+    rows = []
+    for rep in range(-1, repeats):
+        world.barrier()
+        for r in world.local_ranks:
+            launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r])
+        world.barrier()
+        if rep < 0:
+            continue
+        for r in world.local_ranks:
+            ns = to_ns(bufs[r]["ts"].view(tr.programs, tr.n_bursts, 2).cpu().numpy(),
+                       bufs[r]["cal"].view(tr.programs, 2).cpu().numpy(), cpn[r])
+            rows.append(train_rows(tr, r, rep, summarize_train(ns)))
+    return pd.concat(rows, ignore_index=True)
+
+
+def train_job(world, grid: TrainGrid, folder: str, meta: dict) -> None:
+    rank0 = world.local_ranks[0] == 0
+    trains = grid.trains()
+    csv, todo, seed = resume.pending(world, folder, data.BURST_TRAIN, {**meta, "sm_count": _sm_count(world)},
+                                     trains, BurstTrain.key, payload=random.randrange(2**30))
+    if not todo:
+        return
+    clock = _record_clock(world, folder, data.BURST_TRAIN)
+    dests = allocate(world, max(t.dst_elems for t in todo), grid.targets)
+    for t in grid.targets:  # bit-exact before timing: the largest train of each target
+        mine = [x for x in todo if x.target == t]
+        if mine:
+            check_train(world, dests, max(mine, key=lambda x: x.dst_elems), seed + 104729)
+    for i, tr in enumerate(tqdm(todo, desc="trains", disable=not rank0, file=sys.stderr, mininterval=2)):
+        _append_all_ranks(world, csv, data.BURST_TRAIN, measure_train(world, dests, tr, grid.repeats, seed + i,
+                                                                       clock))
+
+
+def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=None, command: str = "") -> Path:
+    """Run (or resume) the irregular-train study into ``out``; returns the CSV path. ``simulated`` runs the
+    stage model (``params``: :class:`xstage.model.StageParams`) with lognormal timing noise."""
+    out = Path(out)
+    grid.validate()
+    meta = {"grid": asdict(grid), "source": source}
+    if source == "gpu":
+        env.require_gpus(grid.world_size, "the train study")
+        from .ranks import spawn
+
+        spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta))
+    elif source == "simulated":
+        from .model import simulated_train_rows
+
+        if params is None:
+            raise ValueError("a simulated train study needs params (xstage.model.StageParams)")
+        m = env.provenance(command, {**meta, "model": params.as_dict()})
+        m["machine"] = "simulated"
+        csv, todo, _ = resume.pending(_ONE, out, data.BURST_TRAIN, m, grid.trains(), BurstTrain.key)
+        if todo:
+            data.append_rows(csv, data.BURST_TRAIN, simulated_train_rows(todo, params, grid.repeats))
+    else:
+        raise ValueError(f"source for a sweep must be 'gpu' or 'simulated', got {source!r}")
+    return out / f"{data.BURST_TRAIN.name}.csv"
+
+
+class _OneProcess:
+    """The world of a host-only job (simulated rows): one rank, nothing to broadcast."""
+
+    local_ranks = [0]
+    emulated = True
+
+
+_ONE = _OneProcess()
