@@ -29,22 +29,36 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def require_gpus(n: int, what: str) -> None:
-    """Clear error before any launch when ``what`` needs ``n`` GPUs and fewer are visible."""
+# What has a simulated source (the Burst-Gap / stage model): only GPU errors for a ``what`` starting with one of
+# these suggest source='simulated' (MegaMoE, Ulysses and the bandwidth benchmark have none).
+SIMULATED_STUDIES = ("the burst-gap sweep", "the train study")
+
+
+def require_gpus(n: int, what: str, simulated: bool | None = None) -> None:
+    """Clear error before any launch when ``what`` needs ``n`` GPUs and fewer are visible.
+
+    simulated: whether ``what`` has a simulated source to suggest instead (None: ``what`` starts with one of
+    :data:`SIMULATED_STUDIES`).
+    """
     have = gpu_count()
     if have < n:
+        if simulated is None:
+            simulated = what.startswith(SIMULATED_STUDIES)
+        alt = ("source='recorded' replays data/, source='simulated' runs the model" if simulated
+               else "source='recorded' replays the measurements in data/ (this has no simulated source)")
         raise RuntimeError(f"{what} needs {n} CUDA GPU(s) (NVLink peers for remote stores); {have} visible. "
-                           f"Use source='recorded' to replay data/ or source='simulated' for the model.")
+                           f"Without GPUs: {alt}.")
 
 
-def resolve_source(source: str, gpus_needed: int = 2) -> str:
-    """``auto`` -> ``gpu`` when enough GPUs are visible, else ``recorded``; other values are checked."""
+def resolve_source(source: str, gpus_needed: int = 2, simulated: bool = True) -> str:
+    """``auto`` -> ``gpu`` when enough GPUs are visible, else ``recorded``; other values are checked.
+    simulated: whether the caller has a simulated source (only then does an error suggest it)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     if source == "auto":
         return "gpu" if gpu_count() >= gpus_needed else "recorded"
     if source == "gpu":
-        require_gpus(gpus_needed, "source='gpu'")
+        require_gpus(gpus_needed, "source='gpu'", simulated=simulated)
     return source
 
 

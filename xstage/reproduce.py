@@ -8,7 +8,11 @@ Each run gets ``runs/<UTC timestamp>/`` (or ``--out``) holding the executed note
 figures (see xstage.report), ``summary.csv``, ``run.json`` and ``index.html``. Overrides are checked against
 every selected notebook's ``parameters`` cell before anything runs: an unknown name or a value that does not
 convert to the declared type exits with status 2 and one line. A failing notebook does not stop the others;
-the exit status is 1 if any failed.
+the exit status is 1 if any failed. A notebook whose ``source`` comment lists its values (``# auto | gpu |
+recorded``) and lacks the requested one is skipped with a note, not run.
+
+Inside a notebook, the cell after ``parameters`` calls :func:`check_parameters` (the same validator), so a
+direct ``papermill`` run with an unknown or ill-typed parameter also stops at once with one line naming it.
 """
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ _PKG_PARENT = Path(__file__).resolve().parent.parent  # the repo root in a check
 
 class ParameterError(ValueError):
     """A bad override: unknown name, or a value that does not fit the declared type."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython/papermill show this one line instead of a traceback
+        return [f"ParameterError: {self}"]
 
 
 # ------------------------------------------------------------------------------------------- discovery
@@ -290,6 +297,77 @@ def resolve_parameters(notebooks: list[Path], overrides: dict[str, Any],
     return resolved
 
 
+def source_choices(entry: dict | None) -> tuple[str, ...] | None:
+    """The values a notebook's ``source`` takes, from its comment (``# auto | gpu | recorded (...)``); None
+    when the comment does not list them (then every source is allowed)."""
+    if not entry:
+        return None
+    head = re.split(r"[:(]", entry.get("help") or "", maxsplit=1)[0]
+    values = tuple(v.strip() for v in head.split("|"))
+    return values if len(values) > 1 and all(v in SOURCES for v in values) else None
+
+
+def skip_reasons(notebooks: list[Path], params: dict[Path, dict[str, Any]],
+                 declared: dict[Path, dict[str, dict]]) -> dict[Path, str]:
+    """Notebooks that do not take the requested ``source`` (e.g. no simulated source): notebook -> a note."""
+    out = {}
+    for nb in notebooks:
+        choices = source_choices(declared[nb].get("source"))
+        value = params[nb].get("source")
+        if choices and value is not None and value not in choices:
+            out[nb] = f"skipped: no {value} source (source: {' | '.join(choices)})"
+    return out
+
+
+def _injected_names(namespace: dict) -> list[str] | None:
+    """Names papermill injected (its ``# Parameters`` cell, found in IPython's input history), or None."""
+    history = namespace.get("In") or namespace.get("_ih") or []
+    for source in reversed(list(history)):
+        if isinstance(source, str) and source.lstrip().startswith("# Parameters"):
+            try:
+                tree = ast.parse(source)
+            except SyntaxError:
+                return None
+            return [t.id for node in tree.body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)]
+    return None
+
+
+def check_parameters(namespace: dict, notebook: str | Path) -> None:
+    """Validate a notebook's parameters from inside it (the cell after ``parameters``), as ``xstage
+    reproduce`` does before running it: an injected name the notebook does not declare, a value that does not
+    convert to the declared type, or a ``source`` the notebook does not take raises ParameterError with one
+    line naming the parameter. Converted values are written back (``-r n 200`` gives the int 200).
+
+    notebook: the notebook's name (``"03_megamoe_84"``) or path; by name it is looked up in the working
+    folder (where papermill runs it), then in the checkout's notebooks/.
+    """
+    path = Path(notebook)
+    if path.suffix != ".ipynb":
+        path = path.with_suffix(".ipynb")
+    if not path.is_file():
+        candidates = [Path.cwd() / path.name, repo_root() / "notebooks" / path.name]
+        path = next((c for c in candidates if c.is_file()), candidates[-1])
+    if not path.is_file():
+        raise ParameterError(f"notebook {notebook!r} not found (looked in {Path.cwd()} and "
+                             f"{repo_root() / 'notebooks'})")
+    declared = inspect_parameters(path)
+    injected = _injected_names(namespace) or []  # none: not run by papermill (JupyterLab), nothing injected
+    unknown = [n for n in injected if n not in declared]
+    if unknown:
+        raise ParameterError(f"unknown parameter {unknown[0]!r} for {path.stem} "
+                             f"(valid: {', '.join(declared) or 'none'})")
+    for name, entry in declared.items():
+        if name not in namespace or entry["type"] == "any":
+            continue
+        value = convert_value(name, namespace[name], entry["type"])
+        choices = source_choices(entry) if name == "source" else None
+        if choices and value not in choices:
+            raise ParameterError(f"parameter 'source' of {path.stem} expects one of {', '.join(choices)}, "
+                                 f"got {value!r}")
+        namespace[name] = value
+
+
 def load_parameters_file(path: Path) -> dict[str, Any]:
     import yaml
 
@@ -439,7 +517,29 @@ def missing_pngs(run: Path) -> list[str]:
             if not (rec.get("png") and (Path(run) / rec["png"]).is_file())]
 
 
+def package_versions() -> dict[str, str]:
+    """Every installed distribution and its version (what this run's numbers were computed with)."""
+    from importlib import metadata
+
+    found = {}
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            found.setdefault(name.lower(), dist.version)
+    return dict(sorted(found.items()))
+
+
 # ------------------------------------------------------------------------------------------- CLI
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value}")
+    return value
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notebooks", type=Path, metavar="DIR",
@@ -454,7 +554,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar=("NAME", "VALUE"), help="override a notebook parameter (repeatable)")
     parser.add_argument("-f", "--parameters-file", type=Path, metavar="YAML",
                         help="overrides from a YAML mapping; -p and --source win over it")
-    parser.add_argument("--timeout", type=int, default=600, metavar="S",
+    parser.add_argument("--timeout", type=_positive_int, default=600, metavar="S",
                         help="per-cell execution timeout in seconds (default: 600)")
     parser.add_argument("--list", action="store_true",
                         help="list the selected notebooks and their parameters, run nothing")
@@ -483,16 +583,24 @@ def run(args: argparse.Namespace) -> int:
             return 0
         overrides = _overrides(args)
         params = resolve_parameters(notebooks, overrides, declared)
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise ParameterError(f"--out {args.out} is an existing file, not a folder")
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     root = repo_root()
-    if args.out:
-        run_folder = Path(args.out)
-        run_folder.mkdir(parents=True, exist_ok=True)
-    else:
-        run_folder = _new_run_dir(root / "runs")
+    try:
+        if args.out:
+            run_folder = Path(args.out)
+            run_folder.mkdir(parents=True, exist_ok=True)
+        else:
+            run_folder = _new_run_dir(root / "runs")
+    except OSError as exc:
+        print(f"error: cannot create the run folder {args.out or root / 'runs'}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    skipped = skip_reasons(notebooks, params, declared)
     meta = {
         "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -501,6 +609,9 @@ def run(args: argparse.Namespace) -> int:
         "only": args.only,
         "parameters": dict(overrides),
         "notebooks": [nb.stem for nb in notebooks],
+        "skipped": {nb.stem: why for nb, why in skipped.items()},
+        "xstage": _version(),
+        "packages": package_versions(),
     }
     (run_folder / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     print(f"run folder: {run_folder}", file=sys.stderr)
@@ -508,17 +619,23 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(f"note: {note}", file=sys.stderr)
 
-    rows = execute(notebooks, params, run_folder, args.timeout)
+    for nb, why in skipped.items():
+        print(f"note: {nb.stem} {why}", file=sys.stderr)
+    ran = execute([nb for nb in notebooks if nb not in skipped], params, run_folder, args.timeout)
+    by_name = {r["notebook"]: r for r in ran}
+    rows = [by_name.get(nb.stem) or {"notebook": nb.stem, "source": params[nb].get("source", ""), "seconds": 0.0,
+                                     "status": "skipped", "error": "", "note": skipped[nb]}
+            for nb in notebooks]
 
     import pandas as pd
 
     from xstage.report import write_index
 
-    table = pd.DataFrame(rows, columns=["notebook", "source", "seconds", "status", "error"])
+    table = pd.DataFrame(rows, columns=["notebook", "source", "seconds", "status", "error", "note"])
     table.to_csv(run_folder / "summary.csv", index=False)
     print(table[["notebook", "source", "seconds", "status"]].to_string(index=False))
     for row in rows:
-        if row["status"] != "ok":
+        if row["status"] == "failed":
             print(f"{row['notebook']} failed: {row['error']} (see {run_folder / (row['notebook'] + '.html')})")
     index = write_index(run_folder)
     missing = missing_pngs(run_folder) if not note else []
@@ -526,12 +643,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {len(missing)} figure(s) have no PNG (kaleido failed; the notebooks' output says why): "
               f"{', '.join(missing)}", file=sys.stderr)
     print(f"report: {index}")
-    return 1 if any(r["status"] != "ok" for r in rows) else 0
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def _version() -> str:
+    try:
+        from xstage import __version__
+
+        return __version__
+    except ImportError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="xstage reproduce", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from xstage.cli import OneLineParser
+
+    parser = OneLineParser(prog="xstage reproduce", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

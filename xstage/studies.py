@@ -40,10 +40,11 @@ DRAIN_GRID = dict(drain=(True,), gap_us=(0, 10), store_bytes=(16,))
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def _check_source(source: str) -> str:
+def _check_source(source: str, simulated: bool = True) -> str:
+    """simulated: whether the study has a simulated source (a missing-GPU error suggests it only then)."""
     if source not in env.SOURCES:
         raise ValueError(f"source must be one of {', '.join(env.SOURCES)}, got {source!r}")
-    return env.resolve_source(source)
+    return env.resolve_source(source, simulated=simulated)
 
 
 def _check_machine(machine: str, schema: data.Schema = data.BURST_GAP) -> Path:
@@ -133,7 +134,7 @@ def bandwidth_data(machine: str = "h200x2", source: str = "recorded",
     source: recorded (data/<machine>/bandwidth.csv), gpu (run the benchmark into ``out``), or auto. There is
     no simulated bandwidth benchmark: pass ``recorded`` to show a machine's measurements beside simulated data.
     """
-    src = _check_source(source)
+    src = _check_source(source, simulated=False)
     if src == "simulated":
         raise ValueError("source 'simulated' has no bandwidth benchmark; use 'recorded' (or 'gpu')")
     if src == "recorded":
@@ -329,7 +330,7 @@ def ulysses_data(source: str = "auto", machine: str = "h200x2",
     """
     from .ulysses import ULYSSES
 
-    src = _check_source(source)
+    src = _check_source(source, simulated=False)
     if src == "simulated":
         raise ValueError("the Ulysses study has no simulated source; use recorded or gpu")
     if src == "recorded":
@@ -524,7 +525,7 @@ def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
         raise ValueError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
 
     sel = megamoe_selection(dtypes=dtypes, shapes=shapes)
-    src = _check_source(source)
+    src = _check_source(source, simulated=False)
     if src == "simulated":
         raise ValueError("the MegaMoE study has no simulated source; use recorded or gpu")
     if src == "recorded":
