@@ -91,6 +91,17 @@ def _driver() -> str:
         return "unknown"
 
 
+def _pcie() -> str:
+    """GPU 0's PCIe link as it runs (the host link's generation and width), or 'unknown'."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=pcie.link.gen.current,pcie.link.width.current",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        gen, width = (x.strip() for x in out.stdout.strip().split(","))
+        return f"Gen {gen} x{width}" if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return "unknown"
+
+
 def provenance(command: str, params: dict) -> dict:
     """Everything a recorded file's JSON sidecar says about where its numbers came from."""
     import triton
@@ -103,6 +114,7 @@ def provenance(command: str, params: dict) -> dict:
         "gpu_count": n,
         "sm_count": props.multi_processor_count if props else 0,
         "driver": _driver() if n else "none",
+        "pcie": _pcie() if n else "none",
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "triton": triton.__version__,

@@ -114,12 +114,13 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple) ->
 def spawn(fn: Callable, world_size: int, *args) -> None:
     """Run ``fn(world, *args)`` on ``world_size`` GPUs, one process each (users never type torchrun).
 
-    Raises before starting anything when fewer GPUs are visible.
+    Raises before starting anything when fewer GPUs are visible. One rank is a world too: the host link and
+    local memory need no peer (callers that send to a peer check for >= 2 themselves).
     """
     import torch.multiprocessing as mp
 
-    if world_size < 2:
-        raise ValueError(f"world_size must be >= 2 for remote stores, got {world_size}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
     env.require_gpus(world_size, f"a {world_size}-rank run")
     env.apply_safe_env()
     mp.spawn(_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
