@@ -68,11 +68,10 @@ Layouts (row-major, contiguous, element strides):
 import triton
 import triton.language as tl
 
-from .sync import globaltimer, wait_flag
+from .sync import STATUS_FIELDS, globaltimer, wait_flag
 
 TASK_FIELDS = tl.constexpr(5)       # kind, expert, row block, column block, pool block
 META_FIELDS = tl.constexpr(4)       # source rank, token, slot, weight bits
-STATUS_FIELDS = tl.constexpr(6)     # (rank, task, expected, seen, polls, timed_out), as sync.wait_flag writes it
 FP8_BLOCK = tl.constexpr(128)       # scale block edge (1 x 128 activations, 128 x 128 weights)
 FP8_MAX = tl.constexpr(448.0)       # largest finite e4m3 value
 FP8_AMAX_FLOOR = tl.constexpr(1e-4)  # scale = max(amax, floor) / 448: an all-zero block stays finite

@@ -12,6 +12,15 @@ Flags follow the one pattern checked on H200x2 with triton 3.6: the producer sto
 import triton
 import triton.language as tl
 
+STATUS_FIELDS = tl.constexpr(6)   # a wait's record, as wait_flag writes it: (waiter, what, expected, seen, polls,
+#                                   timed_out); the host re-exports it (xstage.moe_plan, xstage.ulysses)
+# Bounds on a spin (polls of a flag or counter), the hosts' default ``max_polls``. They differ on purpose:
+PEER_MAX_POLLS = 20_000_000   # a wait on another rank or on another program's tiles (epoch barriers, MegaMoE's
+#                               Linear-2 waits): ~seconds on a GPU, since a peer may still be compiling its kernel
+GRID_MAX_POLLS = 2_000_000    # the burst-gap grid barrier between bursts of one launch: every program is resident
+#                               and already running, so ~100x the longest burst timed is ample and a broken
+#                               barrier ends its sweep point sooner
+
 
 @triton.jit
 def globaltimer(DEVICE: tl.constexpr):
@@ -122,4 +131,4 @@ def epoch_barrier_kernel(
     if WAIT:
         for src in range(0, world_size):
             src_t = rank * 0 + src  # a tensor on both paths (the interpreter hands the loop a Python int)
-            wait_flag(flags + src, epoch, max_polls, status_ptr + src * 6, rank, src_t)
+            wait_flag(flags + src, epoch, max_polls, status_ptr + src * STATUS_FIELDS, rank, src_t)

@@ -6,7 +6,6 @@ rank, expert and tile; bad inputs fail before any launch; the 84-configuration t
 the layouts, the schedules' properties, the Burst-Gap predictions and the FLOP counts; the unfused baseline's
 collectives and relayouts on gloo; the sweep's whole flow on one gloo rank; the kernels compile for sm_90 with
 bf16 and fp8 (e4m3) wgmma. FP8 itself cannot run under the interpreter (no fp8 there): GPU tests run it."""
-import math
 import os
 import random
 import subprocess
@@ -21,18 +20,22 @@ import xstage.ranks
 from xstage.ranks import free_port
 import torch
 
-from xstage import data
+from xstage import data, env, studies
 from xstage import moe as M
+from xstage import moe_plan as MP
+from xstage import moe_sweep as MS
+from xstage.numeric import check_bit_identical, rel_l2
 from xstage.model import BurstGapParams
 from xstage.ranks import EmulatedWorld
 
 pytestmark = pytest.mark.interpreter
 
-TILES = M.INTERPRETER_TILES          # BM 16, BN1 32, BN2 32, BK 32
+TILES = MP.INTERPRETER_TILES          # BM 16, BN1 32, BN2 32, BK 32
+PRM = BurstGapParams.reference()      # the sweep's model parameters (it checks everything before using them)
 
 
 def _problem(P, case, dtype="fp16", seed=0, tiles=TILES):
-    return M.make_problem(EmulatedWorld(P), M.as_case(case, seed), dtype, tiles, weight_seed=seed)
+    return M.make_problem(EmulatedWorld(P), MP.as_case(case, seed), dtype, tiles, weight_seed=seed)
 
 
 def _buffers(world, prob):
@@ -58,11 +61,11 @@ def test_fused_layer_matches_reference_and_schedules_are_bit_identical(P, case, 
     own error at the dtype), and all four schedules' combine buffers bit-identical."""
     seed = random.randrange(2**30)
     res = M.check_job(EmulatedWorld(P), [case], seed=seed, dtype=dtype, tiles=TILES, n_sms=2,
-                      assignments=M.ASSIGNMENTS if P == 2 else ("static",))
+                      assignments=MP.ASSIGNMENTS if P == 2 else ("static",))
     assert [r["rank"] for r in res] == list(range(P)), seed
     assert all(r["schedules"] == 4 and r["remote_rows"] > 0 for r in res), seed
     assert all(r["runs"] == 4 * (2 if P == 2 else 1) for r in res), seed
-    assert all(r["rel_l2"] <= 2 * r["rel_l2_torch"] + M.REL_L2_FLOOR[dtype] for r in res), (seed, res)
+    assert all(r["rel_l2"] <= 2 * r["rel_l2_torch"] + MP.REL_L2_FLOOR[dtype] for r in res), (seed, res)
     assert sum(r["rows"] for r in res) == case[4] * case[3] * P           # every (token, slot) item once
 
 
@@ -78,11 +81,11 @@ def test_layer_output_and_one_program_walking_all_tasks():
     for r in range(2):
         inp = prob.inputs[r]
         ref = M.moe_reference(inp.x, inp.ids, inp.wts, M.reference_weights(64, 64, 5, "cpu", "fp32"))
-        assert M.rel_l2(out[r], ref.sum(0)) < 1e-5
-    M._poison(world, bufs, 32)
+        assert rel_l2(out[r], ref.sum(0)) < 1e-5
+    M.poison_combine(world, bufs, 32)
     M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, n_programs=1)
     for r in range(2):
-        M.check_bit_identical(bufs.combine_view(r), combs[r], f"rank {r}: 1 program vs 1 per task")
+        check_bit_identical(bufs.combine_view(r), combs[r], f"rank {r}: 1 program vs 1 per task")
 
 
 def test_dynamic_assignment_draws_one_ticket_per_task_and_program():
@@ -98,10 +101,10 @@ def test_dynamic_assignment_draws_one_ticket_per_task_and_program():
     for n_prog, launches in ((1, 2), (None, 1)):
         drawn = {r: bufs.drawn[r] for r in range(2)}
         for _ in range(launches):
-            M._poison(world, bufs, 32)
+            M.poison_combine(world, bufs, 32)
             M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, n_programs=n_prog, dynamic=True)
             for r in range(2):
-                M.check_bit_identical(bufs.combine_view(r), want[r], f"rank {r} dynamic, {n_prog} programs")
+                check_bit_identical(bufs.combine_view(r), want[r], f"rank {r} dynamic, {n_prog} programs")
         for r in range(2):
             per = tasks[r].n_tasks + (n_prog or tasks[r].n_tasks)
             assert bufs.drawn[r] == drawn[r] + launches * per == int(bufs.tickets[r].item()), (r, n_prog)
@@ -131,9 +134,9 @@ def test_planted_missing_dependency_ends_in_an_error_naming_rank_expert_and_tile
     bufs = _buffers(world, prob)
     tasks = {r: M.build_tasks(prob, "expert_wave", 2, r) for r in range(2)}
     t = tasks[1].tasks
-    victim = int(np.nonzero((t[:, 0] == M.KIND_L1) & (t[:, 3] == 1))[0][0])   # one Linear-1 tile of rank 1
+    victim = int(np.nonzero((t[:, 0] == MP.KIND_L1) & (t[:, 3] == 1))[0][0])   # one Linear-1 tile of rank 1
     e, rb = int(t[victim, 1]), int(t[victim, 2])
-    tasks[1] = M.TaskList("planted", "", np.delete(t, victim, axis=0), tasks[1].grid)
+    tasks[1] = MP.TaskList("planted", "", np.delete(t, victim, axis=0), tasks[1].grid)
     with pytest.raises(ValueError, match="does not hold every tile exactly once"):
         M.run_experts(world, bufs, prob.inputs, tasks, TILES)                   # the host refuses it by default
     M.dispatch(world, bufs, prob.inputs)
@@ -211,9 +214,9 @@ def _set_x(prob, r, x):
     (lambda: M.check_job(EmulatedWorld(2), [(64, 64, 4, 2, 16, "uniform")], 0, schedules=("magic",)),
      r"schedules must be a non-empty subset"),
     (lambda: M.check_job(EmulatedWorld(2), [(64, 64, 4, 2, 16, "pareto")], 0), r"routing must be one of"),
-    (lambda: M.TileConfig(64, 128, 128, 64).validate("fp8"), r"fp8 needs block_n1 = block_n2 = block_k = 128"),
-    (lambda: M.TileConfig(48).validate(), r"block_m must be a power of two"),
-    (lambda: M.build_layouts([torch.zeros(4, 2, dtype=torch.long)] * 3, 4), r"experts \(4\) must be a positive"),
+    (lambda: MP.TileConfig(64, 128, 128, 64).validate("fp8"), r"fp8 needs block_n1 = block_n2 = block_k = 128"),
+    (lambda: MP.TileConfig(48).validate(), r"block_m must be a power of two"),
+    (lambda: MP.build_layouts([torch.zeros(4, 2, dtype=torch.long)] * 3, 4), r"experts \(4\) must be a positive"),
     (lambda: M.moe_buffers(EmulatedWorld(2), 16, 8, 64, 64, 2, 2, "bf16"), r"bf16 tl.dot is wrong"),
     (lambda: _bad_layer(lambda p, b, t: _set_x(p, 0, p.inputs[0].x.float())), r"rank 0: x must be contiguous"),
     (lambda: _bad_layer(lambda p, b, t: setattr(p.inputs[1].weights, "w2", p.inputs[1].weights.w2[:, :32])),
@@ -224,7 +227,7 @@ def _set_x(prob, r, x):
     (lambda: _bad_layer(None, cap=8), r"receives \d+ rows, the buffers hold 8"),
     (lambda: _bad_layer(None, n_programs=2), r"n_programs must be 1 or >= the \d+ tasks, got 2"),
     (lambda: _bad_layer(lambda p, b, t: t.update({0: t[1]})), r"rank 0: task list was built for another routing"),
-    (lambda: _bad_layer(lambda p, b, t: t.update({0: M.TaskList("reversed", "", t[0].tasks[::-1].copy(), t[0].grid)})),
+    (lambda: _bad_layer(lambda p, b, t: t.update({0: MP.TaskList("reversed", "", t[0].tasks[::-1].copy(), t[0].grid)})),
      r"comes before its Linear-1 producer .* could deadlock"),
 ])
 def test_bad_inputs_fail_before_any_launch(no_launch, call, match):
@@ -234,70 +237,70 @@ def test_bad_inputs_fail_before_any_launch(no_launch, call, match):
 
 def test_sweep_parameters_and_gpus_checked_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="world_size must be >= 2"):
-        M.run_megamoe(tmp_path, world_size=1)
+        MS.run_megamoe(tmp_path, PRM, world_size=1)
     with pytest.raises(ValueError, match="repeats must be >= 20"):
-        M.run_megamoe(tmp_path, repeats=5)
+        MS.run_megamoe(tmp_path, PRM, repeats=5)
     with pytest.raises(ValueError, match="dtypes must be a non-empty subset"):
-        M.run_megamoe(tmp_path, dtypes=("fp16",))
+        MS.run_megamoe(tmp_path, PRM, dtypes=("fp16",))
     with pytest.raises(ValueError, match="starting with expert_wave"):
-        M.run_megamoe(tmp_path, schedules=("interleaved", "expert_wave"))
+        MS.run_megamoe(tmp_path, PRM, schedules=("interleaved", "expert_wave"))
     with pytest.raises(ValueError, match=r"deepseek_v4_flash_T128_uniform: experts \(256\) must be a positive "
                                          r"multiple .* \(3\)"):
-        M.run_megamoe(tmp_path, world_size=3)
+        MS.run_megamoe(tmp_path, PRM, world_size=3)
     with pytest.raises(ValueError, match=r"hidden \(4000\) is not tile-aligned"):
-        M.run_megamoe(tmp_path, cases=[M.as_case((4000, 2048, 8, 2, 128, "uniform"))])
+        MS.run_megamoe(tmp_path, PRM, cases=[MP.as_case((4000, 2048, 8, 2, 128, "uniform"))])
     with pytest.raises(ValueError, match="unknown case"):
-        M.cases_by_name(["nope"])
+        MP.cases_by_name(["nope"])
     with pytest.raises(ValueError, match="assignment must be one of"):
-        M.run_megamoe(tmp_path, assignment="round_robin")
+        MS.run_megamoe(tmp_path, PRM, assignment="round_robin")
     if torch.cuda.device_count() < 2:
         with pytest.raises(RuntimeError, match="needs 2 CUDA GPU"):
-            M.run_megamoe(tmp_path, cases=M.cases_by_name(["mixtral_8x7b_T128_hot"]))
+            MS.run_megamoe(tmp_path, PRM, cases=MP.cases_by_name(["mixtral_8x7b_T128_hot"]))
     assert not any(tmp_path.iterdir())
     from xstage import env
-    data.start_file(tmp_path, M.MEGAMOE, env.provenance("test", {"assignment": "static"}))
+    data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {"assignment": "static"}))
     with pytest.raises(ValueError, match=r"holds a static-assignment sweep; record the dynamic one in another"):
-        M.run_megamoe(tmp_path, assignment="dynamic")
+        MS.run_megamoe(tmp_path, PRM, assignment="dynamic")
 
 
 # --------------------------------------------------------------------------------- table, routing, layouts
 def test_the_84_configurations(monkeypatch):
-    assert len(M.CASES) == 84 == len(M.SHAPES) * len(M.TOKENS_PER_RANK) * len(M.ROUTINGS)
-    assert len({c.name for c in M.CASES}) == 84 and len({c.key(2, "bf16") for c in M.CASES}) == 84
-    assert sorted(c.seed for c in M.CASES) == list(range(84))
-    assert M.TOKENS_PER_RANK == (128, 256, 512, 1024, 2048, 4096, 8192) and M.ROUTINGS == ("uniform", "zipf", "hot")
-    assert [(s.hidden, s.intermediate, s.experts, s.topk) for s in M.SHAPES] == [
+    assert len(MP.CASES) == 84 == len(MP.SHAPES) * len(MP.TOKENS_PER_RANK) * len(MP.ROUTINGS)
+    assert len({c.name for c in MP.CASES}) == 84 and len({c.key(2, "bf16") for c in MP.CASES}) == 84
+    assert sorted(c.seed for c in MP.CASES) == list(range(84))
+    assert MP.TOKENS_PER_RANK == (128, 256, 512, 1024, 2048, 4096, 8192) and MP.ROUTINGS == ("uniform", "zipf", "hot")
+    assert [(s.hidden, s.intermediate, s.experts, s.topk) for s in MP.SHAPES] == [
         (4096, 2048, 256, 6), (7168, 3072, 384, 6), (4096, 1536, 128, 8), (4096, 14336, 8, 2)]
-    monkeypatch.setattr(M.env, "interpreted", lambda: False)   # as on a GPU: bf16 / fp8 and the H200 tiles
-    for c in M.CASES:   # every configuration passes the launchers' checks on 2 (and 8) ranks in both dtypes
+    monkeypatch.setattr(env, "interpreted", lambda: False)   # as on a GPU: bf16 / fp8 and the H200 tiles
+    for c in MP.CASES:   # every configuration passes the launchers' checks on 2 (and 8) ranks in both dtypes
         s = c.shape
-        for dt in M.DTYPES_GPU:
-            t = M.default_tiles(dt, c.tokens * 2 * s.topk / s.experts)
+        for dt in MP.DTYPES_GPU:
+            t = MP.default_tiles(dt, c.tokens * 2 * s.topk / s.experts)
             for P in (2, 8):
-                M.validate_problem(s.hidden, s.intermediate, s.experts, s.topk, c.tokens, P, t, dt)
+                MP.validate_problem(s.hidden, s.intermediate, s.experts, s.topk, c.tokens, P, t, dt)
     monkeypatch.undo()
-    a = M.route(256, 384, 6, "zipf", M.CASES[30].seed, 1)
-    b = M.route(256, 384, 6, "zipf", M.CASES[30].seed, 1)
+    a = MP.route(256, 384, 6, "zipf", MP.CASES[30].seed, 1)
+    b = MP.route(256, 384, 6, "zipf", MP.CASES[30].seed, 1)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])                 # seeded
-    assert not torch.equal(a[0], M.route(256, 384, 6, "zipf", M.CASES[30].seed, 0)[0])   # ranks differ
+    assert not torch.equal(a[0], MP.route(256, 384, 6, "zipf", MP.CASES[30].seed, 0)[0])   # ranks differ
 
 
 def test_routing_distributions():
     T, E, K = 4096, 64, 4
-    for routing in M.ROUTINGS:
-        ids, wts = M.route(T, E, K, routing, 7, 0)
+    for routing in MP.ROUTINGS:
+        ids, wts = MP.route(T, E, K, routing, 7, 0)
         assert ids.shape == (T, K) and wts.shape == (T, K)
         assert all(len(set(row)) == K for row in ids.tolist())                # distinct experts per token
         assert torch.allclose(wts.sum(1), torch.ones(T)) and (wts > 0).all()
-    counts = M.expert_counts(M.route(T, E, K, "uniform", 7, 0)[0], E).float()
+    counts = MP.expert_counts(MP.route(T, E, K, "uniform", 7, 0)[0], E).float()
     assert counts.max() / counts.mean() < 1.3
-    zc = M.expert_counts(M.route(T, E, K, "zipf", 7, 0)[0], E).float()
+    zc = MP.expert_counts(MP.route(T, E, K, "zipf", 7, 0)[0], E).float()
     assert zc.max() / zc.median() > 5
-    assert torch.equal(zc.argmax(), M.expert_counts(M.route(T, E, K, "zipf", 7, 1)[0], E).argmax())  # same model
-    ids, _ = M.route(T, E, K, "hot", 7, 0)
-    hot = int(M.expert_counts(ids, E).argmax())
+    assert torch.equal(zc.argmax(), MP.expert_counts(MP.route(T, E, K, "zipf", 7, 1)[0], E).argmax())  # same model
+    ids, _ = MP.route(T, E, K, "hot", 7, 0)
+    hot = int(MP.expert_counts(ids, E).argmax())
     frac = float((ids == hot).any(1).float().mean())
-    assert abs(frac - M.HOT_FRACTION) < 0.03 and int((ids == hot).sum(1).max()) == 1
+    assert abs(frac - MP.HOT_FRACTION) < 0.03 and int((ids == hot).sum(1).max()) == 1
 
 
 def test_layouts_and_dispatch_move_rows_bit_for_bit():
@@ -336,7 +339,7 @@ def test_layouts_and_dispatch_move_rows_bit_for_bit():
 
 
 # ------------------------------------------------------------------------------------------------ schedules
-GRID = M.TileGrid(expert_rows=(40, 0, 17, 100, 5, 64), block_m=16, n1=2, n2=3)   # row blocks 3, 0, 2, 7, 1, 4
+GRID = MP.TileGrid(expert_rows=(40, 0, 17, 100, 5, 64), block_m=16, n1=2, n2=3)   # row blocks 3, 0, 2, 7, 1, 4
 
 
 def _check_independently(tasks, grid):
@@ -345,7 +348,7 @@ def _check_independently(tasks, grid):
     assert sorted(rows) == sorted(tuple(int(v) for v in t) for t in grid.all_tiles())
     seen_l1 = {}
     for t in rows:
-        if t[0] == M.KIND_L1:
+        if t[0] == MP.KIND_L1:
             seen_l1[t[4]] = seen_l1.get(t[4], 0) + 1
         else:
             assert seen_l1.get(t[4], 0) == grid.n1, f"Linear-2 {t} before its producers"
@@ -353,15 +356,15 @@ def _check_independently(tasks, grid):
 
 def test_schedule_properties():
     n_sms = 4
-    waves = M.expert_waves(GRID, n_sms)
+    waves = MP.expert_waves(GRID, n_sms)
     assert waves == [[0, 2], [3], [4, 5]]
     for w in waves[:-1]:   # the fewest experts reaching WAVE_FILL x n_sms Linear-1 tiles
         tiles = [GRID.row_blocks[e] * GRID.n1 for e in w]
-        assert sum(tiles) >= M.WAVE_FILL * n_sms > sum(tiles[:-1])
-    model = (M.CostModel.from_tflops(BurstGapParams.reference(), 100.0, n_sms), np.full(GRID.n_pool, 16), 64, 64,
+        assert sum(tiles) >= MP.WAVE_FILL * n_sms > sum(tiles[:-1])
+    model = (MP.CostModel.from_tflops(BurstGapParams.reference(), 100.0, n_sms), np.full(GRID.n_pool, 16), 64, 64,
              TILES)
-    lists = {name: M.build_schedule(name, GRID, n_sms, model=model) for name in M.SCHEDULES}
-    lists.update({f"lag{L}": M.build_schedule("lag", GRID, n_sms, lag=L) for L in (0, 3, 1000)})
+    lists = {name: MP.build_schedule(name, GRID, n_sms, model=model) for name in MP.SCHEDULES}
+    lists.update({f"lag{L}": MP.build_schedule("lag", GRID, n_sms, lag=L) for L in (0, 3, 1000)})
     for name, tl_ in lists.items():
         _check_independently(tl_.tasks, GRID)
         assert tl_.n_tasks == GRID.n_pool * (GRID.n1 + GRID.n2)
@@ -395,14 +398,14 @@ def test_schedule_properties():
     assert lists["lag"].param == f"lag={n_sms}" and lists["model_guided"].param
     bad = lists["expert_wave"].tasks
     with pytest.raises(ValueError, match="exactly once"):
-        M.check_tasks(np.concatenate([bad, bad[:1]]), GRID)
+        MP.check_tasks(np.concatenate([bad, bad[:1]]), GRID)
     with pytest.raises(ValueError, match="exactly once"):
-        M.check_tasks(bad[1:], GRID)
+        MP.check_tasks(bad[1:], GRID)
     l2_first = np.concatenate([bad[bad[:, 0] == 1][:1], np.delete(bad, np.nonzero(bad[:, 0] == 1)[0][0], 0)])
     with pytest.raises(ValueError, match="comes before its Linear-1 producer"):
-        M.check_tasks(l2_first, GRID)
+        MP.check_tasks(l2_first, GRID)
     with pytest.raises(ValueError, match="schedule must be one of"):
-        M.build_schedule("round_robin", GRID, n_sms)
+        MP.build_schedule("round_robin", GRID, n_sms)
 
 
 def test_burst_gap_prediction_of_schedules():
@@ -410,12 +413,12 @@ def test_burst_gap_prediction_of_schedules():
     them; without remote bytes every schedule costs its compute alone; model_guided takes the least predicted;
     calibrate_rate reproduces the measured compute-only time."""
     hidden, inter, n = 4096, 2048, 132
-    tiles = M.TileConfig(128, 128, 128, 64)
-    grid = M.TileGrid(expert_rows=(512,) * 16, block_m=128, n1=inter // 128, n2=hidden // 128)
+    tiles = MP.TileConfig(128, 128, 128, 64)
+    grid = MP.TileGrid(expert_rows=(512,) * 16, block_m=128, n1=inter // 128, n2=hidden // 128)
     prm = BurstGapParams(issue_ns_per_kib=18.8, drain_gbps=360.0, capacity_kib=976.0)
-    cost = M.CostModel.from_tflops(prm, 500.0, n)
+    cost = MP.CostModel.from_tflops(prm, 500.0, n)
     remote = np.full(grid.n_pool, 64)                     # half of every row block comes from the other rank
-    pred = {s: M.predict_kernel_ns(M.build_schedule(s, grid, n), remote, cost, hidden, inter, tiles)
+    pred = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n), remote, cost, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     assert pred["expert_wave"]["stall_ns"] > 1.3 * pred["interleaved"]["stall_ns"]
     # ... but interleaving two Linear-2 tiles per Linear-1 tile (period 3, which divides 132) gives a third of the
@@ -423,32 +426,32 @@ def test_burst_gap_prediction_of_schedules():
     assert pred["interleaved"]["imbalance"] > 1.2 > pred["expert_wave"]["imbalance"]
     assert pred["interleaved"]["total_ns"] > pred["expert_wave"]["total_ns"]
     # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again
-    dyn = M.CostModel.from_tflops(prm, 500.0, n)
-    dyn = M.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic")
-    pdyn = {s: M.predict_kernel_ns(M.build_schedule(s, grid, n), remote, dyn, hidden, inter, tiles)
+    dyn = MP.CostModel.from_tflops(prm, 500.0, n)
+    dyn = MP.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic")
+    pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n), remote, dyn, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     assert pdyn["interleaved"]["imbalance"] < 1.1 and pdyn["interleaved"]["total_ns"] < pdyn["expert_wave"]["total_ns"]
     with pytest.raises(ValueError, match="assignment must be one of"):
-        M.predict_kernel_ns(M.build_schedule("lag", grid, n), remote, M.CostModel(prm, 1.0, n, assignment="x"),
+        MP.predict_kernel_ns(MP.build_schedule("lag", grid, n), remote, MP.CostModel(prm, 1.0, n, assignment="x"),
                             hidden, inter, tiles)
-    none = {s: M.predict_kernel_ns(M.build_schedule(s, grid, n), np.zeros(grid.n_pool), cost, hidden, inter, tiles)
+    none = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n), np.zeros(grid.n_pool), cost, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     for p in none.values():
         assert p["stall_ns"] == 0 and p["drain_ns"] == 0
         assert p["total_ns"] == pytest.approx(p["compute_ns"] + p["wait_ns"])
     assert none["interleaved"]["compute_ns"] > none["expert_wave"]["compute_ns"]   # same work, worse spread
-    lag0 = M.predict_kernel_ns(M.build_schedule("lag", grid, n, lag=0), np.zeros(grid.n_pool), cost, hidden, inter,
+    lag0 = MP.predict_kernel_ns(MP.build_schedule("lag", grid, n, lag=0), np.zeros(grid.n_pool), cost, hidden, inter,
                                tiles)
-    assert lag0["wait_ns"] > 0 == M.predict_kernel_ns(M.build_schedule("lag", grid, n, lag=n), np.zeros(grid.n_pool),
+    assert lag0["wait_ns"] > 0 == MP.predict_kernel_ns(MP.build_schedule("lag", grid, n, lag=n), np.zeros(grid.n_pool),
                                                       cost, hidden, inter, tiles)["wait_ns"]   # consumers spin
-    mg = M.build_schedule("model_guided", grid, n, model=(cost, remote, hidden, inter, tiles))
-    cands = [M.build_schedule("expert_wave", grid, n), M.build_schedule("interleaved", grid, n)] + \
-        [M.build_schedule("lag", grid, n, lag=int(round(f * n))) for f in M.LAG_CANDIDATES]
-    best = min(M.predict_kernel_ns(c, remote, cost, hidden, inter, tiles)["total_ns"] for c in cands)
-    assert M.predict_kernel_ns(mg, remote, cost, hidden, inter, tiles)["total_ns"] == best
-    ew = M.build_schedule("expert_wave", grid, n)
-    rate = M.calibrate_rate(ew, hidden, inter, tiles, n, compute_ms=0.5)
-    p = M.predict_kernel_ns(ew, np.zeros(grid.n_pool), M.CostModel(prm, rate, n), hidden, inter, tiles)
+    mg = MP.build_schedule("model_guided", grid, n, model=(cost, remote, hidden, inter, tiles))
+    cands = [MP.build_schedule("expert_wave", grid, n), MP.build_schedule("interleaved", grid, n)] + \
+        [MP.build_schedule("lag", grid, n, lag=int(round(f * n))) for f in MP.LAG_CANDIDATES]
+    best = min(MP.predict_kernel_ns(c, remote, cost, hidden, inter, tiles)["total_ns"] for c in cands)
+    assert MP.predict_kernel_ns(mg, remote, cost, hidden, inter, tiles)["total_ns"] == best
+    ew = MP.build_schedule("expert_wave", grid, n)
+    rate = MP.calibrate_rate(ew, hidden, inter, tiles, n, compute_ms=0.5)
+    p = MP.predict_kernel_ns(ew, np.zeros(grid.n_pool), MP.CostModel(prm, rate, n), hidden, inter, tiles)
     assert p["total_ns"] == pytest.approx(0.5e6)
 
 
@@ -456,18 +459,18 @@ def test_prediction_takes_the_busiest_program():
     """Task i runs on program i % n: compute = the largest per-program sum of tile times (checked by hand on a
     list of 4 Linear-1 and 8 Linear-2 tiles over n = 3 and n = 4 programs, no remote bytes, waits excluded)."""
     hidden = inter = 256
-    tiles = M.TileConfig(128, 128, 128, 64)
-    grid = M.TileGrid(expert_rows=(256,), block_m=128, n1=2, n2=2)   # 2 row blocks x (2 L1 + 2 L2) tiles
+    tiles = MP.TileConfig(128, 128, 128, 64)
+    grid = MP.TileGrid(expert_rows=(256,), block_m=128, n1=2, n2=2)   # 2 row blocks x (2 L1 + 2 L2) tiles
     rate = 1.0                                                        # FLOP/ns per program
     c1, c2 = 2 * 128 * hidden * 2 * 128 / rate, 2 * 128 * inter * 128 / rate
-    t = M.build_schedule("expert_wave", grid, 1000).tasks           # [L1 x 4, L2 x 4]
-    tl_ = M.TaskList("hand", "", t, grid, checked=True)
+    t = MP.build_schedule("expert_wave", grid, 1000).tasks           # [L1 x 4, L2 x 4]
+    tl_ = MP.TaskList("hand", "", t, grid, checked=True)
     for n in (3, 4):
-        cost = M.CostModel(BurstGapParams.reference(), rate, n)
-        p = M.predict_kernel_ns(tl_, np.zeros(grid.n_pool), cost, hidden, inter, tiles)
+        cost = MP.CostModel(BurstGapParams.reference(), rate, n)
+        p = MP.predict_kernel_ns(tl_, np.zeros(grid.n_pool), cost, hidden, inter, tiles)
         per = np.zeros(n)
         for i, row in enumerate(t):
-            per[i % n] += c2 if row[0] == M.KIND_L2 else c1
+            per[i % n] += c2 if row[0] == MP.KIND_L2 else c1
         assert p["compute_ns"] == pytest.approx(per.max()), n
         assert p["imbalance"] >= 1.0 and p["total_ns"] == pytest.approx(p["compute_ns"] + p["wait_ns"])
     assert per.max() / per.mean() == 1.0            # n = 4: every program gets one Linear-1 and two Linear-2 tiles
@@ -480,12 +483,12 @@ def test_flop_and_byte_counts():
     inp = prob.inputs[0]
     with FlopCounterMode(display=False) as fc:
         M.moe_reference(inp.x, inp.ids, inp.wts, M.reference_weights(64, 128, 2, "cpu", "fp32"))
-    assert fc.get_total_flops() == M.gemm_flops(20 * 3, 64, 128) == 2 * 60 * 64 * 256 + 2 * 60 * 128 * 64
-    total = sum(M.gemm_flops(lay.rows, 64, 128) for lay in prob.layouts)
-    assert total == M.gemm_flops(2 * 20 * 3, 64, 128)
+    assert fc.get_total_flops() == MP.gemm_flops(20 * 3, 64, 128) == 2 * 60 * 64 * 256 + 2 * 60 * 128 * 64
+    total = sum(MP.gemm_flops(lay.rows, 64, 128) for lay in prob.layouts)
+    assert total == MP.gemm_flops(2 * 20 * 3, 64, 128)
     lay = prob.layouts[1]
-    assert M.remote_combine_bytes(lay.remote_rows, 64, 2) == lay.remote_rows * 128
-    assert M.dispatch_bytes(10, 4096, 1, fp8=True) == 10 * (4096 + 32 * 4 + 16)
+    assert MP.remote_combine_bytes(lay.remote_rows, 64, 2) == lay.remote_rows * 128
+    assert MP.dispatch_bytes(10, 4096, 1, fp8=True) == 10 * (4096 + 32 * 4 + 16)
 
 
 def test_fp8_quantisation_and_its_reference():
@@ -497,12 +500,12 @@ def test_fp8_quantisation_and_its_reference():
         q, s = M.quantize_fp8(t, br)
         assert q.dtype == torch.float8_e4m3fn and s.shape == (256 // br, 3)
         assert q.float().abs().max() <= 448
-        assert M.rel_l2(M.dequantize_fp8(q, s, br), t) < 0.05
+        assert rel_l2(M.dequantize_fp8(q, s, br), t) < 0.05
     x = torch.randn(16, 128).to(torch.bfloat16)
-    ids, wts = M.route(16, 4, 2, "uniform", 0, 0)
+    ids, wts = MP.route(16, 4, 2, "uniform", 0, 0)
     ref = M.moe_reference(x, ids, wts, M.reference_weights(128, 128, 0, "cpu", "bf16"))
     emu = M.moe_reference(x, ids, wts, M.reference_weights(128, 128, 0, "cpu", "fp8"), fp8=True)
-    assert 1e-3 < M.rel_l2(emu, ref) < 0.1
+    assert 1e-3 < rel_l2(emu, ref) < 0.1
 
 
 # ------------------------------------------------------------------------ unfused baseline, sweep flow (gloo)
@@ -513,12 +516,12 @@ def _gloo_worker(rank, P, port, case, seed, want):
     try:
         world = types.SimpleNamespace(dist=dist, world_size=P, local_ranks=[rank], emulated=False,
                                       device=lambda r: torch.device("cpu"))
-        prob = M.make_problem(world, M.as_case(case, seed), "fp32", TILES, weight_seed=seed)
+        prob = M.make_problem(world, MP.as_case(case, seed), "fp32", TILES, weight_seed=seed)
         inp = prob.inputs[rank]
         run = M.make_unfused(world, inp, (inp.weights.w1, inp.weights.w2))
         for _ in range(2):
-            err = M.rel_l2(run(), want[rank])
-            assert err < M.UNFUSED_REL_L2["fp32"], f"rank {rank}: unfused vs fused {err}"
+            err = rel_l2(run(), want[rank])
+            assert err < MP.UNFUSED_REL_L2["fp32"], f"rank {rank}: unfused vs fused {err}"
     finally:
         dist.destroy_process_group()
 
@@ -556,51 +559,39 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
     from xstage import env
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
-    monkeypatch.setattr(M, "default_tiles", lambda *a, **k: TILES)
+    monkeypatch.setattr(MS, "default_tiles", lambda *a, **k: TILES)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         emu = EmulatedWorld(1)
         world = types.SimpleNamespace(dist=dist, world_size=1, local_ranks=[0], emulated=False, device=emu.device,
                                       symmetric_empty=emu.symmetric_empty, barrier=emu.barrier)
-        shape = M.MoEShape("tiny", 64, 64, 4, 2)
-        cases = [M.MoECase(shape, 24, "uniform", 1), M.MoECase(shape, 16, "hot", 2)]
+        shape = MP.MoEShape("tiny", 64, 64, 4, 2)
+        cases = [MP.MoECase(shape, 24, "uniform", 1), MP.MoECase(shape, 16, "hot", 2)]
         meta = env.provenance("test", {})
         prm = BurstGapParams.reference().as_dict()
-        M.megamoe_job(world, cases[:1], str(tmp_path), meta, ["fp16"], list(M.SCHEDULES), 2, 1, prm, 0, None)
-        df, _ = data.load(tmp_path, M.MEGAMOE)
-        assert len(df) == 4 and list(df.schedule) == list(M.SCHEDULES)
-        M.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(M.SCHEDULES), 2, 1, prm, 0, None)
-        df, meta2 = data.load(tmp_path, M.MEGAMOE)
+        MS.megamoe_job(world, cases[:1], str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0, None)
+        df, _ = data.load(tmp_path, data.MEGAMOE)
+        assert len(df) == 4 and list(df.schedule) == list(MP.SCHEDULES)
+        MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0, None)
+        df, meta2 = data.load(tmp_path, data.MEGAMOE)
         assert len(df) == 8 and set(df.routing) == {"uniform", "hot"} and len(meta2["runs"]) == 1
         assert (df.kernel_ms > 0).all() and (df.layer_ms > 0).all() and (df.unfused_ms > 0).all()
         assert (df.grouped_mm_ms > 0).all() and (df.compute_sched_ms > 0).all()
         assert (df.remote_bytes == 0).all() and (df.predicted_ms > 0).all()   # P = 1: nothing remote
         assert (df[df.schedule == "expert_wave"].predicted_speedup == 1).all()
         assert (df.tflops > 0).all() and (df.n_timed == 2).all()
-        M.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(M.SCHEDULES), 2, 1, prm, 0,
+        MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                       time.time() - 1)   # past its deadline and all done: nothing appended
-        assert len(data.load(tmp_path, M.MEGAMOE)[0]) == 8
-        M.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(M.SCHEDULES), 2, 1, prm, 0,
+        assert len(data.load(tmp_path, data.MEGAMOE)[0]) == 8
+        MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                       None, "dynamic")   # the same flow with programs claiming tasks (atomic ticket)
-        dd, _ = data.load(tmp_path / "dynamic", M.MEGAMOE)
+        dd, _ = data.load(tmp_path / "dynamic", data.MEGAMOE)
         assert len(dd) == 4 and (dd.kernel_ms > 0).all() and (dd.predicted_ms > 0).all()
-        t = M.summary_table(df)
-        assert list(t["shape"].iloc[-2:]) == ["geomean", "max"] and "speedup_interleaved" in t
+        summ = studies.megamoe_summary(df)
+        assert list(summ.schedule) == list(MP.SCHEDULES) and (summ.configs == 2).all()
+        assert summ.geomean_speedup.notna().all() and summ.max_config.iloc[1:].notna().all()
     finally:
         dist.destroy_process_group()
-
-
-def test_summary_table_speedups():
-    rows = []
-    for (tok, ew, il), dt in zip([(128, 2.0, 1.0), (256, 3.0, 3.0)], ("bf16", "bf16")):
-        for sched, ms, pred in (("expert_wave", ew, 1.0), ("interleaved", il, 1.5)):
-            rows.append(dict(shape="s", tokens=tok, routing="uniform", P=2, dtype=dt, schedule=sched, kernel_ms=ms,
-                             predicted_speedup=pred))
-    t = M.summary_table(__import__("pandas").DataFrame(rows))
-    assert list(t.speedup_interleaved[:2]) == [2.0, 1.0]
-    g = t[t["shape"] == "geomean"].iloc[0]
-    assert g.speedup_interleaved == pytest.approx(math.sqrt(2), abs=1e-3) and g.pred_interleaved == 1.5
-    assert t[t["shape"] == "max"].iloc[0].speedup_interleaved == 2.0
 
 
 # ------------------------------------------------------------------------------------------ sm_90 compile
@@ -694,14 +685,14 @@ def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
     from xstage import env
 
     meta = {**env.provenance("test", {}), "schema": "megamoe", "schema_version": 1, "runs": []}
-    cols = [c for c in M.MEGAMOE.columns if c != "compute_sched_ms"]
+    cols = [c for c in data.MEGAMOE.columns if c != "compute_sched_ms"]
     (tmp_path / "megamoe.csv").write_text(",".join(cols) + "\n")
     data.write_json_atomic(tmp_path / "megamoe.json", meta)
-    df, got = data.load(tmp_path, M.MEGAMOE)
-    assert got["schema_version"] == 1 and list(df.columns) == list(M.MEGAMOE.columns) and df.empty
+    df, got = data.load(tmp_path, data.MEGAMOE)
+    assert got["schema_version"] == 1 and list(df.columns) == list(data.MEGAMOE.columns) and df.empty
     with open(tmp_path / "megamoe.csv", "a") as f:
-        f.write(",".join("1" if M.MEGAMOE.columns[c] != "str" else "x" for c in cols) + "\n")
-    df, _ = data.load(tmp_path, M.MEGAMOE)
+        f.write(",".join("1" if data.MEGAMOE.columns[c] != "str" else "x" for c in cols) + "\n")
+    df, _ = data.load(tmp_path, data.MEGAMOE)
     assert len(df) == 1 and df.compute_sched_ms.isna().all()
     with pytest.raises(data.DataError, match="holds schema v1; record v2 elsewhere"):
-        data.start_file(tmp_path, M.MEGAMOE, env.provenance("test", {}))
+        data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {}))

@@ -8,21 +8,23 @@ import random
 
 import pytest
 
-from xstage import data
+from xstage import data, studies
 from xstage import moe as M
+from xstage import moe_plan as MP
+from xstage import moe_sweep as MS
 from xstage.ranks import spawn
 
 pytestmark = pytest.mark.multigpu
 
 # small token counts of three shapes (all BM = 64 tiles): few rows per expert, a hot expert, Zipf skew
-CASES = M.cases_by_name(["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform"])
+CASES = MP.cases_by_name(["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform"])
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_fused_layer_against_reference_on_two_gpus(dtype):
     # every schedule with the static and the dynamic (atomic ticket) task assignment: all bit-identical
-    spawn(M.check_job, 2, CASES, random.randrange(2**30), dtype, None, M.SCHEDULES, None, M.MAX_POLLS, None,
-          M.ASSIGNMENTS)
+    spawn(M.check_job, 2, CASES, random.randrange(2**30), dtype, None, MP.SCHEDULES, None, M.MAX_POLLS, None,
+          MP.ASSIGNMENTS)
 
 
 def test_missing_dependency_times_out_with_report_on_two_gpus():
@@ -30,17 +32,17 @@ def test_missing_dependency_times_out_with_report_on_two_gpus():
 
 
 def test_sweep_writes_and_resumes(tmp_path):
-    cases = [M.as_case((1024, 512, 8, 2, 128, "uniform"), 1), M.as_case((1024, 512, 8, 2, 256, "hot"), 2)]
-    csv = M.run_megamoe(tmp_path, cases=cases, repeats=20, warmup=1)
+    cases = [MP.as_case((1024, 512, 8, 2, 128, "uniform"), 1), MP.as_case((1024, 512, 8, 2, 256, "hot"), 2)]
+    csv = MS.run_megamoe(tmp_path, studies.recorded_params, cases=cases, repeats=20, warmup=1)
     n1 = len(open(csv).readlines())
-    assert n1 == 1 + len(cases) * len(M.DTYPES_GPU) * len(M.SCHEDULES)
-    M.run_megamoe(tmp_path, cases=cases, repeats=20, warmup=1)   # all done: no rows
+    assert n1 == 1 + len(cases) * len(MP.DTYPES_GPU) * len(MP.SCHEDULES)
+    MS.run_megamoe(tmp_path, studies.recorded_params, cases=cases, repeats=20, warmup=1)   # all done: no rows
     assert len(open(csv).readlines()) == n1
-    df, meta = data.load(tmp_path, M.MEGAMOE)
+    df, meta = data.load(tmp_path, data.MEGAMOE)
     assert meta["params"]["prm"]["drain_gbps"] > 0 and meta["gpu_count"] >= 2
     assert (df.kernel_ms > 0).all() and (df.layer_ms >= df.kernel_ms * 0.5).all() and (df.unfused_ms > 0).all()
     assert (df.remote_bytes > 0).all() and (df.compute_ms > 0).all() and (df.predicted_ms > 0).all()
     assert (df.grouped_mm_ms > 0).all() and (df.compute_sched_ms > 0).all()
-    t = M.summary_table(df)
-    print(t.to_string(index=False))
-    assert set(t[t["shape"] == "geomean"].dtype) == {"bf16", "fp8"}
+    summ = studies.megamoe_summary(df)
+    print(summ.to_string(index=False))
+    assert set(summ.dtype) == {"bf16", "fp8"} and summ.geomean_speedup.notna().all()

@@ -15,8 +15,10 @@ import xstage.ranks
 from xstage.ranks import free_port
 import torch
 
-from xstage import data
+from xstage import data, studies
 from xstage import ulysses as U
+from xstage import ulysses_sweep as US
+from xstage.numeric import check_bit_identical
 from xstage.ranks import EmulatedWorld
 
 pytestmark = pytest.mark.interpreter
@@ -69,7 +71,7 @@ def test_fused_matches_reference_ulysses_and_layout_helpers():
     ref = U.reference_ulysses(q_all, k_all, v_all, P)
     pt = U.attention_reference(q_all, k_all, v_all, upcast=False)
     for r in range(P):
-        U.check_bit_identical(out[r], serial[r], f"rank {r}")
+        check_bit_identical(out[r], serial[r], f"rank {r}")
         U.check_close(out[r], ref[r], pt[r * S // P:(r + 1) * S // P], f"rank {r}")
     # layouts: sequence-sharded -> head-sharded -> back
     seq = [q_all[r * S // P:(r + 1) * S // P] for r in range(P)]
@@ -84,7 +86,7 @@ def test_tma_loads_equal_pointer_loads_bit_for_bit():
     a = U.attention_forward(q, k, v, config=U.AttnConfig(64, 64, 4, 1))
     b = U.attention_forward(q, k, v, config=U.AttnConfig(64, 64, 4, 1, True))
     assert not torch.isnan(a).any()
-    U.check_bit_identical(b, a, "tma vs pointer loads")
+    check_bit_identical(b, a, "tma vs pointer loads")
 
 
 def test_head_chunks_equal_the_full_launch():
@@ -106,7 +108,7 @@ def test_check_bit_exact_names_unwritten_elements():
     want = out[1].clone()
     out[1][100, 1, 7] = float("nan")                                   # as if that element was never stored
     with pytest.raises(AssertionError, match=r"1 of \d+ elements differ \(1 still NaN.*\[100, 1, 7\]"):
-        U.check_bit_identical(out[1], want, "rank 1")
+        check_bit_identical(out[1], want, "rank 1")
 
 
 def test_timestamps_buffer_under_the_interpreter():
@@ -136,10 +138,10 @@ def _gloo_worker(rank, P, port, q_all, k_all, v_all, want):
         q, k, v = (x[:, rank * Hl:(rank + 1) * Hl].contiguous() for x in (q_all, k_all, v_all))
         cfg = U.AttnConfig(64, 64, 4, 1)
         serial = U.post_all_to_all_nccl(U.attention_forward(q, k, v, config=cfg), world)
-        U.check_bit_identical(serial, want[rank], f"serial rank {rank}")
+        check_bit_identical(serial, want[rank], f"serial rank {rank}")
         overlapped = U.make_overlapped(world, q, k, v, chunks=2, config=cfg)
-        U.check_bit_identical(overlapped(), want[rank], f"overlapped rank {rank}")
-        U.check_bit_identical(overlapped(), want[rank], f"overlapped rank {rank}, second call")
+        check_bit_identical(overlapped(), want[rank], f"overlapped rank {rank}")
+        check_bit_identical(overlapped(), want[rank], f"overlapped rank {rank}, second call")
     finally:
         dist.destroy_process_group()
 
@@ -168,7 +170,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
 
     from xstage import env
 
-    monkeypatch.setattr(U, "H200_CONFIGS", {64: (U.AttnConfig(64, 64, 4, 1), U.AttnConfig(32, 32, 4, 1))})
+    monkeypatch.setattr(US, "H200_CONFIGS", {64: (U.AttnConfig(64, 64, 4, 1), U.AttnConfig(32, 32, 4, 1))})
     port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
@@ -177,13 +179,13 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
                                       device=emu.device, symmetric_empty=emu.symmetric_empty, barrier=emu.barrier)
         shapes = [U.UlyssesShape("a", 96, 2, 64), U.UlyssesShape("b", 64, 1, 64)]
         meta = env.provenance("test", {})
-        U.ulysses_job(world, shapes, str(tmp_path), meta, 2, 1, list(U.METHODS), True, 2, 0)
-        df, meta = data.load(tmp_path, U.ULYSSES)
+        US.ulysses_job(world, shapes, str(tmp_path), meta, 2, 1, list(U.METHODS), True, 2, 0)
+        df, meta = data.load(tmp_path, data.ULYSSES)
         assert set(df.method) == {"fused", "serial_triton", "overlapped", "attention_only"}   # no cuDNN on CPU
         assert len(df) == 2 * 4 * 2 and set(meta["configs"]) == {"a", "b"}
-        U.ulysses_job(world, shapes + [U.UlyssesShape("c", 64, 2, 64)], str(tmp_path), meta, 2, 1,
+        US.ulysses_job(world, shapes + [U.UlyssesShape("c", 64, 2, 64)], str(tmp_path), meta, 2, 1,
                       ["fused"], False, 2, 0)
-        df, _ = data.load(tmp_path, U.ULYSSES)
+        df, _ = data.load(tmp_path, data.ULYSSES)
         assert len(df) == 2 * 4 * 2 + 2 and set(df[df["shape"] == "c"].method) == {"fused"}
         assert (df[df.method == "fused"].sender_visible_ms == 0).all()             # no device timer here
     finally:
@@ -279,18 +281,18 @@ def test_bad_inputs_fail_before_any_launch(no_launch, call, match):
 
 def test_sweep_parameters_and_gpus_checked_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="world_size must be >= 2"):
-        U.run_ulysses(tmp_path, world_size=1)
+        US.run_ulysses(tmp_path, world_size=1)
     with pytest.raises(ValueError, match="methods must be a non-empty subset"):
-        U.run_ulysses(tmp_path, methods=("fused", "magic"))
+        US.run_ulysses(tmp_path, methods=("fused", "magic"))
     with pytest.raises(ValueError, match=r"heads \(6\) must be"):
-        U.run_ulysses(tmp_path, shapes=[U.UlyssesShape("bad", 4096, 6, 64)], world_size=4)
+        US.run_ulysses(tmp_path, shapes=[U.UlyssesShape("bad", 4096, 6, 64)], world_size=4)
     with pytest.raises(ValueError, match=r"head dim must be one of"):
-        U.run_ulysses(tmp_path, shapes=[U.UlyssesShape("bad", 4096, 8, 96)], world_size=2)
+        US.run_ulysses(tmp_path, shapes=[U.UlyssesShape("bad", 4096, 8, 96)], world_size=2)
     with pytest.raises(ValueError, match=r"shape names must be unique"):
-        U.run_ulysses(tmp_path, shapes=[U.UlyssesShape("a", 4096, 8, 64)] * 2, world_size=2)
+        US.run_ulysses(tmp_path, shapes=[U.UlyssesShape("a", 4096, 8, 64)] * 2, world_size=2)
     if torch.cuda.device_count() < 2:
         with pytest.raises(RuntimeError, match="needs 2 CUDA GPU"):
-            U.run_ulysses(tmp_path, world_size=2)
+            US.run_ulysses(tmp_path, world_size=2)
     assert not any(tmp_path.iterdir())
 
 
@@ -322,13 +324,13 @@ def test_schema_resume_and_summary(tmp_path):
                  repeat=i, tflops=1.0) for m, t, e in (("fused", 1.0, 1.2), ("serial_triton", 1.5, 1.0),
                                                          ("attention_only", 0.9, 1.0)) for i in range(3)]
     meta = {k: "x" for k in data.REQUIRED_META}
-    csv = data.start_file(tmp_path, U.ULYSSES, meta)
-    data.append_rows(csv, U.ULYSSES, __import__("pandas").DataFrame(rows))
-    assert data.done_keys(csv, U.ULYSSES) == {("s", 4096, 24, 128, 2)}
-    df, _ = data.load(tmp_path, U.ULYSSES)
-    t = U.summary_table(df).iloc[0]
-    assert t["speedup_sv"] == 1.5 and t["speedup_e2e"] == 1.25
-    assert t["fused_over_attn"] == pytest.approx(1.111, abs=1e-3)
+    csv = data.start_file(tmp_path, data.ULYSSES, meta)
+    data.append_rows(csv, data.ULYSSES, __import__("pandas").DataFrame(rows))
+    assert data.done_keys(csv, data.ULYSSES) == {("s", 4096, 24, 128, 2)}
+    df, _ = data.load(tmp_path, data.ULYSSES)
+    sp = studies.ulysses_speedups(df).set_index("line").speedup
+    assert sp["fused_sv"] == 1.5 and sp["fused_e2e"] == 1.25
+    assert studies.ulysses_ratios(df).fused_sv.iloc[0] == pytest.approx(1.111, abs=1e-3)
 
 
 # ------------------------------------------------------------------------------------------ sm_90 compile

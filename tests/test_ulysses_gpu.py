@@ -5,11 +5,11 @@ signals ends the barrier with an error naming waiter and peer; the sweep writes 
 2 GPUs."""
 import random
 
-import pandas as pd
 import pytest
 
-from xstage import data
+from xstage import data, studies
 from xstage import ulysses as U
+from xstage import ulysses_sweep as US
 from xstage.ranks import spawn
 
 pytestmark = pytest.mark.multigpu
@@ -32,15 +32,16 @@ def test_missing_peer_times_out_with_report_on_two_gpus():
 
 def test_sweep_writes_and_resumes(tmp_path):
     shapes = [U.UlyssesShape("tiny_d64", 4_096, 8, 64), U.UlyssesShape("tiny_d128_straddle", 4_200, 4, 128)]
-    csv = U.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False)
+    csv = US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False)
     n1 = len(open(csv).readlines())
     assert n1 == 1 + len(shapes) * len(U.METHODS) * 2
-    U.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False)  # all done: no rows
+    US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False)  # all done: no rows
     assert len(open(csv).readlines()) == n1
-    df, meta = data.load(tmp_path, U.ULYSSES)
+    df, meta = data.load(tmp_path, data.ULYSSES)
     assert set(meta["configs"]) == {s.name for s in shapes}
     assert (df["end_to_end_ms"] > 0).all() and (df["sender_visible_ms"] > 0).all()
     fused = df[df.method == "fused"]
     assert (fused["sender_visible_ms"] <= fused["end_to_end_ms"] * 1.5).all()   # device span vs events
-    print(U.summary_table(df).to_string(index=False))
-    assert isinstance(U.summary_table(df), pd.DataFrame)
+    sp = studies.ulysses_speedups(df)
+    print(sp.to_string(index=False))
+    assert set(sp["shape"]) == {s.name for s in shapes} and (sp.speedup > 0).all()

@@ -18,6 +18,7 @@ from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from .model import KIB, BurstGapParams, burst_bytes_total, onset_burst_bytes, steady_slowdown, train
+from .numeric import geomean
 from .studies import (ATTENTION_OVER_CUDNN_GOAL, FUSED_OVER_ATTENTION_GOAL, bandwidth_summary, measured_onset,
                       paper_number, per_config, pick_bursts, select, slowdown_table, sm_over_ce, ulysses_family,
                       ulysses_medians, ulysses_ratios, ulysses_speedups)
@@ -938,7 +939,7 @@ def _moe_schedule_name(s: str) -> str:
 def _megamoe_axis(sp: pd.DataFrame) -> tuple[pd.Series, dict, list[float]]:
     """x per row of :func:`xstage.studies.megamoe_speedups`, the x-axis layout (ticks at the token slots, the
     shape's name under its middle slot) and the separators between shape groups."""
-    from .moe import ROUTINGS, SHAPES, TOKENS_PER_RANK
+    from .moe_plan import ROUTINGS, SHAPES, TOKENS_PER_RANK
 
     shapes = _ordered(sp["shape"], [s.name for s in SHAPES])
     tokens = sorted(set(TOKENS_PER_RANK) | set(int(t) for t in sp.tokens))   # every slot, measured or not
@@ -991,7 +992,7 @@ def _megamoe_hover(what: str, fmt: str = ".3f", unit: str = "×") -> str:
 def _megamoe_strip(sp: pd.DataFrame, value: str, schedules: list[str], what: str, detail) -> tuple[go.Figure, list]:
     """Per-configuration strips of ``value``: rows = ``schedules``, columns = dtypes, colour = routing.
     ``detail(rows) -> list[str]`` is the second hover line of each point. Returns the figure and the dtypes."""
-    from .moe import DTYPES_GPU, ROUTINGS
+    from .moe_plan import DTYPES_GPU, ROUTINGS
 
     dtypes = _ordered(sp.dtype, DTYPES_GPU)
     n_r, n_c = len(schedules), len(dtypes)
@@ -1037,7 +1038,7 @@ def _stats_text(v: pd.Series, which=("geomean", "max")) -> str:
     v = v.dropna()
     if v.empty:
         return "no values"
-    part = {"geomean": f"geomean <b>{np.exp(np.log(v).mean()):.2f}×</b>", "max": f"max <b>{v.max():.2f}×</b>",
+    part = {"geomean": f"geomean <b>{geomean(v):.2f}×</b>", "max": f"max <b>{v.max():.2f}×</b>",
             "min": f"min {v.min():.2f}×"}
     return " · ".join(part[w] for w in which) + f" ({len(v)} configs)"
 
@@ -1051,7 +1052,7 @@ def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | 
     paper:     reference lines {label: speedup}, dotted; None = the paper's 1.18x geomean and 1.62x maximum
                (data/paper/headline.csv); {} = none.
     Traces: one per (panel, routing present)."""
-    from .moe import SCHEDULES
+    from .moe_plan import SCHEDULES
     from .studies import MEGAMOE_BASELINE, megamoe_speedups
 
     if paper is None:
@@ -1072,7 +1073,7 @@ def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | 
             _grid_line(fig, 1.0, "= Expert-Wave" if c == n_c else None, r, c, n_c, color="#555", dash="solid",
                        above=False)
             if len(v):
-                _grid_line(fig, float(np.exp(np.log(v).mean())), None, r, c, n_c, color="#222", dash="dash")
+                _grid_line(fig, geomean(v), None, r, c, n_c, color="#222", dash="dash")
             for i, (label, y) in enumerate(paper.items()):
                 _grid_line(fig, y, f"{label} {y:.2f}×" if c == n_c else None, r, c, n_c, color=_PAPER_COLOR,
                            dash="dot")
@@ -1095,7 +1096,7 @@ def megamoe_model_parity(df: pd.DataFrame, schedules=None, tolerance: float | No
     xstage.studies.MODEL_TOLERANCE, 10 %: |predicted − measured| ≤ tolerance × measured); the fraction inside
     per schedule and dtype in the legend; ``title`` replaces the main title (e.g. for a revised model's
     predictions put in ``predicted_speedup``). Traces: the band (2), y = x, then one per (schedule, dtype)."""
-    from .moe import DTYPES_GPU, SCHEDULES
+    from .moe_plan import DTYPES_GPU, SCHEDULES
     from .studies import MEGAMOE_BASELINE, MODEL_TOLERANCE, megamoe_speedups
 
     tol = MODEL_TOLERANCE if tolerance is None else tolerance
@@ -1148,7 +1149,7 @@ def megamoe_order_cost(cost: pd.DataFrame) -> go.Figure:
     that configuration's whole remote combine (x, ms, log), from :func:`xstage.studies.megamoe_order_cost`. The
     grey wedge |y| <= x is what burst shaping could explain at most; points outside it differ for another reason.
     Columns: dtypes; colour: schedule. Traces: per dtype the wedge (2) + one per schedule."""
-    from .moe import DTYPES_GPU, SCHEDULES
+    from .moe_plan import DTYPES_GPU, SCHEDULES
 
     if cost.empty:
         return empty_figure("MegaMoE: schedule time differences against the stage's drain time", "no rows")
@@ -1196,7 +1197,7 @@ def megamoe_fused_over_unfused(df: pd.DataFrame, schedules=None, goal: float | N
     goal ``goal`` (default xstage.studies.FUSED_OVER_UNFUSED_GOAL, 1.3× geomean) dotted, each panel's geomean
     dashed and in its corner with the minimum. schedules: default every schedule in the data (Expert-Wave
     too: the fused layer with the baseline schedule). Traces: one per (panel, routing present)."""
-    from .moe import SCHEDULES
+    from .moe_plan import SCHEDULES
     from .studies import FUSED_OVER_UNFUSED_GOAL, megamoe_speedups
 
     goal = FUSED_OVER_UNFUSED_GOAL if goal is None else goal
@@ -1214,7 +1215,7 @@ def megamoe_fused_over_unfused(df: pd.DataFrame, schedules=None, goal: float | N
                        above=False)
             _grid_line(fig, goal, f"goal: geomean ≥ {goal:g}×" if c == n_c else None, r, c, n_c)
             if len(v):
-                _grid_line(fig, float(np.exp(np.log(v).mean())), None, r, c, n_c, color="#222", dash="dash")
+                _grid_line(fig, geomean(v), None, r, c, n_c, color="#222", dash="dash")
             _panel_note(fig, _stats_text(v, ("geomean", "min")), r, c, n_c)
     fig.update_yaxes(range=_strip_yrange(sp.fused_speedup, [1.0, goal]))
     for r in range(1, len(schedules) + 1):
@@ -1234,7 +1235,7 @@ def megamoe_gemm(df: pd.DataFrame, goal: float | None = None) -> go.Figure:
     (= grouped_mm_ms / compute_ms) with the goal ``goal`` (default xstage.studies.GEMM_OVER_GROUPED_MM_GOAL,
     0.7). Columns: dtypes. Without grouped_mm_ms in the data (absent or all NaN) only the top row, ours alone,
     and the subtitle says so. Traces: per dtype 1-2 (top) + 1 (bottom, where it has ratios)."""
-    from .moe import DTYPES_GPU
+    from .moe_plan import DTYPES_GPU
     from .studies import GEMM_OVER_GROUPED_MM_GOAL, megamoe_speedups
 
     goal = GEMM_OVER_GROUPED_MM_GOAL if goal is None else goal

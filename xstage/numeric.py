@@ -1,8 +1,17 @@
-"""The shared numeric checks of xstage (tests, sweeps' pre-checks and notebooks use these, nothing else):
-relative L2 error in float64, and bit-for-bit equality for pure data movement and reordered schedules."""
+"""The shared numerics of xstage (tests, sweeps' pre-checks, studies and notebooks use these, nothing else):
+relative L2 error in float64, bit-for-bit equality for pure data movement and reordered schedules, and the
+geometric mean of speedups."""
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+
+def geomean(x) -> float:
+    """exp(mean(log x)) over the values that are not NaN (a pandas Series, an array or a list); NaN if none."""
+    v = np.asarray(x, dtype=float)
+    v = v[~np.isnan(v)]
+    return float(np.exp(np.log(v).mean())) if v.size else float("nan")
 
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:

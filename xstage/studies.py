@@ -26,6 +26,7 @@ import pandas as pd
 
 from . import data, env
 from .model import KIB, BurstGapParams
+from .numeric import geomean
 
 VARIANTS = ("sync", "free_running")
 BURSTS = ("first", "later", "all")
@@ -70,6 +71,28 @@ def _default_out(machine: str) -> Path:
         return run / "data" / machine
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return env.REPO_ROOT / "runs" / "sweeps" / stamp / machine
+
+
+def _source_data(source: str, schema: data.Schema, study: str, recorded_folder, run_gpu, out=None,
+                 gpu_folder=lambda folder: folder, no_simulated: str | None = None
+                 ) -> tuple[pd.DataFrame, dict, Path]:
+    """The source skeleton every study without a simulated source shares: (rows, provenance with ``source``,
+    the folder read).
+
+    recorded: ``recorded_folder()`` (it raises when the machine has no record); gpu: ``run_gpu(folder)`` into
+    ``gpu_folder(out or _default_out(this machine))``, then the folder is read. ``source`` is resolved once
+    here (auto -> gpu or recorded, xstage.env.resolve_source); simulated is an error (``no_simulated`` says it,
+    else one naming ``study``)."""
+    src = _check_source(source, simulated=False)
+    if src == "simulated":
+        raise ValueError(no_simulated or f"{study} has no simulated source; use recorded or gpu")
+    if src == "recorded":
+        folder = recorded_folder()
+    else:
+        folder = gpu_folder(Path(out) if out is not None else _default_out(env.machine_name()))
+        run_gpu(folder)
+    df, meta = data.load(folder, schema)
+    return df, {**meta, "source": src}, folder
 
 
 # ------------------------------------------------------------------------------------------------ sources
@@ -134,19 +157,16 @@ def bandwidth_data(machine: str = "h200x2", source: str = "recorded",
     source: recorded (data/<machine>/bandwidth.csv), gpu (run the benchmark into ``out``), or auto. There is
     no simulated bandwidth benchmark: pass ``recorded`` to show a machine's measurements beside simulated data.
     """
-    src = _check_source(source, simulated=False)
-    if src == "simulated":
-        raise ValueError("source 'simulated' has no bandwidth benchmark; use 'recorded' (or 'gpu')")
-    if src == "recorded":
-        df, meta = data.load(_check_machine(machine, data.BANDWIDTH), data.BANDWIDTH)
-        return df, {**meta, "source": "recorded"}
-    from .sweep import run_bandwidth
+    def run(folder: Path) -> None:
+        from .sweep import run_bandwidth
 
-    folder = Path(out) if out is not None else _default_out(env.machine_name())
-    if not data.paths(folder, data.BANDWIDTH)[0].is_file():
-        run_bandwidth(folder, command="xstage.studies.bandwidth_data('gpu')")
-    df, meta = data.load(folder, data.BANDWIDTH)
-    return df, {**meta, "source": "gpu"}
+        if not data.paths(folder, data.BANDWIDTH)[0].is_file():
+            run_bandwidth(folder, command="xstage.studies.bandwidth_data('gpu')")
+
+    df, meta, _ = _source_data(source, data.BANDWIDTH, "the bandwidth benchmark",
+                               lambda: _check_machine(machine, data.BANDWIDTH), run, out,
+                               no_simulated="source 'simulated' has no bandwidth benchmark; use 'recorded' (or 'gpu')")
+    return df, meta
 
 
 def paper_numbers() -> tuple[pd.DataFrame, dict]:
@@ -186,6 +206,16 @@ def default_params(df: pd.DataFrame | None = None, target: str = "remote", store
         return BurstGapParams(*(float(v) for v in p.as_dict().values()))
     except ValueError:
         return BurstGapParams.reference()
+
+
+def recorded_params(machine: str = "h200x2") -> BurstGapParams:
+    """Burst-Gap parameters fitted to ``data/<machine>``'s recorded burst-gap sweep (the reference values when
+    there is none): what the MegaMoE sweep predicts with (``xstage.moe_sweep.run_megamoe``'s ``prm``)."""
+    try:
+        df, _ = burst_gap_data("recorded", machine)
+    except (data.DataError, ValueError):
+        return BurstGapParams.reference()
+    return default_params(df)
 
 
 def provenance(meta: dict) -> dict:
@@ -320,7 +350,7 @@ ATTENTION_OVER_CUDNN_GOAL = 0.9    # our attention's TFLOP/s / cuDNN SDPA's, sam
 
 def ulysses_data(source: str = "auto", machine: str = "h200x2",
                  out: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
-    """Ulysses attention rows (schema xstage.ulysses.ULYSSES: per shape, method, repeat) and provenance.
+    """Ulysses attention rows (schema xstage.data.ULYSSES: per shape, method, repeat) and provenance.
 
     source:  recorded (data/<machine>/ulysses.csv), gpu (run or resume the sweep on every visible GPU into
              ``out``), or auto (gpu when two GPUs are visible, else recorded). There is no simulated source.
@@ -328,22 +358,16 @@ def ulysses_data(source: str = "auto", machine: str = "h200x2",
              machine's GPUs, see :func:`_default_out`).
     out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
     """
-    from .ulysses import ULYSSES
+    def run(folder: Path) -> None:
+        import torch
 
-    src = _check_source(source, simulated=False)
-    if src == "simulated":
-        raise ValueError("the Ulysses study has no simulated source; use recorded or gpu")
-    if src == "recorded":
-        df, meta = data.load(_check_machine(machine, ULYSSES), ULYSSES)
-        return df, {**meta, "source": "recorded"}
-    import torch
+        from .ulysses_sweep import run_ulysses
 
-    from .ulysses import run_ulysses
+        run_ulysses(folder, world_size=torch.cuda.device_count(), command="xstage.studies.ulysses_data('gpu')")
 
-    folder = Path(out) if out is not None else _default_out(env.machine_name())
-    run_ulysses(folder, world_size=torch.cuda.device_count(), command="xstage.studies.ulysses_data('gpu')")
-    df, meta = data.load(folder, ULYSSES)
-    return df, {**meta, "source": "gpu"}
+    df, meta, _ = _source_data(source, data.ULYSSES, "the Ulysses study",
+                               lambda: _check_machine(machine, data.ULYSSES), run, out)
+    return df, meta
 
 
 def ulysses_family(shape: str) -> str:
@@ -444,7 +468,7 @@ def ulysses_headline(df: pd.DataFrame) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- study 3: MegaMoE
-# Legend: a configuration = (shape, tokens per rank T, routing) of xstage.moe.CASES (84 of them), per rank count
+# Legend: a configuration = (shape, tokens per rank T, routing) of xstage.moe_plan.CASES (84 of them), per rank count
 # P and dtype; "config" names it <shape>_T<tokens>_<routing> (MoECase.name).
 MEGAMOE_KEYS = ["shape", "tokens", "routing", "P", "dtype"]
 MEGAMOE_BASELINE = "expert_wave"       # the schedule every kernel speedup divides
@@ -476,10 +500,10 @@ def _names(value, what: str, allowed: tuple[str, ...]) -> list[str]:
 
 
 def megamoe_selection(dtypes=None, schedules=None, shapes=None) -> dict[str, list[str]]:
-    """Checked notebook parameters of the MegaMoE study (None = all): ``dtypes`` of xstage.moe.DTYPES_GPU,
-    ``schedules`` of xstage.moe.SCHEDULES (compared with expert_wave, which is always added as the baseline;
-    at least one other), ``shapes`` by name of xstage.moe.SHAPES. Returns them as lists (table order)."""
-    from .moe import DTYPES_GPU, SCHEDULES, SHAPES
+    """Checked notebook parameters of the MegaMoE study (None = all): ``dtypes`` of xstage.moe_plan.DTYPES_GPU,
+    ``schedules`` of xstage.moe_plan.SCHEDULES (compared with expert_wave, which is always added as the baseline;
+    at least one other), ``shapes`` by name of xstage.moe_plan.SHAPES. Returns them as lists (table order)."""
+    from .moe_plan import DTYPES_GPU, SCHEDULES, SHAPES
 
     shape_names = tuple(s.name for s in SHAPES)
     sel = {"dtypes": _names(list(DTYPES_GPU) if dtypes is None else dtypes, "dtypes", DTYPES_GPU),
@@ -496,9 +520,9 @@ def megamoe_selection(dtypes=None, schedules=None, shapes=None) -> dict[str, lis
 
 
 def megamoe_expected(shapes=None) -> list[str]:
-    """Names of the configurations a complete record holds per dtype: the 84 of xstage.moe.CASES, or those of
+    """Names of the configurations a complete record holds per dtype: the 84 of xstage.moe_plan.CASES, or those of
     ``shapes`` (table order)."""
-    from .moe import CASES
+    from .moe_plan import CASES
 
     shapes = megamoe_selection(shapes=shapes)["shapes"]
     return [c.name for c in CASES if c.shape.name in shapes]
@@ -506,7 +530,7 @@ def megamoe_expected(shapes=None) -> list[str]:
 
 def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
                  dtypes=None, shapes=None, assignment: str = "static") -> tuple[pd.DataFrame, dict]:
-    """MegaMoE rows (schema xstage.moe.MEGAMOE: per configuration, dtype, schedule) and provenance.
+    """MegaMoE rows (schema xstage.data.MEGAMOE: per configuration, dtype, schedule) and provenance.
 
     source:  recorded (data/<machine>/megamoe.csv or .csv.gz), gpu (run or resume the sweep on every visible
              GPU into ``out``), or auto (gpu when two GPUs are visible, else recorded). No simulated source.
@@ -516,43 +540,41 @@ def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
     dtypes, shapes: the selection (:func:`megamoe_selection`; None = all): what a gpu sweep runs and which
              recorded rows are returned.
     assignment: static (data/<machine>/) or dynamic (data/<machine>/dynamic/): how the kernel's programs took
-             tasks (``xstage.moe.ASSIGNMENTS``); a gpu sweep runs with it.
+             tasks (``xstage.moe_plan.ASSIGNMENTS``); a gpu sweep runs with it.
     Recorded data that is not there (no file, or no row of the selection) raises :class:`NoRecordedData`.
     """
-    from .moe import ASSIGNMENTS, CASES, MEGAMOE
+    from .moe_plan import ASSIGNMENTS, CASES
 
+    MEGAMOE = data.MEGAMOE
     if assignment not in ASSIGNMENTS:
         raise ValueError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
 
     sel = megamoe_selection(dtypes=dtypes, shapes=shapes)
-    src = _check_source(source, simulated=False)
-    if src == "simulated":
-        raise ValueError("the MegaMoE study has no simulated source; use recorded or gpu")
-    if src == "recorded":
-        folder = data.machine_dir(machine) / ("dynamic" if assignment == "dynamic" else "")
+    sub = "dynamic" if assignment == "dynamic" else ""
+
+    def recorded() -> Path:
+        folder = data.machine_dir(machine) / sub
         if not data.paths(folder, MEGAMOE)[0].is_file():
             have = data.recorded_machines(MEGAMOE)
             what = "" if assignment == "static" else " with dynamic assignment"
             how = "" if assignment == "static" else f" --assignment dynamic --out data/{machine}/dynamic"
             raise NoRecordedData(f"no recorded MegaMoE data{what} for machine {machine}; run `xstage sweep megamoe"
                                  f"{how}` on 2 GPUs" + (f" (recorded machines: {', '.join(have)})" if have else ""))
-        df, meta = data.load(folder, MEGAMOE)
-        meta = {**meta, "source": "recorded"}
-    else:
+        return folder
+
+    def run(folder: Path) -> None:
         import torch
 
-        from .moe import run_megamoe
+        from .moe_sweep import run_megamoe
 
-        folder = Path(out) if out is not None else _default_out(env.machine_name())
         cases = [c for c in CASES if c.shape.name in sel["shapes"]]
-        if assignment == "dynamic":
-            folder = folder / "dynamic"
-        run_megamoe(folder, world_size=torch.cuda.device_count(), dtypes=sel["dtypes"], cases=cases,
-                    assignment=assignment,
+        run_megamoe(folder, recorded_params, world_size=torch.cuda.device_count(), dtypes=sel["dtypes"],
+                    cases=cases, assignment=assignment,
                     command=f"xstage.studies.megamoe_data('gpu', dtypes={sel['dtypes']}, shapes={sel['shapes']}, "
                             f"assignment={assignment!r})")
-        df, meta = data.load(folder, MEGAMOE)
-        meta = {**meta, "source": "gpu"}
+
+    df, meta, folder = _source_data(source, MEGAMOE, "the MegaMoE study", recorded, run, out,
+                                    gpu_folder=lambda f: f / sub if sub else f)
     keep = df.dtype.isin(sel["dtypes"]) & df["shape"].isin(sel["shapes"])
     if not keep.any():
         raise NoRecordedData(f"{data.paths(folder, MEGAMOE)[0]} has no rows of dtypes {sel['dtypes']} and shapes "
@@ -561,14 +583,14 @@ def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
 
 
 def megamoe_config_names(t: pd.DataFrame) -> pd.Series:
-    """``<shape>_T<tokens>_<routing>`` per row (xstage.moe.MoECase.name)."""
+    """``<shape>_T<tokens>_<routing>`` per row (xstage.moe_plan.MoECase.name)."""
     return t["shape"].astype(str) + "_T" + t.tokens.astype(str) + "_" + t.routing.astype(str)
 
 
 def _megamoe_order(t: pd.DataFrame, extra: list[str]) -> pd.DataFrame:
-    """Rows in table order (xstage.moe.CASES: shapes, tokens, routings), then by P, dtype and ``extra``;
+    """Rows in table order (xstage.moe_plan.CASES: shapes, tokens, routings), then by P, dtype and ``extra``;
     configurations outside the table last."""
-    from .moe import CASES
+    from .moe_plan import CASES
 
     pos = {c.name: i for i, c in enumerate(CASES)}
     t = t.assign(_pos=t.config.map(pos).fillna(len(pos)))
@@ -590,7 +612,7 @@ def megamoe_speedups(df: pd.DataFrame) -> pd.DataFrame:
 
     A configuration without an expert_wave row keeps its rows, with NaN speedups (never dropped). Columns:
     config, shape, tokens, routing, P, dtype, schedule, the dimensions, the medians and the ratios above."""
-    from .moe import SCHEDULES, gemm_flops
+    from .moe_plan import SCHEDULES, gemm_flops
 
     if df.empty:
         raise ValueError("no MegaMoE rows")
@@ -611,11 +633,6 @@ def megamoe_speedups(df: pd.DataFrame) -> pd.DataFrame:
     return _megamoe_order(t, ["_s", "schedule"]).drop(columns="_s")
 
 
-def _geomean(x: pd.Series) -> float:
-    v = x.dropna().to_numpy(dtype=float)
-    return float(np.exp(np.log(v).mean())) if v.size else float("nan")
-
-
 def megamoe_summary(df: pd.DataFrame, schedules=None, shapes=None,
                     tolerance: float = MODEL_TOLERANCE) -> pd.DataFrame:
     """One row per (dtype, schedule) over the configurations (every one the data has; none dropped):
@@ -632,23 +649,21 @@ def megamoe_summary(df: pd.DataFrame, schedules=None, shapes=None,
 
     schedules: which rows (None = those in the data, table order); expert_wave's row has speedup 1 and no
     model error, and its fused columns are the Expert-Wave layer's."""
-    from .moe import SCHEDULES
+    from .moe_plan import SCHEDULES
 
     sp = megamoe_speedups(df)
     keep = [s for s in SCHEDULES if s in set(sp.schedule) and (schedules is None or s in schedules)]
     sp = sp[sp.schedule.isin(keep)]
     other = sp.schedule != MEGAMOE_BASELINE
     abs_err = sp.model_error.abs().where(other)
-    sp = sp.assign(log_speedup=np.log(sp.speedup), log_pred=np.log(sp.predicted_speedup),
-                   log_fused=np.log(sp.fused_speedup), log_gemm=np.log(sp.gemm_efficiency), abs_err=abs_err,
-                   within=(abs_err <= tolerance).astype(float).where(abs_err.notna()))
+    sp = sp.assign(abs_err=abs_err, within=(abs_err <= tolerance).astype(float).where(abs_err.notna()))
     g = sp.groupby(["dtype", "schedule"], sort=False)
     out = pd.DataFrame({
-        "configs": g.speedup.count(), "geomean_speedup": np.exp(g.log_speedup.mean()),
-        "max_speedup": g.speedup.max(), "geomean_predicted": np.exp(g.log_pred.mean()),
+        "configs": g.speedup.count(), "geomean_speedup": g.speedup.apply(geomean),
+        "max_speedup": g.speedup.max(), "geomean_predicted": g.predicted_speedup.apply(geomean),
         "within_tolerance": g.within.mean(), "median_abs_model_error": g.abs_err.median(),
-        "fused_geomean": np.exp(g.log_fused.mean()), "fused_min": g.fused_speedup.min(),
-        "gemm_efficiency_geomean": np.exp(g.log_gemm.mean())})
+        "fused_geomean": g.fused_speedup.apply(geomean), "fused_min": g.fused_speedup.min(),
+        "gemm_efficiency_geomean": g.gemm_efficiency.apply(geomean)})
     best = sp.dropna(subset=["speedup"])
     best = best.loc[best.groupby(["dtype", "schedule"]).speedup.idxmax()].set_index(["dtype", "schedule"]).config
     out.insert(3, "max_config", best.reindex(out.index))
@@ -775,12 +790,12 @@ def megamoe_order_cost_line(cost: pd.DataFrame) -> str:
 
 
 def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The current model (``xstage.moe.predict_kernel_ns``: the busiest program, static assignment) applied to the
+    """The current model (``xstage.moe_plan.predict_kernel_ns``: the busiest program, static assignment) applied to the
     recorded rows with the Burst-Gap parameters and SM count the sweep ran with (``meta``). Returns (rows with
     ``predicted_speedup`` replaced by the revised model's, so the parity figure can show it; a table per dtype and
     schedule: measured and both models' geomean speedups, the fraction within ±10 %, the median |error| and the
     correlation with the measured speedups)."""
-    from .moe import repredict
+    from .moe_plan import repredict
     from .model import BurstGapParams
 
     recorded = meta.get("params", {}).get("prm")       # the parameters the sweep predicted with, if it kept them
@@ -796,13 +811,13 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     def stats(t: pd.DataFrame, tag: str) -> pd.DataFrame:
         g = t.groupby(["dtype", "schedule"], sort=False)
         return pd.DataFrame({
-            f"{tag}_geomean": g.predicted_speedup.apply(_geomean),
+            f"{tag}_geomean": g.predicted_speedup.apply(geomean),
             f"{tag}_within_10pct": g.model_error.apply(lambda e: float((e.abs() <= MODEL_TOLERANCE).mean())),
             f"{tag}_median_abs_error": g.model_error.apply(lambda e: float(e.abs().median())),
             f"{tag}_corr": g.apply(lambda x: float(np.corrcoef(x.speedup, x.predicted_speedup)[0, 1])
                                    if len(x) > 2 else float("nan")),
         })
-    measured = old.groupby(["dtype", "schedule"], sort=False).speedup.apply(_geomean).rename("measured_geomean")
+    measured = old.groupby(["dtype", "schedule"], sort=False).speedup.apply(geomean).rename("measured_geomean")
     table = pd.concat([measured, stats(old, "recorded_model"), stats(new, "revised_model")], axis=1).reset_index()
     return revised, table
 

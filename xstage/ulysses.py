@@ -3,7 +3,8 @@
 Host side of ``xstage.kernels.attention``: layouts, FLOP/byte counts and the DiT shape table; validated
 launchers (plain attention, the fused layer, the end-of-layer barrier); a float32 torch reference with the
 all-to-all done by plain indexing; the GPU baselines (serial with our attention or cuDNN SDPA, and the
-stream-overlapped head-chunk pipeline); a correctness job and the resumable sweep (schema ``ulysses``).
+stream-overlapped head-chunk pipeline) and the correctness jobs. The resumable sweep (schema ``ulysses``, in
+xstage.data) is ``xstage.ulysses_sweep``.
 
 Legend: S = sequence length, P = ranks, H = heads, Hl = H / P heads per rank, D = head dim, Sl = S / P rows
 each rank owns, Hc = heads of one launch (a chunk of Hl).
@@ -15,11 +16,11 @@ Layouts (as in yunchang's ``comm/all_to_all.py``, batch 1, row-major and contigu
   after the post-attention all-to-all    out[r] [Sl, H, D]   = rows r * Sl .. of every rank's o, heads concatenated
 The fused kernel writes out[r] directly; the serial baseline computes o[r] and then all-to-alls it.
 
-Times (sweep): ``sender_visible_ms`` is what the sending GPU sees: for the fused kernel, its device timestamps
-(max over programs of the time after the last store was issued minus min program start); for the baselines,
-the same as end to end. ``end_to_end_ms``: CUDA events around the whole layer on each rank, ending after the
-cross-rank barrier (fused) or after the all-to-all and its relayout (baselines): the output is complete
-everywhere. Both take the max over ranks per repeat. ``tflops`` = attention FLOPs per rank / end to end.
+Times (``xstage.ulysses_sweep``): ``sender_visible_ms`` is what the sending GPU sees: for the fused kernel, its
+device timestamps (max over programs of the time after the last store was issued minus min program start); for
+the baselines, the same as end to end. ``end_to_end_ms``: CUDA events around the whole layer on each rank,
+ending after the cross-rank barrier (fused) or after the all-to-all and its relayout (baselines): the output is
+complete everywhere. Both take the max over ranks per repeat. ``tflops`` = attention FLOPs per rank / end to end.
 
 Dtypes: bf16 on GPUs. Under Triton's interpreter (CPU) bf16 ``tl.dot`` is wrong, so fp16/fp32 only there.
 """
@@ -27,24 +28,24 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-import pandas as pd
 import torch
 
-from . import data, env
+from . import env
 from .kernels.attention import LOG2E, ulysses_attention_kernel
+from .kernels import sync as _sync
 from .numeric import check_bit_identical, rel_l2
 from .ranks import epoch_barrier, raise_on_barrier_timeout
+from .registry import by_name
 
 HEAD_DIMS = (64, 128)
 METHODS = ("fused", "serial_triton", "serial_cudnn", "overlapped", "attention_only", "sdpa_only")
 BARRIER_NAME = "end-of-attention barrier"
-MAX_POLLS = 20_000_000      # barrier spin bound (~seconds): a peer still compiling its first kernel must fit
 OVERLAP_CHUNKS = 4          # head chunks of the stream-overlapped baseline
-STATUS_FIELDS = 6           # (waiter, peer, expected, seen, polls, timed_out) per awaited peer
+MAX_POLLS = _sync.PEER_MAX_POLLS        # barrier spin bound (~seconds): a peer still compiling must fit
+STATUS_FIELDS = _sync.STATUS_FIELDS.value   # (waiter, peer, expected, seen, polls, timed_out) per awaited peer
 INT32_MAX = 2**31 - 1
 
 
@@ -91,11 +92,7 @@ DEFAULT_SHAPES = DIT_SHAPES + SEQ_SWEEP
 
 def shapes_by_name(names: Sequence[str]) -> list[UlyssesShape]:
     """Shapes of the DiT table / sequence sweep by name; an unknown name is a ValueError listing the known."""
-    table = {s.name: s for s in DEFAULT_SHAPES}
-    bad = [n for n in names if n not in table]
-    if bad:
-        raise ValueError(f"unknown shape(s) {bad}; known: {sorted(table)}")
-    return [table[n] for n in names]
+    return by_name(DEFAULT_SHAPES, names, "shape")
 
 
 def shapes_for(P: int, shapes: Sequence[UlyssesShape] = DEFAULT_SHAPES, log=None) -> list[UlyssesShape]:
@@ -135,7 +132,8 @@ class AttnConfig:
             raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
 
 
-# H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 (DESIGN.md). The tuner
+# H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 in a
+# reference run before this project's sweeps (docs/lab-notebook.md has ours). The tuner
 # (``tune_config``) times every candidate on the shape and keeps the fastest; the TMA ones load K/V with Hopper's
 # bulk tensor copies. The first candidate is the untuned default.
 H200_CONFIGS = {
@@ -586,209 +584,3 @@ def barrier_timeout_job(world, silent_rank: int, max_polls: int = 100_000) -> No
                 raise
         else:
             raise AssertionError(f"rank {r}: the barrier completed although rank {silent_rank} never signalled")
-
-
-# ------------------------------------------------------------------------------------------------------ sweep
-ULYSSES = data.Schema(
-    "ulysses", 1,
-    {"shape": "str", "S": "int64", "H": "int64", "D": "int64", "P": "int64", "method": "str",
-     "sender_visible_ms": "float64", "end_to_end_ms": "float64", "repeat": "int64", "tflops": "float64"},
-    ("shape", "S", "H", "D", "P"),
-)
-# Columns (per shape, method, repeat; the max over ranks):
-#   sender_visible_ms  fused: device timestamps, last store issued - first program start; baselines: = end_to_end
-#   end_to_end_ms      CUDA events around the layer on each rank, output complete everywhere
-#   tflops             attention FLOPs per rank (attention_flops / P) / end_to_end
-
-
-def tune_config(q, k, v, candidates: Sequence[AttnConfig], reps: int = 5) -> AttnConfig:
-    """The fastest candidate for our attention on these inputs (GPU); candidates that fail to compile are
-    skipped."""
-    from .bench import median, time_ms
-
-    best, best_ms = None, float("inf")
-    for cfg in candidates:
-        try:
-            ms = median(time_ms(lambda: attention_forward(q, k, v, config=cfg), warmup=2, reps=reps))
-        except Exception as e:  # noqa: BLE001 (e.g. triton OutOfResources: too much shared memory)
-            print(f"ulysses: config {cfg} failed: {type(e).__name__}: {e}", file=sys.stderr)
-            continue
-        print(f"ulysses: tune S={q.shape[0]} D={q.shape[2]} {cfg}: {ms:.3f} ms", file=sys.stderr, flush=True)
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    if best is None:
-        raise RuntimeError(f"no attention config compiled: {candidates}")
-    return best
-
-
-def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, repeats: int, warmup: int,
-                   config: AttnConfig, chunks: int, seed: int) -> dict[str, list[tuple[float, float]]]:
-    """(sender-visible ms, end-to-end ms) per repeat for each method on this rank. Checks bit-exactness of the
-    fused layer against our attention + NCCL before timing."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from .bench import time_ms
-
-    rank = world.local_ranks[0]
-    P, S, H, D = world.world_size, shape.S, shape.H, shape.D
-    Hl = H // P
-    dev = world.device(rank)
-    g = torch.Generator(device=dev).manual_seed(seed + rank)
-    q, k, v = (torch.randn(S, Hl, D, generator=g, device=dev).to(bufs.dtype) for _ in range(3))
-    npg = n_programs(S, Hl, config)
-    ts = torch.zeros(warmup + repeats, npg, 2, dtype=torch.int64, device=dev)
-    calls = [0]
-
-    def fused():
-        i = calls[0] % (warmup + repeats)
-        calls[0] += 1
-        ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, ts={rank: ts[i]}, check=False)
-
-    # correctness before timing: compile both variants without the barrier (no rank spins on a peer's
-    # compiler), then the checked layer, bit-exact against our attention + NCCL
-    ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, barrier=False)
-    ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, barrier=False, ts={rank: ts[0]})
-    world.barrier()
-    bufs.out_view(rank, S, H, D).fill_(float("nan"))
-    world.barrier()
-    out = ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config)[rank]
-    torch.cuda.synchronize()
-    serial = post_all_to_all_nccl(attention_forward(q, k, v, config=config), world)
-    check_bit_identical(out, serial, f"{shape.name} P={P} rank {rank}: fused vs attention + NCCL all-to-all")
-    del serial
-
-    recv = torch.empty_like(q)
-    fns = {
-        "fused": fused,
-        "serial_triton": lambda: post_all_to_all_nccl(attention_forward(q, k, v, config=config), world, recv),
-        "serial_cudnn": lambda: post_all_to_all_nccl(sdpa_cudnn(q, k, v), world, recv),
-        "overlapped": make_overlapped(world, q, k, v, chunks, config),
-        "attention_only": lambda: attention_forward(q, k, v, config=config),
-        "sdpa_only": lambda: sdpa_cudnn(q, k, v),
-    }
-    if any("cudnn" in m or "sdpa" in m for m in methods):  # cuDNN SDPA must run here, on every rank
-        try:
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                err = rel_l2(sdpa_cudnn(q, k, v), attention_forward(q, k, v, config=config))
-            ok = err < 2e-2
-            why = f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
-        except RuntimeError as e:
-            ok, why = False, f"cuDNN SDPA failed: {e}"
-        oks = [None] * world.world_size
-        world.dist.all_gather_object(oks, ok)
-        if not all(oks):
-            print(f"ulysses: {shape.name}: skipping the cuDNN baselines on every rank (rank {rank}: "
-                  f"{'ok' if ok else why})", file=sys.stderr)
-            methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
-    res = {}
-    for m in methods:
-        world.barrier()
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            calls[0] = 0
-            e2e = time_ms(fns[m], warmup=warmup, reps=repeats)
-        if m == "fused":
-            check_barrier_status(bufs, rank)
-            sv = [sender_visible_ms(ts[warmup + i], npg) for i in range(repeats)]
-        else:
-            sv = e2e
-        res[m] = list(zip(sv, e2e))
-    world.barrier()
-    return res
-
-
-def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, repeats: int, warmup: int,
-                methods: Sequence[str], tune: bool, chunks: int, seed: int) -> None:
-    """Runs on every rank: shapes not yet in ``folder`` are checked, timed and appended (one shape at a time)."""
-    rank, P = world.local_ranks[0], world.world_size
-    csv = Path(folder) / f"{ULYSSES.name}.csv"
-    todo = [None]
-    if rank == 0:
-        data.start_file(folder, ULYSSES, meta)
-        done = data.done_keys(csv, ULYSSES)
-        todo = [[s for s in shapes if s.key(P) not in done]]
-    world.dist.broadcast_object_list(todo, src=0)
-    todo = todo[0]
-    if not todo:
-        return
-    big = max(todo, key=lambda s: s.S // P * s.H * s.D)
-    bufs = ulysses_buffers(world, big.S, big.H, big.D, default_dtype())
-    for shape in todo:
-        Hl, dev = shape.H // P, world.device(rank)
-        choice = [H200_CONFIGS[shape.D][0]]
-        if tune and rank == 0:
-            g = torch.Generator(device=dev).manual_seed(seed)
-            q, k, v = (torch.randn(shape.S, Hl, shape.D, generator=g, device=dev).to(bufs.dtype) for _ in range(3))
-            choice = [tune_config(q, k, v, H200_CONFIGS[shape.D])]
-            del q, k, v
-        world.dist.broadcast_object_list(choice, src=0)
-        cfg = choice[0]
-        res = _measure_shape(world, shape, bufs, methods, repeats, warmup, cfg, chunks, seed)
-        parts = [None] * P
-        world.dist.all_gather_object(parts, res)
-        if rank == 0:
-            flops = attention_flops(shape.S, shape.H, shape.D) / P
-            rows = []
-            for m in parts[0]:
-                for i in range(repeats):
-                    sv = max(p[m][i][0] for p in parts)
-                    e2e = max(p[m][i][1] for p in parts)
-                    rows.append(dict(shape=shape.name, S=shape.S, H=shape.H, D=shape.D, P=P, method=m,
-                                     sender_visible_ms=sv, end_to_end_ms=e2e, repeat=i,
-                                     tflops=flops / (e2e * 1e-3) / 1e12))
-            data.append_rows(csv, ULYSSES, pd.DataFrame(rows))
-            side = Path(folder) / f"{ULYSSES.name}.json"
-            m = data.read_meta(side, ULYSSES)
-            m.setdefault("configs", {})[shape.name] = asdict(cfg)
-            data.write_json_atomic(side, m)
-            print(f"ulysses: {shape.name} done ({cfg})", file=sys.stderr, flush=True)
-        torch.cuda.empty_cache()
-
-
-def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesShape] | None = None,
-                repeats: int = 10, warmup: int = 3, methods: Sequence[str] = METHODS, tune: bool = True,
-                chunks: int = OVERLAP_CHUNKS, seed: int = 0, command: str = "") -> Path:
-    """Run (or resume) the Ulysses sweep on ``world_size`` GPUs into ``out``/ulysses.csv; returns its path.
-    Parameters are validated before the GPUs are checked and anything launches."""
-    if world_size < 2:
-        raise ValueError(f"world_size must be >= 2 (the all-to-all needs peers), got {world_size}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-    if chunks < 1:
-        raise ValueError(f"chunks must be >= 1, got {chunks}")
-    # the default table is fitted to P (rounded, filtered, said on stderr); shapes given explicitly must fit
-    shapes = shapes_for(world_size) if shapes is None else list(shapes)
-    if not shapes:
-        raise ValueError(f"no shape runs on {world_size} ranks")
-    for s in shapes:
-        validate_shape(s.S, s.H, s.D, world_size)
-    if len({s.key(world_size) for s in shapes}) != len(shapes):
-        raise ValueError("shape names must be unique")
-    env.require_gpus(world_size, "the Ulysses sweep")
-    from .ranks import spawn
-
-    params = dict(world_size=world_size, shapes=[asdict(s) for s in shapes], repeats=repeats, warmup=warmup,
-                  methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu")
-    meta = env.provenance(command, params)
-    spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks, seed)
-    return Path(out) / f"{ULYSSES.name}.csv"
-
-
-def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Medians per shape and method (sender-visible ms), and the fused layer's speedups: over serial
-    (sender-visible and end to end) and its time relative to attention alone."""
-    med = (df.groupby(["shape", "S", "H", "D", "P", "method"], as_index=False)
-           [["sender_visible_ms", "end_to_end_ms"]].median())
-    sv = med.pivot_table(index=["shape", "S", "H", "D", "P"], columns="method", values="sender_visible_ms")
-    e2e = med.pivot_table(index=["shape", "S", "H", "D", "P"], columns="method", values="end_to_end_ms")
-    out = sv.round(3)
-    if "fused" in sv:
-        out["fused_e2e"] = e2e["fused"].round(3)
-        if "serial_triton" in sv:
-            out["speedup_sv"] = (sv["serial_triton"] / sv["fused"]).round(3)
-            out["speedup_e2e"] = (e2e["serial_triton"] / e2e["fused"]).round(3)
-        if "attention_only" in sv:
-            out["fused_over_attn"] = (sv["fused"] / sv["attention_only"]).round(3)
-    return out.reset_index().sort_values(["D", "H", "S"])

@@ -1,0 +1,790 @@
+"""MegaMoE planning, CPU only: what the fused layer computes and in which order, and the model of its time.
+
+Everything here runs on any machine, without a GPU or a kernel launch (the studies and figures import only this
+module): the 84-configuration table (4 model shapes x 7 tokens per rank x 3 routing distributions), FLOP / byte
+counts, tile configurations and the checks of a problem, the seeded routing generators, the routing layout
+(counts, offsets, destination rows; torch ops on the CPU), the tile grid, the schedules (task lists the
+persistent kernel walks), the Burst-Gap prediction of each schedule's kernel time (``CostModel``,
+``predict_kernel_ns``) and ``repredict``, the current model applied to recorded rows. The GPU side (weights,
+reference, buffers, launchers, the unfused baseline, check jobs) is ``xstage.moe``; the sweep is
+``xstage.moe_sweep``; the kernels are ``xstage.kernels.moe``.
+
+Registries (``xstage.registry``: the kernel path, the sweep, the CLI choices and the docs read these):
+``SCHEDULE_REGISTRY``, ``DTYPE_REGISTRY``, ``ASSIGNMENT_REGISTRY``, ``ROUTING_REGISTRY``; ``SCHEDULES``,
+``DTYPES_GPU``, ``ASSIGNMENTS``, ``ROUTINGS`` are their names in table order.
+
+Legend: P = ranks, E = experts, El = E / P experts per rank, K = top-k, T = tokens per rank, Hd = hidden,
+I = intermediate, R = rows a rank receives (sum over its experts of the (token, slot) items routed there),
+BM = rows per row block, N1 = I / BN1 Linear-1 column blocks, N2 = Hd / BN2 Linear-2 column blocks, n = programs
+of the persistent kernel (= SMs on a GPU).
+
+The routing layout and task lists are computed on the host from every rank's routing (seeded here, so every
+rank computes all of them; a serving system would all-gather the [P, E] counts first). They are built once per
+routing, outside the timed region, for the fused layer and the unfused baseline alike.
+
+Schedules (rows of int32 [kind, expert, row block, column block, pool block]; every Linear-2 task comes after
+all Linear-1 tasks of its row block -- ``check_tasks`` -- so the persistent kernel cannot deadlock):
+  expert_wave   as DeepGEMM's MegaMoE: experts in waves, a wave = the fewest consecutive experts (with rows)
+                whose Linear-1 tiles reach 2 x n_sms; per wave all Linear-1 tiles, then all Linear-2 tiles.
+                The remote stores come in dense bursts: whole rounds of n programs all in Linear-2 epilogues.
+  interleaved   the same waves; Linear-2 tiles of wave w are spread evenly among the Linear-1 tiles of wave w+1
+                (L1(0), L2(0) + L1(1), ..., L2(W-2) + L1(W-1), L2(W-1)): each round mixes compute-only tiles with
+                storing tiles, so computation sits between bursts.
+  lag           one stream of Linear-1 tiles (expert-major); the Linear-2 tiles of a row block follow once ``lag``
+                further Linear-1 tiles have been listed after its last producer (lag = n_sms by default: one
+                round, so a consumer rarely spins).
+  model_guided  the candidate (expert_wave, interleaved, lag = 0, n/2, n, 2n, 4n) with the best time predicted
+                by the Burst-Gap model (below); its ``param`` names the choice.
+
+Prediction of a schedule's kernel time (``predict_kernel_ns``), documented formula. Program i % n runs task i,
+so the list falls into rounds k of n consecutive tasks (what the n programs work on at about the same time).
+Tile compute times c1 = 2 BM Hd 2 BN1 / F and c2 = 2 BM I BN2 / F, F = the per-program GEMM rate (FLOP/ns),
+calibrated so that the model's time of expert_wave without remote bytes equals the kernel measured with every
+combine store sent to a local buffer (``compute_ms``; a given TFLOP/s when not measured). A Linear-2 task less
+than a round behind its last producer (distance d < n positions) spins w = c1 (1 - d / n). Tasks are assigned
+statically, task i to program i % n, so the compute part is the busiest program's:
+    compute = max over programs p of sum over its tasks (c1 or c2, plus w)
+(on 2 H200s the recorded schedules differed from Expert-Wave mostly through this term: a list whose Linear-1
+and Linear-2 tiles alternate with a period that divides n gives some programs every expensive tile; the first
+version of the model averaged each round over its programs and missed it, see notebook 03). Round k has b_k
+Linear-2 tasks whose remote bytes are B_k = sum of (rows from other ranks) x BN2 x out bytes; a burst stalls only
+its b_k issuers:
+    compute_k = (a_k c1 + b_k c2 + sum of w) / m      (a_k Linear-1 tasks; m = n, or fewer in the last round)
+    q = recover(q, compute_k)                                        (the stage drains while they compute)
+    (T_k, q) = issue_time(B_k / b_k bytes per program, b_k programs, q)     (xstage.model, overhead_ns = 0)
+    stall_k = b_k T_k / m
+    predicted = compute + sum_k stall_k + drain_time(q after the last round)
+i.e. compute time plus the Burst-Gap model's issue-and-stall time of each burst and the final drain. Expert-Wave
+rounds are all Linear-2: every program issues at once, the burst exceeds the outstanding capacity and every
+program stalls. Interleaved rounds mix: about half the programs issue half the bytes, the rest compute, and the
+compute between bursts drains the stage.
+
+Dtypes: ``bf16`` and ``fp8`` (e4m3 with 1x128 activation / 128x128 weight scales, output bf16) on GPUs;
+``fp16`` and ``fp32`` under Triton's interpreter (its bf16 ``tl.dot`` is wrong and it has no fp8).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import env
+from .kernels import moe as _device
+from .model import BurstGapParams, drain_time, issue_time, recover
+from .registry import Choice, Registry, by_name
+
+TOKENS_PER_RANK = (128, 256, 512, 1024, 2048, 4096, 8192)
+ZIPF_EXPONENT = 1.0         # expert popularity p_e ~ 1 / rank_e^s (ranks in a seeded random order of experts)
+HOT_FRACTION = 0.5          # "hot": this fraction of tokens routes one slot to the hot expert; no others do
+LAG_CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0)   # model_guided's lags, in units of n_sms Linear-1 tiles
+WAVE_FILL = 2               # expert_wave: a wave's Linear-1 tiles reach WAVE_FILL x n_sms
+# Layout constants of the kernel (defined once, in xstage.kernels.moe; re-exported for the host):
+TASK_FIELDS = _device.TASK_FIELDS.value            # kind, expert, row block, column block, pool block
+META_FIELDS = _device.META_FIELDS.value            # source rank, token, slot, router weight bits
+FP8_BLOCK = _device.FP8_BLOCK.value                # scale block edge
+STATUS_FIELDS = _device.STATUS_FIELDS.value        # a wait's record (xstage.kernels.sync.wait_flag)
+KIND_L1, KIND_L2 = 0, 1
+INT32_MAX = 2**31 - 1
+
+
+# ------------------------------------------------------------------------------------------------- dtypes
+@dataclass(frozen=True)
+class MoEDtype:
+    """What a dtype name means to the layer."""
+
+    act: torch.dtype                 # activations and expert weights (the kernel's GEMM inputs)
+    out: torch.dtype                 # combine buffer and layer output (and the tokens before an fp8 dispatch)
+    gpu: bool                        # runs on GPUs; else under Triton's interpreter only
+    rel_l2_floor: float | None       # check: allowed relative L2 error = 2 x PyTorch's own + this (None: fp8)
+    unfused_rel_l2: float            # check: fused layer vs the unfused baseline
+
+
+DTYPE_REGISTRY = Registry("dtype", (
+    Choice("bf16", "bfloat16 (GPUs)", MoEDtype(torch.bfloat16, torch.bfloat16, True, 1e-3, 3e-2)),
+    Choice("fp16", "float16 (Triton's interpreter)", MoEDtype(torch.float16, torch.float16, False, 1e-4, 1e-2)),
+    Choice("fp32", "float32 (Triton's interpreter)", MoEDtype(torch.float32, torch.float32, False, 1e-6, 1e-4)),
+    Choice("fp8", "e4m3 with 1x128 activation / 128x128 weight scales, bf16 output (GPUs)",
+           MoEDtype(torch.float8_e4m3fn, torch.bfloat16, True, None, 0.1)),
+))
+DTYPES_GPU = tuple(n for n, c in DTYPE_REGISTRY.items() if c.impl.gpu)
+DTYPES_INTERPRETER = tuple(n for n, c in DTYPE_REGISTRY.items() if not c.impl.gpu)
+ACT_DTYPES = {n: c.impl.act for n, c in DTYPE_REGISTRY.items()}
+OUT_DTYPES = {n: c.impl.out for n, c in DTYPE_REGISTRY.items()}
+REL_L2_FLOOR = {n: c.impl.rel_l2_floor for n, c in DTYPE_REGISTRY.items() if c.impl.rel_l2_floor is not None}
+UNFUSED_REL_L2 = {n: c.impl.unfused_rel_l2 for n, c in DTYPE_REGISTRY.items()}   # fused vs the unfused baseline
+
+
+# ------------------------------------------------------------------------------------------------ routings
+def _route_uniform(tokens: int, experts: int, topk: int, g: torch.Generator, shared: torch.Generator):
+    return torch.rand(tokens, experts, generator=g).topk(topk, dim=1).indices
+
+
+def _route_zipf(tokens: int, experts: int, topk: int, g: torch.Generator, shared: torch.Generator):
+    order = torch.randperm(experts, generator=shared)                     # order[i] = the (i+1)-th most popular
+    logp = torch.empty(experts)
+    logp[order] = -ZIPF_EXPONENT * torch.log(torch.arange(1, experts + 1, dtype=torch.float32))
+    gumbel = -torch.log(-torch.log(torch.rand(tokens, experts, generator=g).clamp_min(1e-20)))
+    return (logp + gumbel).topk(topk, dim=1).indices
+
+
+def _route_hot(tokens: int, experts: int, topk: int, g: torch.Generator, shared: torch.Generator):
+    hot = int(torch.randint(experts, (1,), generator=shared))
+    is_hot = torch.rand(tokens, generator=g) < HOT_FRACTION
+    scores = torch.rand(tokens, experts, generator=g)
+    scores[:, hot] = -1.0                                                 # nobody else picks the hot expert
+    scores[is_hot, hot] = 2.0                                             # ... the hot tokens always do
+    return scores.topk(topk, dim=1).indices
+
+
+ROUTING_REGISTRY = Registry("routing", (
+    Choice("uniform", "every expert alike", _route_uniform),
+    Choice("zipf", "expert popularity 1 / rank^s over a seeded order of experts (K drawn without replacement)",
+           _route_zipf),
+    Choice("hot", "one seeded expert gets one slot of HOT_FRACTION of the tokens (and no other token)", _route_hot),
+))
+ROUTINGS = ROUTING_REGISTRY.names
+
+
+# ------------------------------------------------------------------------------------------- shapes, cases
+@dataclass(frozen=True)
+class MoEShape:
+    """One MoE layer's model shape."""
+
+    name: str
+    hidden: int          # Hd
+    intermediate: int    # I (per expert)
+    experts: int         # E
+    topk: int            # K
+
+
+SHAPES = (
+    MoEShape("deepseek_v4_flash", 4096, 2048, 256, 6),
+    MoEShape("deepseek_v4_pro", 7168, 3072, 384, 6),
+    MoEShape("qwen3_235b", 4096, 1536, 128, 8),
+    MoEShape("mixtral_8x7b", 4096, 14336, 8, 2),
+)
+
+
+@dataclass(frozen=True)
+class MoECase:
+    """One configuration: a shape, tokens per rank, a routing distribution and its seed."""
+
+    shape: MoEShape
+    tokens: int          # T per rank
+    routing: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.shape.name}_T{self.tokens}_{self.routing}"
+
+    def key(self, P: int, dtype: str) -> tuple:
+        """The sweep's resume key (schema ``megamoe``)."""
+        return (self.shape.name, self.tokens, self.routing, P, dtype)
+
+
+# The 84 configurations, one table: seed = position in the table (stable: shapes, tokens, routings in order).
+CASES = tuple(MoECase(s, t, r, seed=i) for i, (s, t, r) in
+              enumerate(itertools.product(SHAPES, TOKENS_PER_RANK, ROUTINGS)))
+
+
+def cases_by_name(names: Sequence[str]) -> list[MoECase]:
+    """Cases of the table by name (``<shape>_T<tokens>_<routing>``); an unknown name is a ValueError."""
+    return by_name(CASES, names, "case")
+
+
+def as_case(c, seed: int = 0) -> MoECase:
+    """An MoECase, or (hidden, intermediate, experts, topk, tokens, routing) -> an ad hoc case."""
+    if isinstance(c, MoECase):
+        return c
+    hidden, inter, experts, topk, tokens, routing = c
+    return MoECase(MoEShape(f"H{hidden}_I{inter}_E{experts}_K{topk}", hidden, inter, experts, topk), tokens,
+                   routing, seed)
+
+
+# --------------------------------------------------------------------------------------------------- counts
+def gemm_flops(rows: int, hidden: int, inter: int) -> int:
+    """GEMM FLOPs of the experts on ``rows`` routed rows: Linear-1 (gate and up) plus Linear-2."""
+    return 2 * rows * hidden * 2 * inter + 2 * rows * inter * hidden
+
+
+def remote_combine_bytes(remote_rows: int, hidden: int, out_bytes: int = 2) -> int:
+    """Bytes a rank's Linear-2 epilogues store to other ranks: its received rows whose source is another rank."""
+    return remote_rows * hidden * out_bytes
+
+
+def dispatch_bytes(remote_items: int, hidden: int, act_bytes: int = 2, fp8: bool = False) -> int:
+    """Bytes a rank's dispatch pushes to other ranks: rows (+ 1x128 fp32 scales with fp8) + 16 B of meta."""
+    scales = hidden // FP8_BLOCK * 4 if fp8 else 0
+    return remote_items * (hidden * act_bytes + scales + META_FIELDS * 4)
+
+
+# ---------------------------------------------------------------------------------------------- tile config
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shape and launch of the experts kernel (every schedule of a run shares it: same math per tile)."""
+
+    block_m: int = 128
+    block_n1: int = 128   # Linear-1 columns of I (gate and up each)
+    block_n2: int = 128   # Linear-2 columns of Hd
+    block_k: int = 64     # 128 with fp8 (the scale block)
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def validate(self, dtype: str | None = None) -> None:
+        for name in ("block_m", "block_n1", "block_n2", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v > 256 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two in [16, 256], got {v}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 6:
+            raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
+        if dtype == "fp8" and (self.block_n1, self.block_n2, self.block_k) != (FP8_BLOCK,) * 3:
+            raise ValueError(f"fp8 needs block_n1 = block_n2 = block_k = {FP8_BLOCK} (the scale block), got "
+                             f"{self.block_n1}, {self.block_n2}, {self.block_k}")
+
+
+INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
+
+
+def default_tiles(dtype: str, rows_per_expert: float | None = None) -> TileConfig:
+    """H200 (sm_90), 8 warps, BN1 = BN2 = 128. bf16: BK = 64, 3 stages, BM = 64 when experts get few rows (< 96
+    on average), else 128 (ptxas: 243 registers, 144 KiB shared memory, no spills). fp8: BK = 128 (the scale
+    block), 2 stages, BM = 64 always (BM = 128 needs 255 registers and spills: the gate and up accumulators plus
+    each K block's unscaled MMA results). Small tiles under the interpreter."""
+    if env.interpreted():
+        return INTERPRETER_TILES
+    return gpu_tiles(dtype, 64 if dtype == "fp8" or (rows_per_expert is not None and rows_per_expert < 96) else 128)
+
+
+def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
+    """The H200 tiles of ``dtype`` with row blocks of ``block_m`` (``default_tiles`` picks ``block_m``; a recorded
+    row's ``block_m`` gives back the whole configuration it ran with)."""
+    if dtype == "fp8":
+        return TileConfig(block_m, 128, 128, 128, 8, 2)
+    return TileConfig(block_m, 128, 128, 64, 8, 3)
+
+
+def default_dtype() -> str:
+    return "fp16" if env.interpreted() else "bf16"
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def validate_dtype(dtype: str) -> None:
+    if dtype not in ACT_DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(ACT_DTYPES)}, got {dtype!r}")
+    if env.interpreted():
+        if dtype not in DTYPES_INTERPRETER:
+            raise ValueError(f"dtype must be fp16 or fp32 under Triton's interpreter (its bf16 tl.dot is wrong and "
+                             f"it has no fp8), got {dtype!r}")
+    elif dtype not in DTYPES_GPU:
+        raise ValueError(f"dtype must be bf16 or fp8 on GPUs, got {dtype!r}")
+
+
+def validate_problem(hidden: int, inter: int, experts: int, topk: int, tokens: int, P: int,
+                     tiles: TileConfig, dtype: str) -> None:
+    """Raise ValueError before any launch when the layer cannot run: ranks, experts, tile alignment, dtype."""
+    validate_dtype(dtype)
+    tiles.validate(dtype)
+    if P < 1:
+        raise ValueError(f"ranks must be >= 1, got {P}")
+    if experts < 1 or experts % P:
+        raise ValueError(f"experts ({experts}) must be a positive multiple of the number of ranks ({P})")
+    if not 1 <= topk <= experts:
+        raise ValueError(f"topk must be in [1, experts = {experts}], got {topk}")
+    if tokens < 1:
+        raise ValueError(f"tokens per rank must be >= 1, got {tokens}")
+    for what, n, b in (("hidden", hidden, tiles.block_k), ("hidden", hidden, tiles.block_n2),
+                       ("intermediate", inter, tiles.block_n1), ("intermediate", inter, tiles.block_k)):
+        if n < 1 or n % b:
+            raise ValueError(f"{what} ({n}) is not tile-aligned: it must be a positive multiple of {b} "
+                             f"(tiles {tiles})")
+    if dtype == "fp8" and (hidden % FP8_BLOCK or inter % FP8_BLOCK):
+        raise ValueError(f"fp8 needs hidden and intermediate to be multiples of {FP8_BLOCK}")
+    if 2 * inter * hidden > INT32_MAX or tokens * topk * hidden > INT32_MAX:
+        raise ValueError("one expert's weights or the combine buffer exceed int32 offsets")
+
+
+# ------------------------------------------------------------------------------------------------- routing
+def route(tokens: int, experts: int, topk: int, routing: str, seed: int, rank: int
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded routing of rank ``rank``'s tokens (CPU generators: identical wherever it runs).
+
+    Returns ids int64 [T, K] (distinct experts per token) and router weights float32 [T, K] (softmax of
+    seeded logits over the K chosen). ``uniform``: every expert alike. ``zipf``: popularity 1 / rank^s,
+    s = ZIPF_EXPONENT, over a seeded random order of experts (the same order on every rank), K drawn without
+    replacement (Gumbel top-k). ``hot``: one seeded expert gets one slot of HOT_FRACTION of the tokens (and no
+    other token); every other slot is uniform over the remaining experts."""
+    pick = ROUTING_REGISTRY.check(routing).impl
+    if not 1 <= topk <= experts or tokens < 1:
+        raise ValueError(f"need 1 <= topk <= experts and tokens >= 1, got {topk}, {experts}, {tokens}")
+    shared = torch.Generator().manual_seed(1_000_003 * seed + 17)        # the model's popularity: all ranks
+    g = torch.Generator().manual_seed(1_000_003 * seed + 7_919 * (rank + 1))
+    ids = pick(tokens, experts, topk, g, shared)
+    wts = torch.softmax(torch.randn(tokens, topk, generator=g), dim=1)
+    return ids, wts
+
+
+def expert_counts(ids: torch.Tensor, experts: int) -> torch.Tensor:
+    """[T, K] expert ids -> int64 [E] items per expert."""
+    return torch.bincount(ids.flatten(), minlength=experts)
+
+
+# ------------------------------------------------------------------------------------------------- layouts
+@dataclass
+class RankLayout:
+    """Rank ``rank``'s routing layout: where its items go (send side) and what it receives (receive side)."""
+
+    rank: int
+    world_size: int
+    experts: int
+    counts: torch.Tensor           # int64 [P, E] items of source rank s routed to expert e (CPU)
+    dest: torch.Tensor             # int32 [T*K, 2] this rank's items: (owner rank, row in the owner's buffer)
+    expert_rows: tuple[int, ...]   # [El] rows received per local expert
+    own_rows: tuple[int, ...]      # [El] of those, rows from this rank itself (local combine stores)
+    own_start: tuple[int, ...]     # [El] where this rank's own rows start inside each expert's rows
+
+    @property
+    def experts_local(self) -> int:
+        return self.experts // self.world_size
+
+    @property
+    def rows(self) -> int:
+        return sum(self.expert_rows)
+
+    @property
+    def remote_rows(self) -> int:
+        """Received rows whose source is another rank (their combine stores cross the link)."""
+        return self.rows - sum(self.own_rows)
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """int32 [El + 1] expert row offsets (CPU)."""
+        return torch.tensor([0, *itertools.accumulate(self.expert_rows)], dtype=torch.int32)
+
+    @property
+    def remote_items(self) -> int:
+        """This rank's items that go to another rank (dispatch bytes)."""
+        return int((self.dest[:, 0] != self.rank).sum())
+
+
+def build_layouts(ids: Sequence[torch.Tensor], experts: int) -> list[RankLayout]:
+    """Every rank's layout from every rank's routing ids [T, K] (torch ops on the CPU).
+
+    Owner d's receive buffer is expert-major (local expert le = e - d * El); within an expert, rows from source
+    rank 0 first, then 1, ...; within a source, its items in (token, slot) order."""
+    P = len(ids)
+    if experts % P:
+        raise ValueError(f"experts ({experts}) must be a positive multiple of the number of ranks ({P})")
+    El = experts // P
+    ids = [i.cpu().long() for i in ids]
+    counts = torch.stack([expert_counts(i, experts) for i in ids])       # [P, E]
+    total = counts.sum(0).view(P, El)                                     # [P owners, El]
+    owner_offs = total.cumsum(1) - total                                  # [P, El] expert start in owner
+    prior = counts.cumsum(0) - counts                                     # [P, E] rows from lower sources
+    out = []
+    for s in range(P):
+        flat = ids[s].flatten()                                           # [T*K] items in (token, slot) order
+        order = torch.argsort(flat, stable=True)
+        start = counts[s].cumsum(0) - counts[s]                           # [E] first sorted position per expert
+        pos = torch.empty_like(flat)
+        pos[order] = torch.arange(flat.numel()) - start[flat[order]]      # rank of the item within its expert
+        d, le = flat // El, flat % El
+        row = owner_offs[d, le] + prior[s, flat] + pos
+        dest = torch.stack([d, row], 1).to(torch.int32)
+        mine = slice(s * El, (s + 1) * El)
+        out.append(RankLayout(s, P, experts, counts, dest, tuple(total[s].tolist()), tuple(counts[s, mine].tolist()),
+                              tuple(prior[s, mine].tolist())))
+    return out
+
+
+# --------------------------------------------------------------------------------------- tiles, schedules
+@dataclass(frozen=True)
+class TileGrid:
+    """The tiles of one rank's experts: row blocks of BM rows per local expert, N1 / N2 column blocks."""
+
+    expert_rows: tuple[int, ...]
+    block_m: int
+    n1: int                        # Linear-1 column blocks (I / BN1)
+    n2: int                        # Linear-2 column blocks (Hd / BN2)
+
+    @classmethod
+    def of(cls, layout: RankLayout, hidden: int, inter: int, tiles: TileConfig) -> "TileGrid":
+        return cls(layout.expert_rows, tiles.block_m, inter // tiles.block_n1, hidden // tiles.block_n2)
+
+    @cached_property              # (the grid is frozen: computed once, read for every tile)
+    def row_blocks(self) -> list[int]:
+        return [-(-r // self.block_m) for r in self.expert_rows]
+
+    @cached_property
+    def pool_start(self) -> list[int]:
+        rb = self.row_blocks
+        return [0, *itertools.accumulate(rb)][:-1]
+
+    @cached_property
+    def n_pool(self) -> int:
+        return sum(self.row_blocks)
+
+    def tiles(self, kind: int, expert: int) -> list[tuple[int, int, int, int, int]]:
+        """(kind, expert, row block, column block, pool block) of one expert, row-block-major."""
+        n = self.n1 if kind == KIND_L1 else self.n2
+        p0 = self.pool_start[expert]
+        return [(kind, expert, rb, cb, p0 + rb) for rb in range(self.row_blocks[expert]) for cb in range(n)]
+
+    def all_tiles(self) -> np.ndarray:
+        rows = [t for k in (KIND_L1, KIND_L2) for e in range(len(self.expert_rows)) for t in self.tiles(k, e)]
+        return np.array(rows, dtype=np.int32).reshape(-1, TASK_FIELDS)
+
+    def remote_rows_per_block(self, layout: RankLayout) -> np.ndarray:
+        """[n_pool] rows of each row block whose source is another rank."""
+        out = []
+        for e, rows in enumerate(self.expert_rows):
+            a, b = layout.own_start[e], layout.own_start[e] + layout.own_rows[e]   # own rows inside the expert
+            for rb in range(self.row_blocks[e]):
+                r0, r1 = rb * self.block_m, min((rb + 1) * self.block_m, rows)
+                out.append((r1 - r0) - max(0, min(r1, b) - max(r0, a)))
+        return np.array(out, dtype=np.int64)
+
+
+def expert_waves(grid: TileGrid, n_sms: int) -> list[list[int]]:
+    """Expert-Wave's waves: consecutive experts with rows, each wave the fewest whose Linear-1 tiles reach
+    WAVE_FILL x n_sms (the last wave takes what is left)."""
+    waves, cur, n = [], [], 0
+    for e, rb in enumerate(grid.row_blocks):
+        if rb == 0:
+            continue
+        cur.append(e)
+        n += rb * grid.n1
+        if n >= WAVE_FILL * n_sms:
+            waves.append(cur)
+            cur, n = [], 0
+    if cur:
+        waves.append(cur)
+    return waves
+
+
+def _tiles_of(grid: TileGrid, kind: int, experts: Sequence[int]) -> list[tuple]:
+    """The ``kind`` (Linear-1 or Linear-2) tiles of ``experts``, expert by expert, row-block-major."""
+    return [t for e in experts for t in grid.tiles(kind, e)]
+
+
+def _spread(a: list, b: list) -> list:
+    """Merge two lists, each keeping its order, with a's and b's items spread evenly over the result."""
+    keyed = [((i + 0.5) / len(a), 0, t) for i, t in enumerate(a)] + [((j + 0.5) / len(b), 1, t)
+                                                                     for j, t in enumerate(b)]
+    return [t for _, _, t in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
+    out = []
+    for w in expert_waves(grid, n_sms):
+        out += _tiles_of(grid, KIND_L1, w) + _tiles_of(grid, KIND_L2, w)
+    return out
+
+
+def schedule_interleaved(grid: TileGrid, n_sms: int) -> list[tuple]:
+    waves = expert_waves(grid, n_sms)
+    if not waves:
+        return []
+    out = _tiles_of(grid, KIND_L1, waves[0])
+    for prev, w in zip(waves, waves[1:]):
+        out += _spread(_tiles_of(grid, KIND_L2, prev), _tiles_of(grid, KIND_L1, w))
+    return out + _tiles_of(grid, KIND_L2, waves[-1])
+
+
+def schedule_lag(grid: TileGrid, lag: int) -> list[tuple]:
+    experts = range(len(grid.expert_rows))
+    l1 = _tiles_of(grid, KIND_L1, experts)
+    last = {}                                                          # pool block -> position of its last L1
+    for j, t in enumerate(l1):
+        last[t[4]] = j
+    l2 = sorted(_tiles_of(grid, KIND_L2, experts), key=lambda t: (last[t[4]], t[3]))
+    out, qi = [], 0
+    for j, t in enumerate(l1):
+        out.append(t)
+        while qi < len(l2) and last[l2[qi][4]] + lag <= j:
+            out.append(l2[qi])
+            qi += 1
+    return out + l2[qi:]
+
+
+@dataclass
+class TaskList:
+    """A schedule: int32 [n_tasks, 5] rows the persistent kernel walks, plus its device copies and status."""
+
+    schedule: str
+    param: str
+    tasks: np.ndarray
+    grid: TileGrid
+    checked: bool = False          # check_tasks passed (the builders check; launchers check the others)
+    _dev: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n_tasks(self) -> int:
+        return self.tasks.shape[0]
+
+    def on(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tasks int32 [n, 5], wait status int64 [n, 6] zeroed once) on ``device`` (cached). Every Linear-2
+        wait rewrites its own status row, so the status needs no reset between launches."""
+        device = torch.device(device)
+        if device not in self._dev:
+            self._dev[device] = (torch.from_numpy(np.ascontiguousarray(self.tasks)).to(device),
+                                 torch.zeros(max(self.n_tasks, 1), STATUS_FIELDS, dtype=torch.int64, device=device))
+        return self._dev[device]
+
+
+def _task_keys(tasks: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """One int64 per task row (mixed radix over the columns, radices from ``want`` and ``tasks``): comparing
+    sorted 1-D keys is much faster than ``np.unique(axis=0)`` on 10^4-10^5 rows."""
+    both = np.concatenate([tasks, want]).astype(np.int64)
+    if both.size and both.min() < 0:
+        return np.full(len(tasks), -1, dtype=np.int64) - np.arange(len(tasks))   # never equal to a tile's key
+    radix = both.max(axis=0) + 1 if both.size else np.ones(TASK_FIELDS, dtype=np.int64)
+    key = np.zeros(len(tasks), dtype=np.int64)
+    for j in range(TASK_FIELDS):
+        key = key * radix[j] + tasks[:, j].astype(np.int64)
+    return key
+
+
+def check_tasks(tasks: np.ndarray, grid: TileGrid) -> None:
+    """Every tile of the grid exactly once, and every Linear-2 task after all Linear-1 tasks of its row block
+    (the property that keeps the persistent kernel deadlock-free). ValueError otherwise."""
+    tasks = np.asarray(tasks, dtype=np.int32).reshape(-1, TASK_FIELDS)
+    want = grid.all_tiles()
+    if tasks.shape != want.shape or not np.array_equal(np.sort(_task_keys(tasks, want)), np.sort(_task_keys(want, want))) \
+            or len(np.unique(_task_keys(tasks, want))) != len(tasks):
+        raise ValueError(f"task list does not hold every tile exactly once ({len(tasks)} tasks, "
+                         f"{len(want)} tiles)")
+    if not len(tasks):
+        return
+    pos = np.arange(len(tasks))
+    l1 = tasks[:, 0] == KIND_L1
+    last_l1 = np.full(grid.n_pool, -1)
+    np.maximum.at(last_l1, tasks[l1, 4], pos[l1])
+    l2 = ~l1
+    early = l2 & (pos <= last_l1[tasks[:, 4]])
+    if early.any():
+        i = int(np.argmax(early))
+        raise ValueError(f"task {i} (Linear-2 of expert {tasks[i, 1]}, row block {tasks[i, 2]}) comes before its "
+                         f"Linear-1 producer at task {last_l1[tasks[i, 4]]}: the persistent kernel could deadlock")
+
+
+def _task_list(name: str, param: str, rows: list[tuple], grid: TileGrid) -> TaskList:
+    tasks = np.array(rows, dtype=np.int32).reshape(-1, TASK_FIELDS)
+    check_tasks(tasks, grid)
+    return TaskList(name, param, tasks, grid, checked=True)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What ``predict_kernel_ns`` needs: the Burst-Gap parameters, the GEMM rate, programs, output bytes, and how
+    tasks go to programs (``ASSIGNMENTS``)."""
+
+    prm: BurstGapParams
+    flop_per_ns_per_program: float
+    n_programs: int
+    out_bytes: int = 2
+    assignment: str = "static"
+
+    @classmethod
+    def from_tflops(cls, prm: BurstGapParams, tflops: float, n_programs: int, out_bytes: int = 2) -> "CostModel":
+        return cls(prm, tflops * 1e3 / n_programs, n_programs, out_bytes)
+
+
+def _claim_order(work: np.ndarray, n: int) -> np.ndarray:
+    """Dynamic assignment: task i goes to the program that becomes free first (list order, ties to the lowest
+    program), as an atomic ticket hands them out. Returns each task's program."""
+    free = [(0.0, p) for p in range(n)]
+    heapq.heapify(free)
+    prog = np.empty(len(work), dtype=np.int64)
+    for i, w in enumerate(work.tolist()):
+        t, p = heapq.heappop(free)
+        prog[i] = p
+        heapq.heappush(free, (t + w, p))
+    return prog
+
+
+def _static_order(work: np.ndarray, n: int) -> np.ndarray:
+    """Static assignment: task i on program i % n (program p walks tasks p, p + n, ...)."""
+    return np.arange(len(work)) % n
+
+
+ASSIGNMENT_REGISTRY = Registry("assignment", (
+    Choice("static", "task i on program i % n_programs", _static_order),
+    Choice("dynamic", "programs claim the next task in list order (an atomic ticket)", _claim_order),
+))
+ASSIGNMENTS = ASSIGNMENT_REGISTRY.names
+
+
+def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
+                      hidden: int, inter: int, tiles: TileConfig) -> dict:
+    """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds',
+    'imbalance'}. Compute and waits are the busiest program's (``cost.assignment``: static round-robin, task i on
+    program i % n, or dynamic, each task to the program free first; ``imbalance`` = its load / the mean load);
+    stalls and the final drain come from the Burst-Gap stage, round by round."""
+    assign = ASSIGNMENT_REGISTRY.check(cost.assignment).impl
+    prm = replace(cost.prm, overhead_ns=0.0)   # overhead_ns is the microbenchmark harness's, not the kernel's
+    n = max(1, cost.n_programs)
+    F = cost.flop_per_ns_per_program
+    c1 = 2.0 * tiles.block_m * hidden * 2 * tiles.block_n1 / F
+    c2 = 2.0 * tiles.block_m * inter * tiles.block_n2 / F
+    tasks = tl_.tasks
+    is2 = tasks[:, 0] == KIND_L2
+    pos = np.arange(len(tasks))
+    last_l1 = np.full(max(tl_.grid.n_pool, 1), -1)
+    np.maximum.at(last_l1, tasks[~is2, 4], pos[~is2])
+    # a consumer less than a round behind its last producer spins for the rest of the producer's tile
+    wait = np.where(is2, c1 * np.clip(1.0 - (pos - last_l1[tasks[:, 4]]) / n, 0.0, 1.0), 0.0)
+    work = np.where(is2, c2, c1) + wait
+    remote = np.where(is2, remote_rows_per_block[tasks[:, 4]] * float(tiles.block_n2 * cost.out_bytes), 0.0)
+    # Program p walks tasks p, p + n, ... (a static round-robin): the kernel lasts as long as its busiest program,
+    # so a list whose expensive tiles land on the same programs is slower than its round averages say.
+    prog = assign(work, n)
+    load = np.bincount(prog, weights=work, minlength=n)
+    busiest = int(np.argmax(load))
+    compute = float(np.bincount(prog, weights=work - wait, minlength=n)[busiest])
+    waited = float(np.bincount(prog, weights=wait, minlength=n)[busiest])
+    imbalance = float(load.max() / load.mean()) if load.mean() > 0 else 1.0
+    q = 0.0
+    stall = 0.0
+    n_rounds = -(-len(tasks) // n)
+    for k in range(n_rounds):
+        sl = slice(k * n, (k + 1) * n)
+        m = len(work[sl])                                 # programs busy in this round (n but in the last)
+        c_k = float(work[sl].sum()) / m
+        b = int(is2[sl].sum())
+        B = float(remote[sl].sum())
+        q = float(recover(q, c_k, prm))                  # the stage drains during the round's compute
+        if B > 0:
+            T, q_end = issue_time(B / b, b, q, prm)
+            q = float(q_end)
+            stall += b * float(T) / m                     # b programs issue (and stall) T; the others compute
+    drain = float(drain_time(q, prm))
+    return dict(total_ns=compute + waited + stall + drain, compute_ns=compute, wait_ns=waited, stall_ns=stall,
+                drain_ns=drain, rounds=n_rounds, imbalance=imbalance)
+
+
+def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_programs: int,
+                   compute_ms: float, assignment: str = "static") -> float:
+    """Per-program FLOP/ns such that the model's compute-only time of ``tl_`` equals ``compute_ms`` (the kernel
+    measured with every combine store local, tasks assigned by ``assignment``)."""
+    unit = CostModel(BurstGapParams.reference(), 1.0, n_programs, assignment=assignment)
+    none = np.zeros(max(tl_.grid.n_pool, 1), dtype=np.int64)
+    return predict_kernel_ns(tl_, none, unit, hidden, inter, tiles)["total_ns"] / (compute_ms * 1e6)
+
+
+def _expert_wave(grid: TileGrid, n_sms: int, lag, model) -> TaskList:
+    return _task_list("expert_wave", "", schedule_expert_wave(grid, n_sms), grid)
+
+
+def _interleaved(grid: TileGrid, n_sms: int, lag, model) -> TaskList:
+    return _task_list("interleaved", "", schedule_interleaved(grid, n_sms), grid)
+
+
+def _lag(grid: TileGrid, n_sms: int, lag: int | None, model) -> TaskList:
+    lag = n_sms if lag is None else lag
+    if lag < 0:
+        raise ValueError(f"lag must be >= 0, got {lag}")
+    return _task_list("lag", f"lag={lag}", schedule_lag(grid, lag), grid)
+
+
+def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None) -> TaskList:
+    if model is None:
+        raise ValueError("model_guided needs model=(CostModel, remote rows per block, hidden, inter, tiles)")
+    cands = [build_schedule("expert_wave", grid, n_sms), build_schedule("interleaved", grid, n_sms)]
+    cands += [build_schedule("lag", grid, n_sms, lag=int(round(f * n_sms))) for f in LAG_CANDIDATES]
+    cost, remote, hidden, inter, tiles = model
+    pred = [predict_kernel_ns(c, remote, cost, hidden, inter, tiles)["total_ns"] for c in cands]
+    best = cands[int(np.argmin(pred))]
+    return TaskList("model_guided", best.param or best.schedule, best.tasks, grid, checked=True)
+
+
+# The schedules, in table order (the first is the baseline every speedup divides); the module docstring says
+# what each does. impl(grid, n_sms, lag, model) -> TaskList.
+SCHEDULE_REGISTRY = Registry("schedule", (
+    Choice("expert_wave", "per wave of experts all Linear-1 tiles, then all Linear-2 tiles (DeepGEMM)", _expert_wave),
+    Choice("interleaved", "Linear-2 tiles of wave w spread among the Linear-1 tiles of wave w+1", _interleaved),
+    Choice("lag", "one Linear-1 stream; a row block's Linear-2 tiles follow lag tiles after its last producer", _lag),
+    Choice("model_guided", "the candidate with the least time the Burst-Gap model predicts", _model_guided),
+))
+SCHEDULES = SCHEDULE_REGISTRY.names
+
+
+def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None,
+                   model: tuple | None = None) -> TaskList:
+    """The task list of schedule ``name`` (SCHEDULE_REGISTRY) for one rank's tiles; checked by ``check_tasks``.
+
+    ``lag`` (schedule ``lag``): Linear-1 tiles between a row block's last producer and its Linear-2 tiles
+    (default n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
+    intermediate, TileConfig); the candidate with the least predicted time wins."""
+    if n_sms < 1:
+        raise ValueError(f"n_sms must be >= 1, got {n_sms}")
+    return SCHEDULE_REGISTRY.check(name).impl(grid, n_sms, lag, model)
+
+
+def routing_of(case: MoECase, P: int) -> tuple[list, list, list[RankLayout]]:
+    """Every rank's (ids, weights) and layout for ``case`` on P ranks."""
+    s = case.shape
+    rw = [route(case.tokens, s.experts, s.topk, case.routing, case.seed, r) for r in range(P)]
+    ids, wts = [a for a, _ in rw], [b for _, b in rw]
+    return ids, wts, build_layouts(ids, s.experts)
+
+
+# --------------------------------------------------------------------------------- the model on recorded rows
+def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static") -> pd.DataFrame:
+    """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
+    per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
+    recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
+    taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
+    on static records: what a dynamic run should show, with the static compute-only calibration). Returns the
+    rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
+    (busiest program / mean, max over ranks)."""
+    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
+    out = []
+    keys = ["shape", "tokens", "routing", "P", "dtype"]
+    for (name, tokens, routing, P, dtype), g in df.groupby(keys, sort=False):
+        c = cases.get((name, tokens, routing))
+        if c is None:
+            raise ValueError(f"{name} T={tokens} {routing} is not one of the 84 configurations")
+        s = c.shape
+        _, _, layouts = routing_of(c, int(P))
+        rows = g.drop_duplicates("schedule").set_index("schedule")
+        tiles = gpu_tiles(dtype, int(rows.block_m.iloc[0]))
+        out_bytes = OUT_DTYPES[dtype].itemsize
+        pred: dict[str, list] = {}
+        for r in range(int(P)):
+            grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
+            ew = build_schedule("expert_wave", grid, n_sms)
+            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]))
+            cost = CostModel(prm, rate, n_sms, out_bytes, assignment)
+            remote = grid.remote_rows_per_block(layouts[r])
+            for sched, row in rows.iterrows():
+                if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
+                    ch = str(row.schedule_param).split("|")
+                    ch = ch[r] if len(ch) == int(P) else ch[0]
+                    if not (ch.startswith("lag=") or ch in ("expert_wave", "interleaved")):
+                        raise ValueError(f"{name} T={tokens} {routing} {dtype}: model_guided's recorded choice "
+                                         f"{row.schedule_param!r} names no candidate")
+                    tl_ = build_schedule("lag", grid, n_sms, lag=int(ch.split("=")[1])) if ch.startswith("lag=") \
+                        else build_schedule(ch, grid, n_sms)
+                elif sched == "lag":
+                    lag = str(row.schedule_param)
+                    tl_ = build_schedule("lag", grid, n_sms, lag=int(lag.split("=")[1]) if lag.startswith("lag=")
+                                         else None)
+                else:
+                    tl_ = ew if sched == "expert_wave" else build_schedule(sched, grid, n_sms)
+                p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)
+                pred.setdefault(sched, []).append((p["total_ns"] / 1e6, p["imbalance"]))
+        base = max(t for t, _ in pred["expert_wave"]) if "expert_wave" in pred else float("nan")
+        for sched, v in pred.items():
+            ms = max(t for t, _ in v)
+            out.append(dict(zip(keys, (name, tokens, routing, P, dtype)), schedule=sched, model_ms=ms,
+                            model_speedup=base / ms, imbalance=max(i for _, i in v)))
+    return pd.DataFrame(out)

@@ -1,0 +1,287 @@
+"""The MegaMoE sweep: every (configuration, dtype) checked, then each schedule timed on GPUs; resumable.
+
+``run_megamoe`` is what ``xstage sweep megamoe`` calls: it validates, starts one process per GPU
+(:func:`xstage.ranks.spawn`) and runs ``megamoe_job`` on each. Per (case, dtype) the job builds the problem
+(``xstage.moe``), checks the fused layer against the unfused baseline and every schedule bit for bit against
+Expert-Wave, times the experts kernel, its compute-only control, the whole layer, the dispatch and the unfused
+baseline, predicts each schedule's kernel time with the Burst-Gap parameters it was given
+(``xstage.moe_plan.predict_kernel_ns``), and appends one row per schedule (schema ``megamoe``, xstage.data).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import bench, data, env
+from .bench import median
+from .data import MEGAMOE
+from .model import BurstGapParams
+from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, make_problem,
+                  make_unfused, megamoe_layer, moe_buffers, poison_combine, rank_weights, run_experts, topk_reduce)
+from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
+                       ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
+                       predict_kernel_ns, remote_combine_bytes, routing_of)
+from .numeric import check_bit_identical, rel_l2
+from .resume import pending
+
+CALLS_TARGET_MS = 2.0       # back-to-back calls per timed run so that a run lasts >= ~2 ms ...
+CALLS_MAX = 16              # ... at most this many (CUDA events around one short call include its launch)
+
+
+def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[str], repeats: int, warmup: int,
+                  prm: BurstGapParams, unfused_cache: dict, assignment: str = "static") -> dict:
+    """On this rank: check, then time every schedule's kernel and layer, dispatch, the compute-only control and
+    the unfused baseline. Returns per-rank lists and predictions (gathered by the job)."""
+    def timed(fn, inner):    # ms per call: ``inner`` back-to-back calls per timed run (launch latency hidden)
+        def calls():
+            for _ in range(inner):
+                fn()
+        return [ms / inner for ms in bench.time_ms(calls, warmup=warmup, reps=repeats)]
+
+    rank = world.local_ranks[0]
+    dyn = assignment == "dynamic"
+    c, s, t = prob.case, prob.case.shape, prob.tiles
+    dev = world.device(rank)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    inp = prob.inputs[rank]
+    clock = [time.perf_counter()]
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:   # host seconds per phase (the sweep's log says where a configuration's time goes)
+        now = time.perf_counter()
+        phases[name] = round(now - clock[0], 2)
+        clock[0] = now
+    base = {rank: build_tasks(prob, "expert_wave", sms, rank)}
+    # compile everything before the first barrier (no rank spins on a peer's compiler), then the local control
+    dispatch(world, bufs, prob.inputs, barrier=False)
+    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, dynamic=dyn)
+    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, local_combine=True, dynamic=dyn)
+    world.barrier()
+    lap("compile")
+    probe = median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False,
+                                                dynamic=dyn), warmup=1, reps=3))
+    inners = [None] * world.world_size   # every rank the same (the layer and the baseline are collective)
+    world.dist.all_gather_object(inners, min(CALLS_MAX, max(1, math.ceil(CALLS_TARGET_MS / max(probe, 1e-3)))))
+    inner = max(inners)
+    compute = timed(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False,
+                                        local_combine=True, dynamic=dyn), inner)
+    rate = calibrate_rate(base[rank], s.hidden, s.intermediate, t, sms, median(compute), assignment)
+    cost = CostModel(prm, rate, sms, OUT_DTYPES[prob.dtype].itemsize, assignment)
+    remote = prob.grid(rank).remote_rows_per_block(prob.layouts[rank])
+    lap("probe+compute")
+    lists = {name: (base[rank] if name == "expert_wave" else build_tasks(prob, name, sms, rank, cost=cost))
+             for name in schedules}
+    lap("schedules")
+    # correctness before timing: expert_wave's output close to the unfused baseline; every schedule bit-identical
+    if c.name not in unfused_cache:
+        unfused_cache.clear()
+        w = inp.weights
+        unfused_cache[c.name] = make_unfused(world, inp, (w.w1_hi if w.w1_hi is not None else w.w1,
+                                                          w.w2_hi if w.w2_hi is not None else w.w2))
+    unfused = unfused_cache[c.name]
+    want = []
+    for name in schedules:
+        poison_combine(world, bufs, c.tokens)
+        out = megamoe_layer(world, bufs, prob.inputs, {rank: lists[name]}, t, dynamic=dyn)[rank]
+        torch.cuda.synchronize()
+        comb = bufs.combine_view(rank, c.tokens)
+        unf = unfused() if not want else None      # collective: every rank at the same schedule
+
+        def check():
+            what = f"{c.name} {prob.dtype} rank {rank}"
+            if want:
+                check_bit_identical(comb, want[0], f"{what}: {name} vs {schedules[0]}")
+                return
+            if torch.isnan(comb).any():
+                raise AssertionError(f"{what}: combine buffer not fully written (NaN left)")
+            err = rel_l2(unf, out)
+            if not err <= UNFUSED_REL_L2[prob.dtype]:
+                raise AssertionError(f"{what}: fused vs unfused relative L2 {err:.3g}")
+            want.append(comb.clone())
+        agree_on_checks(world, check)
+        world.barrier()
+    del want
+    lap("check")
+    res = {"compute": compute, "sched": {}, "inner": inner, "phases": phases}
+    for name in schedules:
+        tasks = {rank: lists[name]}
+        world.barrier()
+        kern = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
+                                         dynamic=dyn), inner)
+        local = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
+                                          local_combine=True, dynamic=dyn), inner)   # this order, no remote stores
+        agree_on_checks(world, lambda: check_task_status(lists[name], rank, prob.layouts[rank],
+                                                         s.intermediate // t.block_n1, dev))
+        world.barrier()
+        layer = timed(lambda: (dispatch(world, bufs, prob.inputs, check=False),
+                               run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn),
+                               topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
+        pred = predict_kernel_ns(lists[name], remote, cost, s.hidden, s.intermediate, t)["total_ns"] / 1e6
+        res["sched"][name] = dict(kernel=kern, layer=layer, pred=pred, param=lists[name].param or "",
+                                  n_tasks=lists[name].n_tasks, local=local)
+    world.barrier()
+    res["dispatch"] = timed(lambda: dispatch(world, bufs, prob.inputs, check=False), inner)
+    world.barrier()
+    res["unfused"] = timed(unfused, inner)
+    world.barrier()
+    res["grouped_mm"] = timed(unfused.gemm, inner)
+    world.barrier()
+    lap("timing")
+    return res
+
+
+def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.DataFrame:
+    c, s = prob.case, prob.case.shape
+
+    def agg(get):                        # per repeat the max over ranks, then the median (and the minimum)
+        per = np.max(np.array([get(p) for p in parts], dtype=np.float64), axis=0)
+        return float(np.median(per)), float(per.min())
+
+    flops = sum(gemm_flops(lay.rows, s.hidden, s.intermediate) for lay in prob.layouts)
+    remote = max(remote_combine_bytes(lay.remote_rows, s.hidden, OUT_DTYPES[prob.dtype].itemsize)
+                 for lay in prob.layouts)
+    compute, _ = agg(lambda p: p["compute"])
+    dispatch_ms, _ = agg(lambda p: p["dispatch"])
+    unfused_ms, _ = agg(lambda p: p["unfused"])
+    grouped_ms, _ = agg(lambda p: p["grouped_mm"])
+    pred = {n: max(p["sched"][n]["pred"] for p in parts) for n in parts[0]["sched"]}
+    rows = []
+    for name in parts[0]["sched"]:
+        kern, kern_min = agg(lambda p: p["sched"][name]["kernel"])
+        local, _ = agg(lambda p: p["sched"][name]["local"])
+        layer, _ = agg(lambda p: p["sched"][name]["layer"])
+        rows.append(dict(shape=s.name, hidden=s.hidden, intermediate=s.intermediate, experts=s.experts,
+                         topk=s.topk, tokens=c.tokens, routing=c.routing, seed=c.seed, P=P, dtype=prob.dtype,
+                         schedule=name, block_m=prob.tiles.block_m,
+                         schedule_param="|".join(dict.fromkeys(p["sched"][name]["param"] for p in parts)),
+                         n_tasks=max(p["sched"][name]["n_tasks"] for p in parts),
+                         rows=max(lay.rows for lay in prob.layouts), remote_bytes=remote, kernel_ms=kern,
+                         kernel_ms_min=kern_min, n_timed=repeats, calls_per_run=parts[0]["inner"],
+                         tflops=flops / P / (kern * 1e-3) / 1e12,
+                         compute_ms=compute, dispatch_ms=dispatch_ms, layer_ms=layer, unfused_ms=unfused_ms,
+                         grouped_mm_ms=grouped_ms, compute_sched_ms=local,
+                         predicted_ms=pred[name],
+                         predicted_speedup=pred.get("expert_wave", float("nan")) / pred[name]))
+    return pd.DataFrame(rows)
+
+
+def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes: Sequence[str],
+                schedules: Sequence[str], repeats: int, warmup: int, prm: dict, seed: int,
+                deadline: float | None, assignment: str = "static") -> None:
+    """Runs on every rank: (case, dtype) pairs not yet in ``folder`` are checked, timed and appended one at a
+    time (shape by shape: weights are generated once per shape and dtype). Stops starting new pairs after
+    ``deadline`` (time.time()); a re-run resumes."""
+    rank, P = world.local_ranks[0], world.world_size
+    csv, todo, _ = pending(world, folder, MEGAMOE, meta, [(c, d) for c in cases for d in dtypes],
+                           lambda cd: cd[0].key(P, cd[1]))
+    params = BurstGapParams(**prm)
+    dev = world.device(rank)
+    unfused_cache: dict = {}
+
+    def out_of_time() -> bool:
+        """Rank 0's clock decides for every rank (a collective: all ranks stop at the same configuration)."""
+        go = [deadline is None or time.time() < deadline]
+        world.dist.broadcast_object_list(go, src=0)
+        if not go[0] and rank == 0:
+            print("megamoe: time budget reached; run again to resume", file=sys.stderr, flush=True)
+        return not go[0]
+
+    for shape in dict.fromkeys(c.shape for c, _ in todo):
+        for dtype in [d for d in dtypes if any(c.shape == shape and dd == d for c, dd in todo)]:
+            mine = [c for c, d in todo if c.shape == shape and d == dtype]
+            if out_of_time():
+                return
+            t0 = time.perf_counter()
+            w = rank_weights(shape.hidden, shape.intermediate, shape.experts, P, rank, seed, dev, dtype)
+            cap = max(lay.rows for c in mine for lay in routing_of(c, P)[2])
+            tiles = {c.name: default_tiles(dtype, c.tokens * P * shape.topk / shape.experts) for c in mine}
+            bufs = moe_buffers(world, max(cap, 1), max(c.tokens for c in mine), shape.hidden, shape.intermediate,
+                               shape.topk, shape.experts // P, dtype,
+                               min_block_m=min(t.block_m for t in tiles.values()))
+            if rank == 0:
+                print(f"megamoe: {shape.name} {dtype} weights and buffers in {time.perf_counter() - t0:.1f} s",
+                      file=sys.stderr, flush=True)
+            for c in mine:
+                if out_of_time():
+                    return
+                t0 = time.perf_counter()
+                prob = make_problem(world, c, dtype, tiles[c.name], weights={rank: w}, weight_seed=seed)
+                t_setup = time.perf_counter() - t0
+                res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache,
+                                    assignment)
+                parts = [None] * P
+                world.dist.all_gather_object(parts, res)
+                if rank == 0:
+                    data.append_rows(csv, MEGAMOE, _rows_for(prob, P, parts, repeats))
+                    ph = " ".join(f"{k} {v:.1f}" for k, v in res["phases"].items())
+                    print(f"megamoe: {c.name} {dtype} done in {time.perf_counter() - t0:.1f} s (setup "
+                          f"{t_setup:.1f} {ph}; inner {res['inner']})", file=sys.stderr, flush=True)
+                del prob
+            del w, bufs
+            unfused_cache.clear()
+            torch.cuda.empty_cache()
+
+
+def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapParams], world_size: int = 2,
+                dtypes: Sequence[str] = DTYPES_GPU, cases: Sequence[MoECase] | None = None,
+                schedules: Sequence[str] = SCHEDULES, repeats: int = 20, warmup: int = 3, seed: int = 0,
+                max_minutes: float | None = None, command: str = "", assignment: str = "static") -> Path:
+    """Run (or resume) the MegaMoE sweep on ``world_size`` GPUs into ``out``/megamoe.csv; returns its path.
+    ``prm``: Burst-Gap parameters of the predictions, or a function that returns them, called once the parameters
+    and the GPUs have been checked (e.g. ``xstage.studies.recorded_params``: fitted to a machine's recorded
+    burst-gap sweep). ``max_minutes``: start no new (case, dtype) after that long (a re-run resumes).
+    ``assignment``: how the kernel's programs take tasks (``ASSIGNMENT_REGISTRY``); one folder holds one
+    assignment (recorded in the sidecar's params). Parameters are validated before the GPUs are checked and
+    anything launches."""
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2 (the combine needs peers), got {world_size}")
+    if repeats < 20 or warmup < 1:
+        raise ValueError(f"repeats must be >= 20 and warmup >= 1, got {repeats}, {warmup}")
+    if not dtypes or any(d not in DTYPES_GPU for d in dtypes):
+        raise ValueError(f"dtypes must be a non-empty subset of {DTYPES_GPU}, got {list(dtypes)}")
+    if not schedules or any(s not in SCHEDULES for s in schedules) or schedules[0] != "expert_wave":
+        raise ValueError(f"schedules must be a subset of {SCHEDULES} starting with expert_wave, got {list(schedules)}")
+    cases = list(CASES if cases is None else cases)
+    if not cases:
+        raise ValueError("no cases")
+    if len({c.name for c in cases}) != len(cases):
+        raise ValueError("case names must be unique")
+    for c in cases:
+        s = c.shape
+        if s.experts % world_size:
+            raise ValueError(f"{c.name}: experts ({s.experts}) must be a positive multiple of the number of ranks "
+                             f"({world_size})")
+        for d in dtypes:
+            t = TileConfig(64, 128, 128, 128 if d == "fp8" else 64)
+            t.validate(d)
+            for what, n, b in (("hidden", s.hidden, 128), ("intermediate", s.intermediate, 128)):
+                if n % b:
+                    raise ValueError(f"{c.name}: {what} ({n}) is not tile-aligned (a multiple of {b})")
+    if max_minutes is not None and max_minutes <= 0:
+        raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
+    ASSIGNMENT_REGISTRY.check(assignment)
+    side = Path(out) / f"{MEGAMOE.name}.json"
+    if side.exists():
+        had = data.read_meta(side, MEGAMOE).get("params", {}).get("assignment", "static")
+        if had != assignment:
+            raise ValueError(f"{side.parent} holds a {had}-assignment sweep; record the {assignment} one in another "
+                             f"folder (e.g. {Path(out) / assignment})")
+    env.require_gpus(world_size, "the MegaMoE sweep")
+    from .ranks import spawn
+
+    prm = prm() if callable(prm) else prm
+    params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
+                  schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
+                  zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment)
+    meta = env.provenance(command, params)
+    deadline = None if max_minutes is None else time.time() + 60 * max_minutes
+    spawn(megamoe_job, world_size, cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup,
+          prm.as_dict(), seed, deadline, assignment)
+    return Path(out) / f"{MEGAMOE.name}.csv"
