@@ -446,3 +446,18 @@ def test_order_cost_splits_order_and_communication_when_recorded(rows):
     assert "on the tile order" in studies.megamoe_order_cost_line(cost)
     old = studies.megamoe_order_cost(rows.assign(compute_sched_ms=np.nan), 300.0)
     assert old.order_ms.isna().all() and "tile order" not in studies.megamoe_order_cost_line(old)
+
+
+def test_the_study_reads_only_the_planning_module():
+    """studies and figures import MegaMoE's CPU planning module only (no GPU module, no sweep), and the planning
+    module imports neither studies nor the GPU side: no import circle."""
+    import subprocess
+    import sys
+
+    code = ("import sys, xstage.moe_plan; a = set(sys.modules); import xstage.studies, xstage.figures; "
+            "print(sorted(m for m in a if m.startswith('xstage.')), sorted(m for m in sys.modules "
+            "if m.startswith('xstage.')), sep='\\n')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    plan, both = (set(eval(line)) for line in out.splitlines())   # two printed lists of module names
+    assert "xstage.moe_plan" in plan and not plan & {"xstage.studies", "xstage.moe", "xstage.moe_sweep"}
+    assert not both & {"xstage.moe", "xstage.moe_sweep", "xstage.ulysses_sweep"}

@@ -71,15 +71,18 @@ def machine_name() -> str:
     return f"{name}x{n}"
 
 
-def _git_commit() -> str:
-    if os.environ.get("XSTAGE_GIT_COMMIT"):
-        return os.environ["XSTAGE_GIT_COMMIT"]
+def git_commit(root: Path = REPO_ROOT) -> str | None:
+    """HEAD of the git checkout at ``root``; None outside one (or without git)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=10)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
+
+
+def _git_commit() -> str:
+    """The commit a recorded file names: $XSTAGE_GIT_COMMIT (a copy without .git), else HEAD, else unknown."""
+    return os.environ.get("XSTAGE_GIT_COMMIT") or git_commit() or "unknown"
 
 
 def _driver() -> str:

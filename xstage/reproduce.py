@@ -28,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xstage.env import SOURCES, resolve_source
+from xstage.env import REPO_ROOT, SOURCES, git_commit, resolve_source
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 DEFAULT_SOURCE = "auto"
-_PKG_PARENT = Path(__file__).resolve().parent.parent  # the repo root in a checkout / editable install
+_PKG_PARENT = REPO_ROOT  # the repo root in a checkout / editable install
 
 
 class ParameterError(ValueError):
@@ -397,16 +397,6 @@ def _new_run_dir(base: Path) -> Path:
     return run
 
 
-def _git_commit(root: Path) -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
@@ -605,7 +595,7 @@ def run(args: argparse.Namespace) -> int:
         "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
-        "git_commit": _git_commit(root),
+        "git_commit": git_commit(root),
         "only": args.only,
         "parameters": dict(overrides),
         "notebooks": [nb.stem for nb in notebooks],
