@@ -7,7 +7,9 @@ the figure is also written into the run folder::
     <run>/figures/plotly.min.js     one copy of plotly.js shared by every page (no network needed to view)
     <run>/figures/<name>.html       the interactive figure
     <run>/figures/<name>.json       the figure itself (index.html inlines it)
-    <run>/figures/<name>.png        static image, when a Chrome/Chromium is there for kaleido
+    <run>/figures/<name>.png        static image, when a Chrome/Chromium is there for kaleido (screen size)
+    <run>/figures/<name>.print.png  the same at print resolution (XSTAGE_PNG_SCALE, default 3x: ~300 dpi at 7 in)
+    <run>/figures/<name>.svg, .pdf  vector copies for papers (XSTAGE_FIGURE_FORMATS picks: png,print,svg,pdf)
     <run>/figures/manifest.jsonl    one JSON line per exported figure: caption, notebook, provenance, paper
 
 :func:`write_index` then writes ``<run>/index.html``: the notebooks' summary table and every figure with its
@@ -37,6 +39,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # provenance keys shown first, in this order, under each figure (the rest follow)
 _PROVENANCE_ORDER = ("machine", "gpu_name", "gpu_count", "driver", "cuda", "torch", "triton", "python",
                      "git_commit", "date_utc", "source", "command")
+
+STATIC_FORMATS = ("png", "print", "svg", "pdf")  # what XSTAGE_FIGURE_FORMATS may list (default: all)
+DEFAULT_PRINT_SCALE = 3.0
 
 _png_note_printed = False
 _kaleido_server_started = False
@@ -112,8 +117,35 @@ def _ensure_plotly_js(figdir: Path) -> None:
     os.replace(tmp, target)  # atomic: two notebooks may race here
 
 
-def _write_png(fig, path: Path) -> bool:
-    """PNG through kaleido; False (with one note line) when no browser or export fails."""
+def static_formats() -> tuple[str, ...]:
+    """The static exports of this run (``XSTAGE_FIGURE_FORMATS``, comma-separated; unknown names are an error)."""
+    text = os.environ.get("XSTAGE_FIGURE_FORMATS")
+    if text is None:
+        return STATIC_FORMATS
+    picked = tuple(f.strip().lower() for f in text.split(",") if f.strip())
+    bad = [f for f in picked if f not in STATIC_FORMATS]
+    if bad:
+        raise ValueError(f"XSTAGE_FIGURE_FORMATS: unknown format(s) {bad}; use some of {', '.join(STATIC_FORMATS)}")
+    return picked
+
+
+def print_scale() -> float:
+    """PNG scale of ``<name>.print.png`` (``XSTAGE_PNG_SCALE``, a number in (0, 10])."""
+    text = os.environ.get("XSTAGE_PNG_SCALE", "").strip()
+    if not text:
+        return DEFAULT_PRINT_SCALE
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = float("nan")
+    if not 0 < scale <= 10:
+        raise ValueError(f"XSTAGE_PNG_SCALE must be a number in (0, 10], got {text!r}")
+    return scale
+
+
+def _write_png(fig, path: Path, scale: float | None = None) -> bool:
+    """A static image through kaleido (format from the suffix: .png, .svg, .pdf); False (with one note line)
+    when no browser or export fails."""
     global _png_note_printed, _kaleido_server_started
     if os.environ.get("XSTAGE_NO_PNG"):
         return False
@@ -138,11 +170,11 @@ def _write_png(fig, path: Path) -> bool:
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The kopts argument is ignored")  # plotly+kaleido server
-            fig.write_image(str(path))
+            fig.write_image(str(path), **({} if scale is None else {"scale": scale}))
         return True
     except Exception as exc:  # noqa: BLE001
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _note(f"PNG export of {path.name} skipped: {type(exc).__name__}: {first}")
+        _note(f"export of {path.name} skipped: {type(exc).__name__}: {first}")
         return False
 
 
@@ -168,7 +200,14 @@ def export_figure(fig, name: str, caption: str, provenance: dict | None = None, 
     fig.write_html(str(figdir / f"{name}.html"), include_plotlyjs=PLOTLY_JS, full_html=True,
                    div_id=f"fig-{name}")
     (figdir / f"{name}.json").write_text(fig.to_json(), encoding="utf-8")
-    png = _write_png(fig, figdir / f"{name}.png")
+    formats = static_formats()
+    scale = print_scale()
+    png = "png" in formats and _write_png(fig, figdir / f"{name}.png")
+    static = {}
+    for key, fname, kw in (("png_print", f"{name}.print.png", {"scale": scale}), ("svg", f"{name}.svg", {}),
+                           ("pdf", f"{name}.pdf", {})):
+        wanted = ("print" if key == "png_print" else key) in formats
+        static[key] = f"figures/{fname}" if wanted and _write_png(fig, figdir / fname, **kw) else None
 
     prov = _default_provenance()
     prov.update(provenance or {})
@@ -182,11 +221,75 @@ def export_figure(fig, name: str, caption: str, provenance: dict | None = None, 
         "html": f"figures/{name}.html",
         "json": f"figures/{name}.json",
         "png": f"figures/{name}.png" if png else None,
+        **static,
         "exported_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     with open(figdir / MANIFEST, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, sort_keys=False) + "\n")
     return fig
+
+
+def export_goals(goals, notebook: str | None = None):
+    """Record a study's goals for index.html's goals table and return ``goals`` unchanged (a cell can display
+    it). Rows (a DataFrame or a list of dicts) carry ``quantity``, ``ours`` and any of ``paper`` (the paper's
+    number, a comparison), ``goal`` (e.g. ``">= 1.3"``) and ``met`` (True / False / None: no value). The table
+    of :func:`xstage.studies.megamoe_goals` (``target``) is read as: the paper's number where the quantity
+    says "paper", else a goal ``ours >= target``; its dtype and schedule go into the quantity. Outside a run
+    nothing is written; a notebook's later export replaces its earlier one.
+    """
+    run = run_dir()
+    if run is None:
+        return goals
+    records = goals.to_dict("records") if hasattr(goals, "to_dict") else [dict(r) for r in goals]
+    rows = []
+    for r in records:
+        quantity = str(r.get("quantity", ""))
+        detail = ", ".join(str(r[k]) for k in ("dtype", "schedule") if r.get(k) is not None)
+        paper, goal = r.get("paper"), r.get("goal")
+        if "target" in r and paper is None and goal is None:
+            if "paper" in quantity:
+                paper = r["target"]
+            elif r["target"] is not None:
+                goal = f">= {float(r['target']):g}"
+        met = r.get("met")
+        rows.append({"quantity": quantity + (f" [{detail}]" if detail else ""), "paper": _jsonable(paper),
+                     "ours": _jsonable(r.get("ours")), "goal": _jsonable(goal),
+                     "met": None if met is None or met != met else bool(met)})
+    nb = notebook or os.environ.get(NOTEBOOK_ENV) or "notebook"
+    figdir = run / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    (figdir / f"goals-{nb}.json").write_text(json.dumps({"notebook": nb, "rows": rows}, indent=1),
+                                            encoding="utf-8")
+    return goals
+
+
+def read_goals(run: Path) -> list[dict]:
+    """Every notebook's goal rows of a run (``figures/goals-*.json``), each with its notebook."""
+    out = []
+    for path in sorted((Path(run) / "figures").glob("goals-*.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        out += [{"notebook": doc.get("notebook"), **row} for row in doc.get("rows", [])]
+    return out
+
+
+def _number(x: Any) -> str:
+    if isinstance(x, float):
+        return "—" if x != x else f"{x:.3g}"
+    return "—" if x is None else str(x)
+
+
+def _goals_html(rows: list[dict]) -> str:
+    head = "".join(f"<th>{c}</th>" for c in ("notebook", "quantity", "paper", "ours", "goal", "met"))
+    body = []
+    for r in rows:
+        met = {True: ("yes", "ok"), False: ("no", "failed")}.get(r.get("met"), ("—", ""))
+        body.append(f"<tr><td>{_e(r.get('notebook'))}</td><td>{_e(r.get('quantity'))}</td>"
+                    f"<td>{_e(_number(r.get('paper')))}</td><td>{_e(_number(r.get('ours')))}</td>"
+                    f"<td>{_e(_number(r.get('goal')))}</td><td class='{met[1]}'>{met[0]}</td></tr>")
+    return f"<table class='goals'><tr>{head}</tr>{''.join(body)}</table>"
 
 
 # ---------------------------------------------------------------------------------------------- index.html
@@ -252,8 +355,9 @@ def _figure_html(run: Path, rec: dict) -> str:
     if not body:
         body = f"<iframe src='{_e(rec.get('html'))}' loading='lazy'></iframe>"
     links = [f"<a href='{_e(rec.get('html'))}'>html</a>"]
-    if rec.get("png"):
-        links.append(f"<a href='{_e(rec['png'])}'>png</a>")
+    for key, label in (("png", "png"), ("png_print", "png (print)"), ("svg", "svg"), ("pdf", "pdf")):
+        if rec.get(key):
+            links.append(f"<a href='{_e(rec[key])}'>{label}</a>")
     numbers = ""
     if rec.get("paper") or rec.get("ours"):
         numbers = ("<table class='numbers'><tr><th>paper</th><th>ours</th></tr>"
@@ -268,7 +372,8 @@ def _figure_html(run: Path, rec: dict) -> str:
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
-.summary td.failed{color:#b00;font-weight:bold}.summary td.ok{color:#070}
+.summary td.failed,.goals td.failed{color:#b00;font-weight:bold}.summary td.ok,.goals td.ok{color:#070}
+.summary td.skipped{color:#777}.summary td.error{color:#b00;font-family:monospace;font-size:.85em}
 .figure{border-top:1px solid #ddd;margin-top:1.5em;padding-top:.5em}.nb{font-weight:normal;color:#666;font-size:.8em}
 .caption{font-style:italic}.prov{font-size:.85em;color:#444}.numbers td{font-weight:bold}
 iframe{width:100%;height:520px;border:0}
@@ -303,7 +408,8 @@ def write_index(run: Path) -> Path:
     parts.append("<h2>Notebooks</h2>")
     if summary:
         cols = [c for c in ("notebook", "source", "seconds", "status") if c in summary[0]]
-        parts.append("<table class='summary'><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols) + "</tr>")
+        parts.append("<table class='summary'><tr>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
+                     + "<th>error / note</th></tr>")
         for row in summary:
             cells = []
             for c in cols:
@@ -311,15 +417,25 @@ def write_index(run: Path) -> Path:
                 if c == "notebook" and (run / f"{val}.html").exists():
                     cells.append(f"<td><a href='{_e(val)}.html'>{_e(val)}</a></td>")
                 elif c == "status":
-                    cls = "ok" if val == "ok" else "failed"
+                    cls = val if val in ("ok", "skipped") else "failed"
                     title = f" title='{_e(row.get('error'))}'" if row.get("error") else ""
                     cells.append(f"<td class='{cls}'{title}>{_e(val)}</td>")
                 else:
                     cells.append(f"<td>{_e(val)}</td>")
+            if row.get("error"):  # a failed notebook's error, in full (its HTML page has the traceback)
+                cells.append(f"<td class='error'>{_e(row['error'])}</td>")
+            else:
+                cells.append(f"<td>{_e(row.get('note') or '')}</td>")
             parts.append("<tr>" + "".join(cells) + "</tr>")
         parts.append("</table>")
     else:
         parts.append("<p>(no summary.csv in this run)</p>")
+
+    goals = read_goals(run)
+    if goals:
+        parts.append("<h2>Goals</h2><p>Per study: the paper's number (a comparison: eight GPUs), ours, the "
+                     "goal we hold ourselves to and whether it is met (— where there is no goal or no value).</p>")
+        parts.append(_goals_html(goals))
 
     parts.append(f"<h2>Figures ({len(figures)})</h2>")
     if not figures:
