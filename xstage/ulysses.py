@@ -171,7 +171,8 @@ def validate_shape(S: int, H: int, D: int, P: int) -> None:
         raise ValueError(f"S*H*D = {S * H * D} elements exceeds int32 offsets")
 
 
-def validate_dtype(dtype: torch.dtype) -> None:
+def validate_torch_dtype(dtype: torch.dtype) -> None:
+    """A torch dtype the attention kernel runs in here (xstage.moe_plan.validate_dtype takes a dtype name)."""
     if env.interpreted():
         if dtype not in (torch.float16, torch.float32):
             raise ValueError(f"dtype must be float16 or float32 under Triton's interpreter (its bf16 tl.dot is "
@@ -198,7 +199,7 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
     S, Hl, D = q.shape
     if D not in HEAD_DIMS:
         raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {D}")
-    validate_dtype(q.dtype)
+    validate_torch_dtype(q.dtype)
     want_cpu = env.interpreted()
     if (q.device.type == "cpu") != want_cpu:
         raise ValueError(f"tensors must be on the {'CPU (Triton interpreter)' if want_cpu else 'GPU'}, got "
@@ -301,7 +302,7 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     P = world.world_size
     dtype = dtype or default_dtype()
     validate_shape(S, H, D, P)
-    validate_dtype(dtype)
+    validate_torch_dtype(dtype)
     numel = S // P * H * D
     out = world.symmetric_empty(numel, dtype)
     flags = world.symmetric_empty(P, torch.int32)
@@ -529,7 +530,7 @@ def check_job(world, cases: Sequence, seed: int, dtype: torch.dtype | None = Non
     an emulated world. Returns one dict per (case, local rank) with both errors."""
     P = world.world_size
     dtype = dtype or default_dtype()
-    validate_dtype(dtype)
+    validate_torch_dtype(dtype)
     cases = [_as_shape(c) for c in cases]
     for c in cases:
         validate_shape(c.S, c.H, c.D, P)
