@@ -100,16 +100,6 @@ BURST_TRAIN = Schema(
 # programs, rank, repeat, burst); burst_bytes / gap_ns are that burst's size per program and the compute gap
 # after it; issue_* are statistics over the P programs of (issue end - issue start); start_ns is the median
 # program's issue start after the launch's earliest program start; *_skew_ns are max - min over programs.
-# Row identity and time columns of MEGAMOE and ULYSSES (below); a Schema's own ``row`` / ``times`` /
-# ``optional_times`` win over these.
-ROW_CHECKS = {
-    "megamoe": dict(row=("schedule", "schedule_param"),
-                    times=("kernel_ms", "kernel_ms_min", "tflops", "compute_ms", "dispatch_ms", "layer_ms",
-                           "unfused_ms", "predicted_ms", "predicted_speedup"),
-                    optional_times=("grouped_mm_ms", "compute_sched_ms")),
-    "ulysses": dict(row=("method", "repeat"), times=("sender_visible_ms", "end_to_end_ms", "tflops")),
-}
-
 MEGAMOE = Schema(
     "megamoe", 2,
     {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",
@@ -121,6 +111,10 @@ MEGAMOE = Schema(
      "grouped_mm_ms": "float64", "compute_sched_ms": "float64",
      "predicted_ms": "float64", "predicted_speedup": "float64"},
     ("shape", "tokens", "routing", "P", "dtype"),
+    row=("schedule", "schedule_param"),
+    times=("kernel_ms", "kernel_ms_min", "tflops", "compute_ms", "dispatch_ms", "layer_ms", "unfused_ms",
+           "predicted_ms", "predicted_speedup"),
+    optional_times=("grouped_mm_ms", "compute_sched_ms"),
 )
 # megamoe (xstage.moe_sweep), per configuration, dtype and schedule; every time is the median over repeats of
 # the max over ranks:
@@ -146,6 +140,7 @@ ULYSSES = Schema(
     {"shape": "str", "S": "int64", "H": "int64", "D": "int64", "P": "int64", "method": "str",
      "sender_visible_ms": "float64", "end_to_end_ms": "float64", "repeat": "int64", "tflops": "float64"},
     ("shape", "S", "H", "D", "P"),
+    row=("method", "repeat"), times=("sender_visible_ms", "end_to_end_ms", "tflops"),
 )
 # ulysses (xstage.ulysses_sweep), per shape, method, repeat; the max over ranks:
 #   sender_visible_ms  fused: device timestamps, last store issued - first program start; baselines: = end_to_end
@@ -253,15 +248,9 @@ def check_integrity(csv: Path, raw: bytes, meta: dict) -> None:
                         f"file {got['csv_sha256'][:12]}...): the file was edited or is corrupt")
 
 
-def _row_checks(schema: Schema) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    extra = ROW_CHECKS.get(schema.name, {})
-    return (schema.row or extra.get("row", ()), schema.times or extra.get("times", ()),
-            schema.optional_times or extra.get("optional_times", ()))
-
-
 def check_values(df: pd.DataFrame, schema: Schema, csv: Path) -> None:
     """Times finite and positive (optional times NaN or >= 0), no two rows with the same identity."""
-    row, times, optional = _row_checks(schema)
+    row, times, optional = schema.row, schema.times, schema.optional_times
     for cols, ok, what in ((times, lambda v: np.isfinite(v) & (v > 0), "finite and > 0"),
                            (optional, lambda v: np.isnan(v) | (np.isfinite(v) & (v >= 0)),
                             "NaN (not measured) or finite and >= 0")):
