@@ -422,3 +422,42 @@ def test_license_citation_and_paper_copy_are_in_the_repository():
     named = re.findall(r"[\w./-]+\.txt", meta["copy"])
     assert named and all((REPO / n).is_file() for n in named), meta["copy"]
     assert "shared/" not in json.dumps(meta)
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def test_static_exports_goals_and_errors_reach_index_html(tmp_path, monkeypatch):
+    go = pytest.importorskip("plotly.graph_objects")
+    written = []
+
+    def fake_write(fig, path, scale=None):  # kaleido needs a browser; the export plan is what is tested here
+        written.append((Path(path).name, scale))
+        Path(path).write_bytes(b"x")
+        return True
+
+    monkeypatch.setattr(report, "_write_png", fake_write)
+    monkeypatch.setenv("XSTAGE_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("XSTAGE_NOTEBOOK", "03_megamoe_84")
+    monkeypatch.delenv("XSTAGE_FIGURE_FORMATS", raising=False)
+    monkeypatch.delenv("XSTAGE_PNG_SCALE", raising=False)
+    report.export_figure(go.Figure(go.Bar(y=[1, 2])), "bars", "Bars.")
+    assert written == [("bars.png", None), ("bars.print.png", 3.0), ("bars.svg", None), ("bars.pdf", None)]
+    monkeypatch.setenv("XSTAGE_FIGURE_FORMATS", "svg")
+    written.clear()
+    report.export_figure(go.Figure(), "only_svg", "SVG only.")
+    assert written == [("only_svg.svg", None)]
+
+    goals = pd.DataFrame([
+        {"quantity": "geomean speedup over Expert-Wave (paper, 8 GPUs)", "dtype": "bf16", "schedule": "interleaved",
+         "ours": 0.84, "target": 1.18, "met": None},
+        {"quantity": "fused layer / unfused baseline (geomean)", "dtype": "bf16", "schedule": "interleaved",
+         "ours": 0.97, "target": 1.3, "met": False}])
+    assert report.export_goals(goals) is goals
+    pd.DataFrame([{"notebook": "03_megamoe_84", "source": "recorded", "seconds": 1.0, "status": "failed",
+                   "error": "KeyError: 'kernel_ms'", "note": ""},
+                  {"notebook": "04_ulysses_attention", "source": "simulated", "seconds": 0.0, "status": "skipped",
+                   "error": "", "note": "skipped: no simulated source"}]).to_csv(tmp_path / "summary.csv", index=False)
+    page = report.write_index(tmp_path).read_text()
+    assert "png (print)" in page and "figures/bars.pdf" in page and "figures/only_svg.svg" in page
+    assert "<h2>Goals</h2>" in page and "&gt;= 1.3" in page and "<td class='failed'>no</td>" in page
+    assert "<td>1.18</td><td>0.84</td><td>—</td>" in page  # the paper's number is a comparison, not a goal
+    assert "KeyError: &#x27;kernel_ms&#x27;" in page and "skipped: no simulated source" in page
