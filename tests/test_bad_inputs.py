@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 import torch
 
-from xstage import cli, data, report, reproduce, studies, sweep
+from xstage import burst_gap_sweep as sweep
+from xstage import cli, data, report, reproduce, studies
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from xstage import data, sweep
+from xstage import burst_gap_sweep as sweep
+from xstage import data
 from xstage.model import BurstGapParams
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from xstage import data, fit
 from xstage.model import BurstGapParams, simulate_sweep
-from xstage.sweep import BurstGapGrid
+from xstage.burst_gap_sweep import BurstGapGrid
 
 GRID = BurstGapGrid(burst_kib=(1, 4, 16, 64, 256, 1024, 4096), gap_us=(0, 3, 30), programs=(4, 16, 66, 132, 264),
                     store_bytes=(16,), targets=("remote",), n_bursts=6, repeats=2)

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from xstage import cli, sweep
+from xstage import burst_gap_sweep as sweep
+from xstage import cli
 from xstage.ranks import EmulatedWorld
 from xstage import data
 from xstage.remote_store import (POISON, BurstGapPoint, BurstTrain, burst_gap_buffers, check_destination,

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from xstage import sweep
+from xstage import burst_gap_sweep as sweep
 from xstage.ranks import spawn
 from xstage.remote_store import (BurstGapPoint, BurstTrain, burst_gap_buffers, check_barrier_status,
                                  launch_burst_gap, train_family)

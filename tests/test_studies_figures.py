@@ -19,7 +19,7 @@ SIM_PROGRAMS = list(studies.SIMULATED_GRID["programs"])
 def recorded():
     df, meta = studies.burst_gap_data("recorded")
     free, free_meta = studies.burst_gap_data("recorded", variant="free_running")
-    bw, _ = studies.bandwidth_data("h200x2")
+    bw, _ = studies.bandwidth_data("recorded", "h200x2")
     return df, free, bw, meta
 
 
@@ -53,15 +53,15 @@ def test_sources_and_provenance(recorded, simulated):
     assert smeta["source"] == "simulated" and smeta["machine"] == "simulated"
     assert sorted(sdf.programs.unique()) == SIM_PROGRAMS and set(sdf.target) == {"remote", "local"}
     assert sdf.sync.all() and not sfree.sync.any()
-    assert "clock" not in studies.provenance(meta)
+    assert "clock" not in studies.caption_provenance(meta)
 
 
 @pytest.mark.parametrize("call, match", [
     (lambda: studies.burst_gap_data("nope"), "source must be one of"),
-    (lambda: studies.burst_gap_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x2"),
+    (lambda: studies.burst_gap_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x1, h200x2"),
     (lambda: studies.burst_gap_data("recorded", variant="async"), "variant must be one of sync, free_running"),
-    (lambda: studies.bandwidth_data("nowhere"), r"machine 'nowhere'.*h200x2"),
-    (lambda: studies.bandwidth_data("h200x2", source="simulated"), "source 'simulated' has no bandwidth"),
+    (lambda: studies.bandwidth_data("recorded", "nowhere"), r"machine 'nowhere'.*h200x2"),
+    (lambda: studies.bandwidth_data("simulated", "h200x2"), "source 'simulated' has no bandwidth"),
     (lambda: studies.paper_number("megamoe", "min_speedup"), "no paper number megamoe/min_speedup"),
 ])
 def test_bad_parameters_name_the_parameter(call, match):
@@ -242,7 +242,7 @@ def test_ulysses_recorded_source(ulysses_recorded):
     df, meta = ulysses_recorded
     assert meta["source"] == "recorded" and meta["schema"] == "ulysses" and meta["machine"] == "h200x2"
     assert {"fused", "serial_triton", "attention_only"} <= set(df.method)
-    assert "clock" not in studies.provenance(meta)
+    assert "clock" not in studies.caption_provenance(meta)
 
 
 @pytest.mark.parametrize("call, match", [

@@ -110,10 +110,3 @@ def bandwidth_worker(world, out_rows: list, bytes_per_program: int = 4 << 20, re
                 del src, dst
         out_rows.extend(rows)
     world.barrier()
-
-
-def bandwidth_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Median GB/s per variant; best SM remote-store variant over the copy engine (same run)."""
-    med = (df.groupby(["method", "target", "programs", "num_warps", "rows", "bytes"], as_index=False)["gbps"]
-           .median().sort_values("gbps", ascending=False))
-    return med

@@ -118,7 +118,7 @@ def _data_folder(s: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .sweep import BurstGapGrid
+    from .burst_gap_sweep import BurstGapGrid
 
     d = BurstGapGrid()
     from . import __version__
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
                     help="gpu: run the kernels; simulated: the Burst-Gap event simulation (no GPU)")
 
-    from .sweep import TrainGrid
+    from .burst_gap_sweep import TrainGrid
 
     t = TrainGrid()
     tr = swsub.add_parser("trains", help="free-running irregular trains, sizes and gaps as data (notebooks 01/02)")
@@ -205,7 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="nvlink: the remote target; host: pinned host memory (default: the one recorded)")
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
-    fi.add_argument("--fluid", action="store_true", help="the paper's three-parameter fluid model instead")
+    fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "stage"), default="stage",
+                    help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
+                         "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
+                         "stage (+ the stall: a filled stage keeps part of its capacity until it empties)")
+    fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
+    fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")
 
     pr = sub.add_parser("predict", help="per-burst times of a train from a link's fitted stage model")
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                               cases=cases, schedules=args.schedules, repeats=args.repeats,
                               max_minutes=args.max_minutes, command=command, assignment=args.assignment))
         elif args.cmd == "sweep" and args.study == "trains":
-            from .sweep import TrainGrid, default_targets, run_trains, world_for
+            from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 
             targets = args.targets or default_targets()
             grid = TrainGrid(seed=args.seed, count=args.count, n_bursts=args.bursts, programs=args.programs,
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 params = load_params(args.params_from, args.link)
             print(run_trains(grid, args.out, source=args.source, params=params, command=command))
         elif args.cmd == "sweep":
-            from .sweep import BurstGapGrid, default_targets, run_burst_gap, world_for
+            from .burst_gap_sweep import BurstGapGrid, default_targets, run_burst_gap, world_for
 
             targets = args.targets or default_targets()
             grid = BurstGapGrid(burst_kib=args.burst_kib, gap_us=args.gap_us, programs=args.programs,
@@ -287,24 +292,24 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "bench":
             from .data import BANDWIDTH, load
             from .studies import bandwidth_summary
-            from .sweep import run_bandwidth
+            from .burst_gap_sweep import run_bandwidth
 
             run_bandwidth(args.out, command=command, world_size=args.world_size)
             df, _ = load(args.out, BANDWIDTH)
             print(bandwidth_summary(df).to_string(index=False))
         elif args.cmd == "fit" and args.fluid:
             from .data import load
-            from .fit import fit_burst_gap, summary_table
+            from .fit import fit_burst_gap, fluid_summary
 
             df, meta = load(args.data)
             res = fit_burst_gap(df, n_bootstrap=args.bootstrap)
             print(f"{meta['machine']} ({meta['gpu_name']} x{meta['gpu_count']}):")
-            print(summary_table(res).to_string(index=False))
+            print(fluid_summary(res).to_string(index=False))
         elif args.cmd == "fit":
             from .fit import fit_link, recorded_links, stage_summary, write_stage_fit
 
             link = args.link or recorded_links(args.data)[0]
-            res = fit_link(args.data, link)
+            res = fit_link(args.data, link, rung=args.rung, k_folds=args.folds)
             print(stage_summary(res).to_string(index=False))
             if args.write:
                 print(write_stage_fit(res, args.data, command=command))

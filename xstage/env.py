@@ -46,7 +46,7 @@ def require_gpus(n: int, what: str, simulated: bool | None = None) -> None:
             simulated = what.startswith(SIMULATED_STUDIES)
         alt = ("source='recorded' replays data/, source='simulated' runs the model" if simulated
                else "source='recorded' replays the measurements in data/ (this has no simulated source)")
-        raise RuntimeError(f"{what} needs {n} CUDA GPU(s) (NVLink peers for remote stores); {have} visible. "
+        raise RuntimeError(f"{what} needs {n} CUDA GPU(s) ({'NVLink peers for remote stores' if n > 1 else 'the host link needs one'}); {have} visible. "
                            f"Without GPUs: {alt}.")
 
 

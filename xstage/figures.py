@@ -511,9 +511,9 @@ def heldout_error(res) -> go.Figure:
 
 def params_table_figure(res) -> go.Figure:
     """The fitted parameters, their 95 % intervals and units, and the held-out error, as a table figure."""
-    from .fit import summary_table
+    from .fit import fluid_summary
 
-    t = summary_table(res)
+    t = fluid_summary(res)
     fmt = lambda v: "" if pd.isna(v) else f"{v:.4g}"  # noqa: E731
     cells = [t.parameter, [fmt(v) for v in t.value],
              ["" if pd.isna(lo) else f"{lo:.4g} – {hi:.4g}" for lo, hi in zip(t.ci95_low, t.ci95_high)], t.unit]

@@ -184,7 +184,7 @@ def fit_burst_gap(df: pd.DataFrame, target: str = "remote", store_bytes: int = 1
                      predict(cfgs, best, meas.shape[1]), heldout, target, store_bytes)
 
 
-def summary_table(res: FitResult) -> pd.DataFrame:
+def fluid_summary(res: FitResult) -> pd.DataFrame:
     """Parameter, value, 95% interval, unit; then the held-out error."""
     p = res.params.as_dict()
     rows = [dict(parameter=k, value=p[k], ci95_low=res.ci_low[k], ci95_high=res.ci_high[k], unit=UNITS[k])
@@ -192,3 +192,342 @@ def summary_table(res: FitResult) -> pd.DataFrame:
     rows.append(dict(parameter="heldout_median_abs_error", value=res.heldout_median_abs_error, ci95_low=np.nan,
                      ci95_high=np.nan, unit="fraction"))
     return pd.DataFrame(rows)
+
+
+# ================================================================================ the stage model, per link
+# One parameter set per link predicts both regimes: the synchronised sweep (the grid's span per burst, gap =
+# the requested gap + the harness's measured barrier time) and free-running trains (the median program's issue
+# time per burst), regular (data/<machine>/free_running/) and irregular (burst_train). Residuals are
+# log(predicted / measured) per (configuration, burst), soft-L1; each kind of record weighs alike in total.
+# Intervals: Gauss-Newton with a covariance robust to residuals correlated within a configuration (sandwich,
+# clustered by configuration). Held out: k folds by TRAIN (an irregular train is held out at every program
+# count it ran at; a regular configuration is its own train), never by repeat.
+LINK_TARGETS = {"nvlink": "remote", "host": "host"}
+STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib", "spread",
+                "stalled_fraction", "overhead_ns", "span_overhead_ns"]
+STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
+               "capacity_per_program_kib": "KiB/program", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
+               "span_overhead_ns": "ns"}
+# (low, high) of each parameter; log-spaced except the fractions (logit)
+STAGE_BOUNDS = {"issue_ns_per_kib": (0.5, 500.0), "drain_gbps": (1.0, 5000.0), "capacity_kib": (16.0, 1e6),
+                "capacity_per_program_kib": (0.5, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
+                "overhead_ns": (1.0, 1e4),
+                "span_overhead_ns": (1.0, 1e4)}
+STAGE_FIT_FILE = "stage_fit_{link}.json"          # the full model; other rungs: stage_fit_{link}_{rung}.json
+STAGE_FIT_VERSION = 1
+# the ladder: what each rung frees (the rest fixed: c_p -> no limit, spread -> 0, stalled_fraction -> 1)
+RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_ns", "span_overhead_ns"),
+         "capacity(P)": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
+                         "overhead_ns", "span_overhead_ns"),
+         "shares": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib", "spread",
+                    "overhead_ns", "span_overhead_ns"),
+         "stage": tuple(STAGE_PARAMS)}
+
+
+@dataclass
+class Observations:
+    """Every measured train of one link: configurations [N] and per-burst measurements [N, n] (NaN padded)."""
+
+    cfgs: pd.DataFrame           # kind (sync / free / train), train (fold unit), programs, n_bursts, sm_count
+    burst_bytes: np.ndarray      # [N, n] bytes per program (padding: one step, never measured)
+    gap_ns: np.ndarray           # [N, n] gap after each burst (sync: + the harness's barrier time)
+    measured: np.ndarray         # [N, n] ns: span (sync) or the median program's issue time (free, train)
+    sources: dict                # record name -> file and sha256 (what the fit was made from)
+
+    @property
+    def sync(self) -> np.ndarray:
+        return (self.cfgs.kind == "sync").to_numpy()
+
+    def take(self, idx) -> "Observations":
+        idx = np.asarray(idx)
+        return Observations(self.cfgs.iloc[idx].reset_index(drop=True), self.burst_bytes[idx], self.gap_ns[idx],
+                            self.measured[idx], self.sources)
+
+
+def recorded_links(folder) -> list[str]:
+    """The links a machine folder holds records of (nvlink: remote target; host: host target)."""
+    from .data import BURST_GAP, DataError, load
+
+    try:
+        df, _ = load(folder, BURST_GAP)
+    except DataError as e:
+        raise ValueError(f"{folder}: no burst-gap record to fit ({e})") from None
+    have = [link for link, t in LINK_TARGETS.items() if (df.target == t).any()]
+    if not have:
+        raise ValueError(f"{folder}: the burst-gap record has no remote or host rows (targets: "
+                         f"{sorted(set(df.target))})")
+    return have
+
+
+def observations(folder, link: str, store_bytes: int = 16) -> Observations:
+    """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train."""
+    from pathlib import Path
+
+    from .data import BURST_GAP, BURST_TRAIN, load, paths
+
+    if link not in LINK_TARGETS:
+        raise ValueError(f"link must be one of {', '.join(LINK_TARGETS)}, got {link!r}")
+    target = LINK_TARGETS[link]
+    folder = Path(folder)
+    if link not in recorded_links(folder):
+        raise ValueError(f"{folder}: no {link} rows (target {target!r}) in its burst-gap record")
+    parts, sources = [], {}
+    sm = 132
+
+    def add(kind, name, t, meas_col, gap_col):
+        for key, g in t.groupby(["train", "programs"], sort=False):
+            g = g.sort_values("burst")
+            parts.append((kind, key[0], int(key[1]), g.burst_bytes.to_numpy(float), g[gap_col].to_numpy(float),
+                          g[meas_col].to_numpy(float)))
+
+    df, meta = load(folder, BURST_GAP)
+    sm = int(meta.get("sm_count", sm) or sm)
+    sources["burst_gap"] = dict(file=str(paths(folder, BURST_GAP)[0].name), sha256=meta.get("csv_sha256"))
+    t = tidy_for_fit(df, target, store_bytes, "span_ns")
+    t = t[t.sync.astype(bool)]
+    t["train"] = "sync:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
+    add("sync", "burst_gap", t, "issue_ns", "gap_eff_ns")
+    fr = folder / "free_running"
+    if paths(fr, BURST_GAP)[0].is_file():
+        df, meta = load(fr, BURST_GAP)
+        sources["free_running"] = dict(file="free_running/" + paths(fr, BURST_GAP)[0].name,
+                                       sha256=meta.get("csv_sha256"))
+        t = tidy_for_fit(df, target, store_bytes, "issue_ns")
+        t = t[~t.sync.astype(bool)]
+        t["train"] = "free:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
+        add("free", "free_running", t, "issue_ns", "gap_ns")
+    if paths(folder, BURST_TRAIN)[0].is_file():
+        df, meta = load(folder, BURST_TRAIN)
+        sel = df[(df.target == target) & (df.store_bytes == store_bytes)]
+        if len(sel):
+            sources["burst_train"] = dict(file=paths(folder, BURST_TRAIN)[0].name, sha256=meta.get("csv_sha256"))
+            t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
+                burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
+            add("train", "burst_train", t, "issue_ns", "gap_ns")
+    n = max(len(p[3]) for p in parts)
+    N = len(parts)
+    b = np.full((N, n), 2048.0)
+    g = np.zeros((N, n))
+    m = np.full((N, n), np.nan)
+    for i, (_, _, _, bb, gg, mm) in enumerate(parts):
+        b[i, :len(bb)], g[i, :len(gg)], m[i, :len(mm)] = bb, gg, mm
+    m = np.where(m > 0, m, np.nan)
+    cfgs = pd.DataFrame({"kind": [p[0] for p in parts], "train": [p[1] for p in parts],
+                         "programs": [p[2] for p in parts], "n_bursts": [len(p[3]) for p in parts]})
+    cfgs["sm_count"] = sm
+    return Observations(cfgs, b, g, m, sources)
+
+
+def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
+    from .model import StageParams
+
+    v = dict(fixed)
+    for name, xi in zip(free, x):
+        v[name] = float(1 / (1 + np.exp(-xi))) if name in LOGIT else float(np.exp(xi))
+    span_o = v.pop("span_overhead_ns")
+    prm = StageParams(**v, sm_count=sm_count, link=link)
+    return prm, span_o
+
+
+LOGIT = ("spread", "stalled_fraction")   # fitted in logit space (fractions); the rest in log space
+
+
+def _to_x(name, v):
+    return np.log(v / (1 - v)) if name in LOGIT else np.log(v)
+
+
+def predict_observations(obs: Observations, prm, span_overhead_ns: float) -> np.ndarray:
+    """Predicted [N, n] for every observation (the span's fixed cost added to sync rows)."""
+    from .model import simulate_stage, stage_measure
+
+    start, end, _ = simulate_stage(prm, obs.cfgs.programs.to_numpy(), obs.burst_bytes, obs.gap_ns, obs.sync)
+    pred = stage_measure(start, end, obs.sync)
+    return np.where(obs.sync[:, None], pred - prm.overhead_ns + span_overhead_ns, pred)
+
+
+def _weights(obs: Observations) -> np.ndarray:
+    """Per-observation weight: every kind of record weighs alike in total (sqrt for least squares)."""
+    counts = obs.cfgs.kind.value_counts()
+    return np.sqrt((1.0 / obs.cfgs.kind.map(counts)).to_numpy() * len(counts) ** -1 * len(obs.cfgs))
+
+
+def _stage_solve(obs, x0, free, fixed, link, max_nfev=40):
+    mask = np.isfinite(obs.measured)
+    w = np.broadcast_to(_weights(obs)[:, None], obs.measured.shape)[mask]
+    lo = np.array([_to_x(k, STAGE_BOUNDS[k][0]) for k in free])
+    hi = np.array([_to_x(k, STAGE_BOUNDS[k][1]) for k in free])
+    sm = int(obs.cfgs.sm_count.iloc[0])
+
+    def resid(x):
+        prm, so = _stage_params(x, free, fixed, sm, link)
+        pred = predict_observations(obs, prm, so)
+        return w * (np.log(np.maximum(pred, 1e-3)) - np.log(obs.measured))[mask]
+
+    x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
+    return least_squares(resid, x0, loss="soft_l1", f_scale=0.1, method="trf", x_scale=1.0, diff_step=1e-3,
+                         max_nfev=max_nfev, bounds=(lo, hi)), mask
+
+
+@dataclass
+class StageFit:
+    link: str
+    rung: str
+    params: "StageParams"
+    span_overhead_ns: float
+    ci_low: dict
+    ci_high: dict
+    table: pd.DataFrame = field(repr=False)       # per (observation, burst): measured, predicted (in-sample)
+    heldout: pd.DataFrame = field(repr=False)     # the same, each train predicted by a fit without it
+    sources: dict = field(default_factory=dict)
+    folder: str = ""
+
+    def values(self) -> dict:
+        return {**{k: getattr(self.params, k) for k in STAGE_PARAMS if k != "span_overhead_ns"},
+                "span_overhead_ns": self.span_overhead_ns}
+
+
+def _long(obs: Observations, pred: np.ndarray) -> pd.DataFrame:
+    n = obs.measured.shape[1]
+    rows = obs.cfgs.loc[obs.cfgs.index.repeat(n)].reset_index(drop=True)
+    rows["burst"] = np.tile(np.arange(n), len(obs.cfgs))
+    rows["burst_bytes"] = obs.burst_bytes.ravel()
+    rows["gap_ns"] = obs.gap_ns.ravel()
+    rows["measured_ns"] = obs.measured.ravel()
+    rows["predicted_ns"] = pred.ravel()
+    rows = rows.dropna(subset=["measured_ns"]).reset_index(drop=True)
+    rows["rel_error"] = rows.predicted_ns / rows.measured_ns - 1
+    return rows
+
+
+def _initial(rung: str, link: str) -> dict:
+    """Starting values: the order of magnitude each link shows (xstage's records), the same for every fit."""
+    d = dict(issue_ns_per_kib=19.0, drain_gbps=360.0 if link == "nvlink" else 52.0, capacity_kib=3000.0,
+             capacity_per_program_kib=30.0, spread=0.8, stalled_fraction=0.4, overhead_ns=60.0,
+             span_overhead_ns=150.0)
+    if rung not in ("shares", "stage"):
+        d["spread"] = 0.0
+    if rung not in ("stage",):
+        d["stalled_fraction"] = 1.0
+    if rung == "fluid":
+        from .model import NO_LIMIT_KIB
+
+        d["capacity_per_program_kib"] = NO_LIMIT_KIB
+        d["capacity_kib"] = 1000.0
+    return d
+
+
+def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 5, seed: int = 0,
+              max_nfev: int = 40) -> StageFit:
+    """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors."""
+    if rung not in RUNGS:
+        raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
+    free = list(RUNGS[rung])
+    init = _initial(rung, link)
+    fixed = {k: v for k, v in init.items() if k not in free}
+    x0 = np.array([_to_x(k, init[k]) for k in free])
+    sol, mask = _stage_solve(obs, x0, free, fixed, link, max_nfev)
+    sm = int(obs.cfgs.sm_count.iloc[0])
+    prm, so = _stage_params(sol.x, free, fixed, sm, link)
+    # cluster-robust (by configuration) Gauss-Newton covariance of the transformed parameters
+    J = sol.jac
+    r = sol.fun
+    cluster = np.broadcast_to(np.arange(len(obs.cfgs))[:, None], obs.measured.shape)[mask]
+    bread = np.linalg.pinv(J.T @ J)
+    meat = np.zeros_like(bread)
+    for c in np.unique(cluster):
+        s = (J[cluster == c] * r[cluster == c][:, None]).sum(axis=0)
+        meat += np.outer(s, s)
+    se = np.sqrt(np.maximum(np.diag(bread @ meat @ bread), 0.0))
+    lo, hi = {}, {}
+    for name, xi, s in zip(free, sol.x, se):
+        a, b = _to_x(name, STAGE_BOUNDS[name][0]), _to_x(name, STAGE_BOUNDS[name][1])
+        f = (lambda z: 1 / (1 + np.exp(-z))) if name in LOGIT else np.exp
+        lo[name], hi[name] = float(f(max(xi - 1.96 * s, a))), float(f(min(xi + 1.96 * s, b)))
+    for name in fixed:
+        lo[name] = hi[name] = float(fixed[name])
+    table = _long(obs, predict_observations(obs, prm, so))
+    # held out by train: folds over train names (sync / free configurations are their own trains)
+    names = obs.cfgs.train.unique()
+    fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % k_folds))
+    fold = obs.cfgs.train.map(fold_of).to_numpy()
+    parts = []
+    for f in range(k_folds):
+        tr, te = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+        if not len(te):
+            continue
+        s_f, _ = _stage_solve(obs.take(tr), sol.x, free, fixed, link, max_nfev=max(max_nfev // 3, 10))
+        p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
+        o_te = obs.take(te)
+        part = _long(o_te, predict_observations(o_te, p_f, so_f))
+        part["fold"] = f
+        parts.append(part)
+    heldout = pd.concat(parts, ignore_index=True)
+    return StageFit(link, rung, prm, so, lo, hi, table, heldout, obs.sources)
+
+
+def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageFit:
+    res = fit_stage(observations(folder, link), link, rung, k_folds)
+    res.folder = str(folder)
+    return res
+
+
+def error_summary(t: pd.DataFrame, min_ns: float = 1000.0) -> pd.DataFrame:
+    """Median and p90 |relative error| per kind of record (bursts of at least ``min_ns`` measured)."""
+    t = t[t.measured_ns >= min_ns]
+    g = t.assign(abs_err=t.rel_error.abs()).groupby("kind")["abs_err"]
+    return pd.DataFrame({"median_abs_error": g.median(), "p90_abs_error": g.quantile(0.9), "bursts": g.size()})
+
+
+def stage_summary(res: StageFit) -> pd.DataFrame:
+    """Parameters with 95 % intervals, then the held-out errors per kind of record."""
+    v = res.values()
+    rows = [dict(parameter=k, value=v[k], ci95_low=res.ci_low[k], ci95_high=res.ci_high[k], unit=STAGE_UNITS[k])
+            for k in STAGE_PARAMS]
+    for kind, r in error_summary(res.heldout).iterrows():
+        rows.append(dict(parameter=f"heldout_{kind}_median_abs_error", value=r.median_abs_error,
+                         ci95_low=np.nan, ci95_high=r.p90_abs_error, unit="fraction (ci95_high: p90)"))
+    return pd.DataFrame(rows)
+
+
+def stage_fit_name(link: str, rung: str = "stage") -> str:
+    return STAGE_FIT_FILE.format(link=link) if rung == "stage" else f"stage_fit_{link}_{rung.replace('(P)', '_p')}.json"
+
+
+def read_stage_fit(folder, link: str, rung: str = "stage") -> dict:
+    """A written fit (:func:`write_stage_fit`) with its tables as DataFrames; ValueError when absent/stale."""
+    from pathlib import Path
+
+    from .model import read_fit
+
+    obj = read_fit(Path(folder) / stage_fit_name(link, rung), link)
+    if obj.get("kind") != "stage_fit" or obj.get("version") != STAGE_FIT_VERSION:
+        raise ValueError(f"{folder}/{stage_fit_name(link, rung)} is not a v{STAGE_FIT_VERSION} stage fit")
+    obj["table"] = pd.DataFrame(obj["table"])
+    obj["heldout_table"] = pd.DataFrame(obj["heldout_table"])
+    for t in (obj["table"], obj["heldout_table"]):
+        t["rel_error"] = t.predicted_ns / t.measured_ns - 1
+    return obj
+
+
+def write_stage_fit(res: StageFit, folder, command: str = "") -> str:
+    """The fit as data/<machine>/stage_fit_<link>.json: parameters, intervals, held-out errors, and what it
+    was fitted from (file names and sha256), which :func:`xstage.model.load_params` checks."""
+    import json
+    from pathlib import Path
+
+    from . import env
+    from .data import write_json_atomic
+
+    path = Path(folder) / stage_fit_name(res.link, res.rung)
+    err = error_summary(res.heldout)
+    cols = ["kind", "train", "programs", "burst", "burst_bytes", "gap_ns", "measured_ns", "predicted_ns"]
+    obj = {"kind": "stage_fit", "version": STAGE_FIT_VERSION, "link": res.link, "rung": res.rung,
+           "params": res.params.as_dict(), "span_overhead_ns": res.span_overhead_ns,
+           "ci95_low": res.ci_low, "ci95_high": res.ci_high, "sources": res.sources,
+           "heldout": json.loads(err.to_json(orient="index")),
+           "table": res.table[cols].round(1).to_dict(orient="list"),
+           "heldout_table": res.heldout[cols + ["fold"]].round(1).to_dict(orient="list"),
+           "provenance": {k: v for k, v in env.provenance(command, {}).items()
+                          if k in ("git_commit", "date_utc", "command", "python", "torch")}}
+    write_json_atomic(path, obj)
+    return str(path)

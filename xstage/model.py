@@ -258,15 +258,21 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 #   drain     at D bytes/ns; while the stage is full the issuers together get D, shared by arbitration:
 #             program weights w uniform on [1 - spread, 1] (water-filled: nobody above r). spread = 0 is equal
 #             shares, under which programs that start together stay together; spread > 0 lets the favoured
-#             programs finish first, which is the drift measured in free-running trains.
+#             programs finish first, which is the drift measured in free-running trains (a contended burst's
+#             fastest program finishes at ~0.35-0.55 of the slowest). Skewed weights (w = exp(-k u)) fitted
+#             worse on the host link (held-out trains 26 % against 18 %): the uniform law stays.
 #   overhead  o ns per burst inside the measured issue time (CTA barrier + timer reads); the stage drains then
+#   stall     once the stage has filled, it holds only phi * C(P) until it has emptied again: the issuers wait
+#             until it drained to there. Measured on both links: a burst into an empty stage absorbs C (e.g. 2.2 MB
+#             in 0.4-0.5 us at P = 132), but sustained bursts settle on B / D minus a much smaller intercept
+#             (0.5-1 MB): the first stall costs (1 - phi) C / D once per busy period.
 #
 # A train is given per burst: bytes per program b_k and the compute gap g_k that FOLLOWS burst k (g_{n-1} is
 # unused). ``sync=True`` adds the synchronised sweep's grid barrier: every program starts burst k + 1 together,
 # g_k after the last one finished burst k; the measured quantity is then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-STAGE_GROUPS = 16            # weight groups a grid is simulated as (min(P, 16)); each holds P / G programs
+STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
 
@@ -281,6 +287,7 @@ class StageParams:
     capacity_per_program_kib: float  # c_p: stage bytes each issuing program (up to one per SM) adds (KiB)
     spread: float                    # arbitration: weights uniform on [1 - spread, 1]; 0 = equal shares
     overhead_ns: float = 0.0         # fixed cost inside each measured issue time
+    stalled_fraction: float = 1.0    # phi: the part of C(P) a stage that filled keeps until it empties again
     sm_count: int = 132              # S: programs beyond one per SM add no stage (not fitted: the GPU's count)
     link: str = ""                   # "nvlink" or "host" (a label)
 
@@ -293,6 +300,8 @@ class StageParams:
             raise ValueError(f"overhead_ns must be >= 0 and finite, got {self.overhead_ns}")
         if not (0 <= self.spread < 1):
             raise ValueError(f"spread must be in [0, 1), got {self.spread}")
+        if not (0 < self.stalled_fraction <= 1):
+            raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
 
@@ -313,7 +322,7 @@ class StageParams:
     def from_fluid(cls, prm: BurstGapParams, sm_count: int = 132, link: str = "") -> "StageParams":
         """Rung 1: the paper's three parameters as a stage model (constant capacity, equal shares)."""
         return cls(prm.issue_ns_per_kib, prm.drain_gbps, prm.capacity_kib, NO_LIMIT_KIB, 0.0, prm.overhead_ns,
-                   sm_count, link)
+                   1.0, sm_count, link)
 
 
 def _water_fill(w, m, total, cap):
@@ -355,8 +364,9 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     valid = gi < Gc[:, None]                                            # [N, G]
     m = np.where(valid, P[:, None] / np.maximum(Gc, 1)[:, None], 0.0)   # programs per group
     w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
-    r, D, o = prm.program_rate, prm.drain_gbps, prm.overhead_ns
+    r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
+    stalled = np.zeros(N, bool)
     # phase: 0 overhead, 1 issuing, 2 gap, 3 waiting at the grid barrier (sync), 4 done
     phase = np.where(valid, 0, 4)
     k = np.zeros((N, G), int)
@@ -368,7 +378,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     q = np.zeros(N)
     rows = np.arange(N)[:, None]
     eps_t = 1e-9
-    for _ in range(8 * G * n + 4 * n + 16):
+    for _ in range(40 * G * n + 100):
         # transitions whose time is up (zero-length gaps and overheads chain within one pass of this loop)
         for _ in range(4):
             bb = b[rows, np.minimum(k, n - 1)]
@@ -404,24 +414,34 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             break
         issuing = phase == 1
         demand = np.where(issuing, m * r, 0.0).sum(axis=1)
-        full = (q >= C * (1 - 1e-9)) & (demand > D)
-        rate = np.where(issuing, r, 0.0)
+        Ce = np.where(stalled, C * phi, C)
+        over = q > Ce * (1 + 1e-9)                                   # a stage that just filled: issuers wait
+        full = ~over & (q >= Ce * (1 - 1e-9)) & (demand > D)
+        rate = np.where(issuing & ~over[:, None], r, 0.0)
         if full.any():
             shared = _water_fill(np.where(issuing & full[:, None], w, 0.0), m, np.full(N, D), r)
             rate = np.where(full[:, None], shared, rate)
         inflow = (m * rate).sum(axis=1)
-        qdot = np.where(full, 0.0, inflow - D)
+        qdot = np.where(over, -D, np.where(full, 0.0, inflow - D))
         qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t_evt = np.where(issuing, rem / rate, np.where((phase == 0) | (phase == 2), rem, np.inf))
-            t_fill = np.where(~full & (qdot > 0), (C - q) / qdot, np.inf)
-        dt = np.minimum(t_evt.min(axis=1), t_fill)
+            t_evt = np.where(issuing & (rate > 0), rem / rate,
+                             np.where((phase == 0) | (phase == 2), rem, np.inf))
+            t_fill = np.where(~full & ~over & (qdot > 0), (Ce - q) / qdot, np.inf)
+            t_unover = np.where(over, (q - Ce) / D, np.inf)
+            t_empty = np.where(stalled & ~over & (qdot < 0), q / -qdot, np.inf)
+        dt = np.minimum(np.minimum(t_evt.min(axis=1), t_fill), np.minimum(t_unover, t_empty))
         dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
         t = t + dt
         rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
                                                                     rem - dt[:, None], rem))
+        rem = np.where(t_evt <= dt[:, None] * (1 + 1e-12), 0.0, rem)   # the events that set dt land exactly
         q = np.clip(q + qdot * dt, 0.0, C)
-        q = np.where(np.isfinite(t_fill) & (dt >= t_fill), C, q)
+        filled = np.isfinite(t_fill) & (dt >= t_fill)
+        q = np.where(filled, Ce, q)
+        q = np.where(np.isfinite(t_unover) & (dt >= t_unover), Ce, q)
+        q = np.where(np.isfinite(t_empty) & (dt >= t_empty), 0.0, q)
+        stalled = (stalled | filled) & (q > 0)
     else:
         raise RuntimeError("stage simulation did not finish within its step bound (a bug: please report)")
     return start, end, m
@@ -498,3 +518,50 @@ def simulated_train_rows(trains, prm: StageParams, repeats: int, noise: float = 
                 "start_skew_ns": np.ptp(s, axis=0), "end_skew_ns": np.ptp(e, axis=0),
                 "span_ns": (e.max(axis=0) - s.min(axis=0)) * k}))
     return pd.concat(out, ignore_index=True)[list(BURST_TRAIN.columns)]
+
+
+# ------------------------------------------------------------------------------------------ fitted parameters
+LINKS = ("nvlink", "host")
+
+
+def load_params(data_dir, link: str) -> StageParams:
+    """The stage-model parameters fitted to ``data_dir``'s record of ``link`` ("nvlink": stores to a peer GPU;
+    "host": pinned host memory over PCIe), as ``xstage fit --data DIR --link LINK --write`` wrote them
+    (``stage_fit_<link>.json``). Pure JSON: no torch needed. ValueError for an unknown link, a folder without a
+    fit for that link, or a fit made from other versions of the folder's records (refit then)."""
+    import json
+    from pathlib import Path
+
+    if link not in LINKS:
+        raise ValueError(f"link must be one of {', '.join(LINKS)}, got {link!r}")
+    folder = Path(data_dir)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder")
+    return StageParams(**read_fit(folder / f"stage_fit_{link}.json", link)["params"])
+
+
+def read_fit(path, link: str) -> dict:
+    """A written stage fit (JSON), checked: the right link, parameters that validate, fitted to the records
+    as they are now (the sha256 of each source CSV against its sidecar)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    folder = path.parent
+    if not path.is_file():
+        have = sorted(p.name for p in folder.glob("stage_fit_*.json"))
+        raise ValueError(f"{folder} has no fit for link {link!r} ({path.name} missing; has: "
+                         f"{', '.join(have) or 'none'}); fit it: xstage fit --data {folder} --link {link} --write")
+    try:
+        obj = json.loads(path.read_text())
+        StageParams(**obj["params"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a stage fit: {e}") from None
+    if obj.get("link") != link:
+        raise ValueError(f"{path} holds link {obj.get('link')!r}, not {link!r}")
+    for src in obj.get("sources", {}).values():
+        side = folder / Path(src["file"]).parent / (Path(src["file"]).name.split(".")[0] + ".json")
+        if src.get("sha256") and side.is_file() and json.loads(side.read_text()).get("csv_sha256") != src["sha256"]:
+            raise ValueError(f"{path} was fitted to another version of {src['file']}: refit "
+                             f"(xstage fit --data {folder} --link {link} --write)")
+    return obj

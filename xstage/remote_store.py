@@ -13,6 +13,7 @@ import torch
 from . import env
 from .kernels.remote_store import (burst_gap_store_kernel, burst_train_store_kernel, stream_store_kernel,
                                    stream_store_tma_kernel)
+from .kernels.sync import GRID_MAX_POLLS as MAX_POLLS  # grid-barrier spin bound (why: kernels/sync.py)
 from .kernels.sync import clock_calibration_kernel
 
 STORE_BYTES = (4, 8, 16)
@@ -78,7 +79,6 @@ def calibrate_clock(device: torch.device, spin_ns: int = 20_000_000) -> dict:
     return {"cycles_per_ns": (c1 - c0) / (g1 - g0), "globaltimer_tick_ns": tick}
 
 
-MAX_POLLS = 2_000_000  # grid-barrier spin bound (~100x the longest burst we time)
 
 
 def burst_gap_buffers(p: BurstGapPoint, device) -> dict[str, torch.Tensor]:

@@ -105,7 +105,7 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
     variant: ``sync`` (grid barrier between bursts) or ``free_running`` (none: programs drift apart).
     out:     where a gpu sweep writes (default: see :func:`_default_out`); a folder already holding a sweep
              resumes it. Simulated data goes to a temporary folder unless ``out`` is given.
-    grid:    a :class:`xstage.sweep.BurstGapGrid` replacing the default one (gpu/simulated).
+    grid:    a :class:`xstage.burst_gap_sweep.BurstGapGrid` replacing the default one (gpu/simulated).
     """
     _check_variant(variant)
     src = _check_source(source)
@@ -120,7 +120,7 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
 
     from dataclasses import replace
 
-    from .sweep import BurstGapGrid, run_burst_gap
+    from .burst_gap_sweep import BurstGapGrid, run_burst_gap
 
     sync = variant == "sync"
     if src == "simulated":
@@ -150,15 +150,16 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
     return df, {**meta, "source": "gpu"}
 
 
-def bandwidth_data(machine: str = "h200x2", source: str = "recorded",
+def bandwidth_data(source: str = "recorded", machine: str = "h200x2",
                    out: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
-    """Peak-bandwidth rows (schema xstage.data.BANDWIDTH): SM stores (remote, local) and the copy engine.
+    """Peak-bandwidth rows (schema xstage.data.BANDWIDTH): SM stores (remote, host, local) and the copy engine
+    on each link (peer copy, device-to-host copy). Arguments in the order of every ``*_data`` function.
 
     source: recorded (data/<machine>/bandwidth.csv), gpu (run the benchmark into ``out``), or auto. There is
     no simulated bandwidth benchmark: pass ``recorded`` to show a machine's measurements beside simulated data.
     """
     def run(folder: Path) -> None:
-        from .sweep import run_bandwidth
+        from .burst_gap_sweep import run_bandwidth
 
         if not data.paths(folder, data.BANDWIDTH)[0].is_file():
             run_bandwidth(folder, command="xstage.studies.bandwidth_data('gpu')")
@@ -218,7 +219,7 @@ def recorded_params(machine: str = "h200x2") -> BurstGapParams:
     return default_params(df)
 
 
-def provenance(meta: dict) -> dict:
+def caption_provenance(meta: dict) -> dict:
     """A data set's provenance for a figure caption (xstage.report.export_figure): the sidecar without the
     per-rank clock calibration."""
     return {k: v for k, v in meta.items() if k != "clock"}
@@ -321,14 +322,21 @@ def bandwidth_summary(df_bw: pd.DataFrame) -> pd.DataFrame:
     return best.sort_values(["target", "gbps"], ascending=[False, False]).reset_index(drop=True)
 
 
-def sm_over_ce(df_bw: pd.DataFrame) -> float:
-    """Best median SM remote-store GB/s (any SM method) over the copy engine's best median GB/s, same run."""
+CE_METHOD = {"remote": "ce_peer_copy", "host": "ce_d2h_copy"}   # the copy engine on each link
+
+
+def sm_over_ce(df_bw: pd.DataFrame, target: str = "remote") -> float:
+    """Best median SM-store GB/s (any SM method) over the copy engine's best median GB/s on the same link
+    (``remote``: peer copy; ``host``: device-to-host copy into pinned memory), same run."""
+    if target not in CE_METHOD:
+        raise ValueError(f"target must be one of {', '.join(CE_METHOD)}, got {target!r}")
     best = bandwidth_summary(df_bw)
-    remote = best[best.target == "remote"]
-    ce = remote[remote.method == "ce_peer_copy"].gbps
-    sm = remote[remote.method != "ce_peer_copy"].gbps
+    link = best[best.target == target]
+    ce = link[link.method == CE_METHOD[target]].gbps
+    sm = link[link.method.str.startswith("sm_")].gbps
     if ce.empty or sm.empty:
-        raise ValueError("bandwidth data needs remote rows of the copy engine and of an SM method")
+        raise ValueError(f"bandwidth data needs {target} rows of the copy engine ({CE_METHOD[target]}) and of an "
+                         f"SM method")
     return float(sm.max() / ce.max())
 
 

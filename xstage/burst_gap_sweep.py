@@ -1,4 +1,5 @@
-"""Sweeps: the burst-gap grid, run on GPUs (one process per GPU), on the model (simulated), resumable.
+"""The burst-gap study's sweeps: the synchronised / free-running grid and the irregular trains, run on GPUs
+(one process per GPU; one rank for the host link) or on the model (simulated), resumable.
 
 ``run_burst_gap(grid, out, source)`` is what ``xstage sweep burst-gap`` calls. On GPUs it starts its own ranks
 (:func:`xstage.ranks.spawn`); every rank sends to its next peer ((r + 1) % W) at the same time, as in a
@@ -18,12 +19,12 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data, env, resume
+from .model import KIB
 from .remote_store import (POISON, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
                            train_buffers, train_family)
 
-KIB = 1024
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
     grid.validate()  # parameters first (with a nominal 132-SM GPU), then the hardware
     if source == "gpu":
         env.require_gpus(grid.world_size, "the burst-gap sweep" + (" (remote target)" if "remote" in grid.targets
-                                                                   else " (host link)"))
+                                                                   else " (host link)"), simulated=True)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         grid.validate(sms)
         from .ranks import spawn
@@ -251,7 +252,7 @@ def run_bandwidth(out: str | Path, command: str = "", world_size: int | None = N
     world_size = world_size or (2 if env.gpu_count() >= 2 else 1)
     if world_size not in (1, 2):
         raise ValueError(f"the bandwidth benchmark runs on 1 or 2 GPUs, got world_size={world_size}")
-    env.require_gpus(world_size, "the bandwidth benchmark")
+    env.require_gpus(world_size, "the bandwidth benchmark", simulated=False)
     from .ranks import spawn
 
     spawn(bandwidth_job, world_size, str(out), env.provenance(command, {"world_size": world_size}))
@@ -357,7 +358,7 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
     grid.validate()
     meta = {"grid": asdict(grid), "source": source}
     if source == "gpu":
-        env.require_gpus(grid.world_size, "the train study")
+        env.require_gpus(grid.world_size, "the train study", simulated=True)
         from .ranks import spawn
 
         spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta))

@@ -1,0 +1,165 @@
+"""The per-program stage model (xstage.model.simulate_stage / predict_train), its fit (xstage.fit.fit_stage)
+and its API (load_params): physical limits that must hold for any parameters, recovery of known parameters
+from simulated irregular trains, and clear errors for bad input."""
+import json
+
+import numpy as np
+import pytest
+
+from xstage import fit, model
+from xstage.model import KIB, StageParams, predict_train, simulate_stage, stage_measure
+
+RNG = np.random.default_rng()
+
+
+def random_params(**kw) -> StageParams:
+    """Fresh random parameters in the range the links show (issue 10-30 ns/KiB, drain 30-500 GB/s, ...)."""
+    d = dict(issue_ns_per_kib=RNG.uniform(10, 30), drain_gbps=RNG.uniform(30, 500),
+             capacity_kib=RNG.uniform(500, 8000), capacity_per_program_kib=RNG.uniform(5, 200),
+             spread=RNG.uniform(0.1, 0.95), overhead_ns=RNG.uniform(0, 300),
+             stalled_fraction=RNG.uniform(0.1, 1.0), sm_count=132, link="test")
+    return StageParams(**{**d, **kw})
+
+
+def random_train(n=8):
+    return (RNG.integers(1, 160, n) * 2048).astype(float), RNG.choice([0, 500, 3000, 30_000, 100_000], n).astype(float)
+
+
+def test_equal_shares_and_a_synchronous_start_keep_every_program_identical():
+    prm = random_params(spread=0.0)
+    b, g = random_train()
+    start, end, _ = simulate_stage(prm, [132], b[None], g[None], [False])
+    assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
+    assert np.allclose(end[0], end[0, :1], rtol=1e-9, atol=1e-6)
+    # unequal shares do drift apart (the same train, spread > 0): the measured regime
+    start, end, _ = simulate_stage(random_params(spread=0.8, drain_gbps=50.0), [132], b[None], g[None], [False])
+    assert np.ptp(end[0, :, 0]) > 0
+
+
+def test_a_program_alone_issues_at_its_own_rate():
+    prm = random_params(drain_gbps=500.0, issue_ns_per_kib=25.0)   # r = 41 GB/s < D: one program never stalls
+    b, g = random_train()
+    t = predict_train(prm, 1, b, g)
+    assert np.allclose(t, prm.overhead_ns + b * prm.issue_ns_per_kib / KIB, rtol=1e-9)
+
+
+def test_a_long_gap_makes_every_burst_cost_like_the_first():
+    """The stage recovers fully in a long gap: with the grid barrier (every burst starts together) and with equal
+    shares, every burst costs what the first did. (Free-running with unequal shares, the programs stay staggered
+    by the first burst and stop contending: later bursts are cheaper, as measured.)"""
+    b = np.full(6, RNG.integers(8, 320) * 2048.0)
+    P = int(RNG.choice([16, 66, 132, 264]))
+    for prm, sync in ((random_params(), True), (random_params(spread=0.0), False)):
+        t = predict_train(prm, P, b, np.full(6, 1e9), sync=sync)
+        assert np.allclose(t, t[0], rtol=1e-6), (sync, t)
+    t = predict_train(random_params(spread=0.9, drain_gbps=40.0), 132, b, np.full(6, 1e9))
+    assert t[-1] < t[0]
+
+
+def test_the_total_drain_never_exceeds_D():
+    """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst)."""
+    prm = random_params()
+    P = int(RNG.choice([16, 66, 132, 264]))
+    b, g = random_train(10)
+    start, end, m = simulate_stage(prm, [P], b[None], g[None], [False])
+    done = [(end[0, j, k], m[0, j] * b[k]) for j in range(end.shape[1]) for k in range(len(b))
+            if np.isfinite(end[0, j, k])]
+    done.sort()
+    t = np.array([x[0] for x in done])
+    issued = np.cumsum([x[1] for x in done])
+    assert np.all(issued <= prm.capacity_bytes(P) + prm.drain_gbps * t + 1e-6 * issued)
+
+
+def test_sync_is_the_grids_span_and_free_running_is_faster_after_the_first_burst():
+    prm = random_params(spread=0.8, drain_gbps=60.0)
+    b, g = np.full(8, 128 * KIB), np.full(8, 30_000.0)
+    sync, free = predict_train(prm, 132, b, g, sync=True), predict_train(prm, 132, b, g)
+    assert free[0] <= sync[0] and free[-1] < 0.8 * sync[-1]
+
+
+def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, seed=0):
+    rng = np.random.default_rng(seed)
+    from xstage.remote_store import train_family
+
+    fam = train_family(int(rng.integers(1000)), n_trains)
+    rows = [(name, P, np.array(sz, float), np.array(gp, float)) for name, sz, gp in fam for P in programs]
+    # plus synchronised regular trains (the sweep's role: they pin down capacity and drain)
+    for P in programs:
+        for kib in (8, 32, 128, 512):
+            rows.append((f"sync:{P}:{kib}", P, np.full(12, kib * KIB), np.full(12, 10_000.0)))
+    P = np.array([r[1] for r in rows])
+    b = np.stack([r[2] for r in rows])
+    g = np.stack([r[3] for r in rows])
+    sync = np.array([r[0].startswith("sync") for r in rows])
+    start, end, _ = simulate_stage(prm, P, b, g, sync)
+    meas = stage_measure(start, end, sync) * rng.lognormal(0, noise, b.shape)
+    cfgs = __import__("pandas").DataFrame({"kind": np.where(sync, "sync", "train"), "train": [r[0] for r in rows],
+                                           "programs": P, "n_bursts": 12, "sm_count": 132})
+    return fit.Observations(cfgs, b, g, meas, {})
+
+
+def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains():
+    truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, 0.4, 132, "test")
+    obs = _simulated_observations(truth)
+    # the span's fixed cost equals the program overhead in simulated sync rows
+    res = fit.fit_stage(obs, "host", "stage", k_folds=2, max_nfev=30)
+    got = res.params
+    for name in ("issue_ns_per_kib", "drain_gbps", "spread", "stalled_fraction"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.15), name
+    assert fit.error_summary(res.heldout).median_abs_error.max() < 0.05
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(programs=0), "programs must be a positive integer"),
+    (dict(programs=2.5), "programs must be a positive integer"),
+    (dict(burst_bytes=[4096, 4096], gap_ns=[0]), "same length"),
+    (dict(burst_bytes=[], gap_ns=[]), "empty"),
+    (dict(burst_bytes=[-4096], gap_ns=[0]), "burst_bytes must be >= 0"),
+    (dict(burst_bytes=[0], gap_ns=[0]), "burst_bytes must be positive"),
+    (dict(gap_ns=[-1.0]), "gap_ns must be >= 0"),
+    (dict(gap_ns=[float("nan")]), "gap_ns must be finite"),
+    (dict(burst_bytes=[float("inf")]), "burst_bytes must be finite"),
+])
+def test_predict_train_rejects_bad_input(args, match):
+    kw = dict(programs=4, burst_bytes=[4096], gap_ns=[0.0])
+    with pytest.raises(ValueError, match=match):
+        predict_train(random_params(), **{**kw, **args})
+
+
+def test_predict_train_needs_stage_params():
+    with pytest.raises(ValueError, match="prm must be StageParams"):
+        predict_train(model.BurstGapParams.reference(), 4, [4096], [0])
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(spread=1.0), "spread must be in"), (dict(drain_gbps=0.0), "drain_gbps must be positive"),
+    (dict(stalled_fraction=0.0), "stalled_fraction must be in"), (dict(overhead_ns=-1.0), "overhead_ns"),
+    (dict(sm_count=0), "sm_count"),
+])
+def test_bad_parameters(bad, match):
+    with pytest.raises(ValueError, match=match):
+        random_params(**bad)
+
+
+def test_load_params_errors(tmp_path):
+    with pytest.raises(ValueError, match="link must be one of"):
+        model.load_params(tmp_path, "pcie")
+    with pytest.raises(ValueError, match="has no fit for link 'host'"):
+        model.load_params(tmp_path, "host")
+    with pytest.raises(ValueError, match="is not a folder"):
+        model.load_params(tmp_path / "nope", "host")
+    (tmp_path / "stage_fit_host.json").write_text("{")
+    with pytest.raises(ValueError, match="not a stage fit"):
+        model.load_params(tmp_path, "host")
+    prm = random_params(link="host")
+    (tmp_path / "stage_fit_host.json").write_text(json.dumps({"link": "nvlink", "params": prm.as_dict()}))
+    with pytest.raises(ValueError, match="holds link 'nvlink'"):
+        model.load_params(tmp_path, "host")
+    (tmp_path / "stage_fit_host.json").write_text(json.dumps({"link": "host", "params": prm.as_dict()}))
+    assert model.load_params(tmp_path, "host") == prm
+
+
+def test_work_is_bounded():
+    with pytest.raises(ValueError, match="work bound"):
+        simulate_stage(random_params(), np.full(400_000, 132), np.full((400_000, 16), 4096.0),
+                       np.zeros((400_000, 16)), np.zeros(400_000, bool))
