@@ -3,6 +3,7 @@
 #   make test          pytest tests/, then nbval over notebooks/
 #   make reproduce     run every notebook into runs/<UTC time>/ (ARGS="--only 02 -p n_boot 200 --source recorded")
 #   make figures       README gallery: reproduce from recorded data into runs/figures/, PNGs into docs/figures/
+#   make readme        README tables derived from data/ (the two links, the stage model)
 #   make lab           JupyterLab on notebooks/
 #   make wheelhouse    offline wheels for a GPU node (Python 3.12, x86_64) without torch/triton
 #   make install-offline   on that node: venv from wheelhouse/ (keeps the node's CUDA torch)
@@ -37,10 +38,10 @@ NBVAL_CELL_TIMEOUT ?= 600
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help venv venv-locked lock test reproduce figures lab wheelhouse install-offline clean distclean
+.PHONY: help venv venv-locked lock test reproduce figures readme lab wheelhouse install-offline clean distclean
 
 help:
-	@sed -n '2,9s/^# //p' Makefile
+	@sed -n '2,10s/^# //p' Makefile
 
 venv: $(VENV)/.stamp
 
@@ -87,6 +88,10 @@ figures: venv
 	rm -rf $(FIGURES_RUN)
 	env -u XSTAGE_NO_PNG $(PY) -m xstage.reproduce --source recorded --out $(FIGURES_RUN)
 	$(PY) -m xstage.report gallery $(FIGURES_RUN) --readme README.md --dest docs/figures
+
+# The README's derived tables (the stage model per link) from data/ (what tests/test_stage_model.py checks)
+readme: venv
+	$(PY) -m xstage.studies readme README.md
 
 lab: venv
 	$(PY) -m jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)

@@ -17,7 +17,8 @@ def random_params(**kw) -> StageParams:
     d = dict(issue_ns_per_kib=RNG.uniform(10, 30), drain_gbps=RNG.uniform(30, 500),
              capacity_kib=RNG.uniform(500, 8000), capacity_per_program_kib=RNG.uniform(5, 200),
              spread=RNG.uniform(0.1, 0.95), overhead_ns=RNG.uniform(0, 300),
-             stalled_fraction=RNG.uniform(0.1, 1.0), sm_count=132, link="test")
+             stalled_fraction=RNG.uniform(0.1, 1.0), base_capacity_kib=RNG.uniform(0, 2000), sm_count=132,
+             link="test")
     return StageParams(**{**d, **kw})
 
 
@@ -99,7 +100,7 @@ def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, se
 
 
 def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains():
-    truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, 0.4, 132, "test")
+    truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, base_capacity_kib=300.0, sm_count=132, link="test")
     obs = _simulated_observations(truth)
     # the span's fixed cost equals the program overhead in simulated sync rows
     res = fit.fit_stage(obs, "host", "stage", k_folds=2, max_nfev=30)
@@ -134,7 +135,7 @@ def test_predict_train_needs_stage_params():
 @pytest.mark.parametrize("bad,match", [
     (dict(spread=1.0), "spread must be in"), (dict(drain_gbps=0.0), "drain_gbps must be positive"),
     (dict(stalled_fraction=0.0), "stalled_fraction must be in"), (dict(overhead_ns=-1.0), "overhead_ns"),
-    (dict(sm_count=0), "sm_count"),
+    (dict(sm_count=0), "sm_count"), (dict(base_capacity_kib=-1.0), "base_capacity_kib"),
 ])
 def test_bad_parameters(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -163,3 +164,47 @@ def test_work_is_bounded():
     with pytest.raises(ValueError, match="work bound"):
         simulate_stage(random_params(), np.full(400_000, 132), np.full((400_000, 16), 4096.0),
                        np.zeros((400_000, 16)), np.zeros(400_000, bool))
+
+
+def test_train_explorer_updates_and_refuses_bad_lists():
+    from xstage.explorer import train_explorer
+
+    ex = train_explorer({"host": random_params(link="host"), "nvlink": random_params(link="nvlink")}, "host", 66,
+                        [64, 8], [10, 0])
+    before = list(ex.figure.data[0].y)
+    ex.bursts.value, ex.gaps.value = "64, 8, 320", "10, 0, 50"
+    assert len(ex.figure.data[0].y) == 3 and list(ex.figure.data[0].y[:2]) != [] and "not updated" not in ex.summary.value
+    ex.link.value = "nvlink"
+    assert list(ex.figure.data[0].y) != before
+    ex.gaps.value = "1, 2"
+    assert "as many gaps as bursts" in ex.summary.value
+    ex.gaps.value = "1, x, 3"
+    assert "not updated" in ex.summary.value
+    with pytest.raises(ValueError, match="link must be one of"):
+        train_explorer({"host": random_params()}, "pcie")
+
+
+def test_recorded_fits_load_and_predict():
+    """The committed fits of both links load (their records unchanged since), predict, and say where the
+    onset is by the same rule as the measurement."""
+    from xstage import studies
+
+    fits = studies.stage_fits()
+    for link in ("nvlink", "host"):
+        prm = model.load_params(studies.data.machine_dir(studies.LINK_MACHINES[link]), link)
+        t = predict_train(prm, 132, [64 * KIB, 8 * KIB], [10_000, 0])
+        assert t.shape == (2,) and np.all(t > 0)
+        on = studies.onset_model_vs_measured(fits[(link, "stage")])
+        assert set(on.columns) >= {"measured_onset_kib", "model_onset_kib", "ratio"} and len(on) >= 4
+    err = studies.stage_errors(fits)
+    assert set(err.kind) >= {"sync", "free", "train"} and (err.median_abs_error >= 0).all()
+
+
+def test_readme_stage_table_is_derived_from_the_data():
+    """The README's stage table is exactly what the recorded data and fits give now (`make readme`)."""
+    from xstage import studies
+    from xstage.env import REPO_ROOT
+
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    a, b = text.index(studies.README_STAGE_START), text.index(studies.README_STAGE_END)
+    assert text[a:b + len(studies.README_STAGE_END)] == studies.readme_stage_markdown(), "run `make readme`"

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from . import data, env, resume
 from .model import KIB
-from .remote_store import (POISON, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
+from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
                            train_buffers, train_family)
@@ -279,13 +279,17 @@ class TrainGrid:
     repeats: int = 5
     world_size: int = 1
     store_bytes: int = 16
+    kib: tuple[float, float] = TRAIN_KIB              # burst sizes per program (log-uniform), KiB
+    gap_us: tuple[float, float] = TRAIN_GAP_US        # compute gaps (log-uniform, a quarter 0), us
 
     def trains(self) -> list[BurstTrain]:
-        fam = train_family(self.seed, self.count, self.n_bursts, store_bytes=self.store_bytes)
+        fam = train_family(self.seed, self.count, self.n_bursts, self.kib, self.gap_us, self.store_bytes)
         return [BurstTrain(name, t, p, sizes, gaps, self.store_bytes)
                 for t in self.targets for p in self.programs for name, sizes, gaps in fam]
 
     def validate(self, sm_count: int | None = None) -> None:
+        if not (0 < self.kib[0] <= self.kib[1]) or not (0 < self.gap_us[0] <= self.gap_us[1]):
+            raise ValueError(f"kib and gap_us must be ranges (low <= high, both > 0), got {self.kib}, {self.gap_us}")
         if self.repeats < 1 or self.count < 1 or self.n_bursts < 1:
             raise ValueError(f"repeats, count and n_bursts must be >= 1, got {self.repeats}, {self.count}, "
                              f"{self.n_bursts}")

@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=t.seed, help="the family's seed (a new seed: new trains)")
     tr.add_argument("--count", type=int, default=t.count, help="trains in the family")
     tr.add_argument("--bursts", type=_count, default=t.n_bursts, help="bursts per train")
+    tr.add_argument("--kib", type=_floats, default=t.kib, help="burst sizes per program, low,high KiB (log-uniform)")
+    tr.add_argument("--gap-us", type=_floats, default=t.gap_us,
+                    help="compute gaps, low,high us (log-uniform; a quarter of them 0)")
     tr.add_argument("--repeats", type=int, default=t.repeats, help="timed repeats per train")
     tr.add_argument("--world-size", type=int, default=None, help="default: 2 with a remote target, else 1")
     tr.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
@@ -270,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 
             targets = args.targets or default_targets()
+            if len(args.kib) != 2 or len(args.gap_us) != 2:
+                raise ValueError(f"--kib and --gap-us take two numbers (low,high), got {args.kib}, {args.gap_us}")
             grid = TrainGrid(seed=args.seed, count=args.count, n_bursts=args.bursts, programs=args.programs,
+                             kib=args.kib, gap_us=args.gap_us,
                              targets=targets, repeats=args.repeats, world_size=world_for(targets) if args.world_size is None else args.world_size)
             params = None
             if args.source == "simulated":

@@ -98,3 +98,63 @@ def explorer(prm: BurstGapParams | None = None, programs: int = 132, burst_kib: 
     """Sliders + live figure. ``prm`` defaults to :meth:`BurstGapParams.reference`; notebook 00 passes the
     parameters fitted to recorded data (xstage.studies.default_params)."""
     return Explorer(prm or BurstGapParams.reference(), programs, burst_kib, gap_us, n_bursts)
+
+
+def _numbers(text: str) -> list[float]:
+    vals = [float(x) for x in text.replace(" ", "").split(",") if x]
+    if not vals or any(v < 0 for v in vals):
+        raise ValueError("a comma-separated list of numbers >= 0")
+    return vals
+
+
+class TrainExplorer(W.VBox):
+    """The stage model on an editable train: a link selector (its fitted parameters), the program count, the
+    burst sizes (KiB per program) and the gaps after them (us) as editable lists. CSS classes
+    ``xstage-train-<link|programs|bursts|gaps|figure|summary>``."""
+
+    def __init__(self, params_by_link: dict, link: str, programs: int, burst_kib, gap_us):
+        from .figures import train_prediction_figure
+
+        if link not in params_by_link:
+            raise ValueError(f"link must be one of {', '.join(params_by_link)}, got {link!r}")
+        self.params_by_link = params_by_link
+        self.link = W.Dropdown(options=list(params_by_link), value=link, description="link")
+        self.programs = W.IntSlider(value=programs, min=1, max=528, description="programs")
+        self.bursts = W.Text(value=", ".join(f"{x:g}" for x in burst_kib), description="KiB/burst",
+                             layout=W.Layout(width="600px"))
+        self.gaps = W.Text(value=", ".join(f"{x:g}" for x in gap_us), description="gap after (µs)",
+                           layout=W.Layout(width="600px"))
+        self.summary = W.HTML()
+        self.figure = go.FigureWidget(train_prediction_figure(params_by_link[link], programs, burst_kib, gap_us, link))
+        for name, w in (("link", self.link), ("programs", self.programs), ("bursts", self.bursts),
+                        ("gaps", self.gaps), ("figure", self.figure), ("summary", self.summary)):
+            w.add_class(f"xstage-train-{name}")
+        super().__init__([W.HBox([self.link, self.programs]), self.bursts, self.gaps, self.summary, self.figure])
+        for w in (self.link, self.programs, self.bursts, self.gaps):
+            w.observe(self.update, names="value")
+        self.update()
+
+    def update(self, change=None) -> None:
+        from .figures import train_prediction_data
+
+        try:
+            b, g = _numbers(self.bursts.value), _numbers(self.gaps.value)
+            if len(b) != len(g):
+                raise ValueError(f"as many gaps as bursts ({len(b)} bursts, {len(g)} gaps)")
+            d = train_prediction_data(self.params_by_link[self.link.value], self.programs.value, b, g)
+        except ValueError as e:
+            self.summary.value = f"<p style='color:#b00'>not updated: {e}</p>"
+            return
+        free, sync, alone = self.figure.data
+        with self.figure.batch_update():
+            free.x, free.y = d["burst"], d["free_us"]
+            sync.x, sync.y = d["burst"], d["sync_us"]
+            alone.x, alone.y = d["burst"], d["alone_us"]
+        self.summary.value = (f"<p>{self.link.value}: free-running total {d['free_us'].sum():.3g} us of issue per "
+                              f"program (median), {d['sync_us'].sum():.3g} us of spans with a grid barrier</p>")
+
+
+def train_explorer(params_by_link: dict, link: str = "host", programs: int = 132, burst_kib=(64, 8, 320, 16),
+                   gap_us=(10, 0, 50, 0)) -> TrainExplorer:
+    """Link selector + editable train + live figure (notebook 00); ``params_by_link``: link -> StageParams."""
+    return TrainExplorer(params_by_link, link, programs, list(burst_kib), list(gap_us))

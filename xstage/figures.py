@@ -29,9 +29,11 @@ _LAYOUT = dict(template="plotly_white", width=WIDTH, height=HEIGHT, font=dict(si
 _MEASURES = {"span_ns": "span (first start → last end)", "issue_ns": "per-program issue time"}
 _BURSTS = {"first": "first burst of each train (empty stage)", "later": "bursts 2–8 of each train",
            "all": "all bursts"}
-_DASH = {"remote": "solid", "local": "dash"}
-_TARGET_NAME = {"remote": "to the peer (NVLink)", "local": "local HBM (control)"}
-_METHOD_NAME = {"sm_store": "SM stores (16 B)", "sm_tma_store": "SM TMA bulk stores", "ce_peer_copy": "copy engine"}
+_DASH = {"remote": "solid", "host": "solid", "local": "dash"}
+_TARGET_NAME = {"remote": "to the peer (NVLink)", "host": "to pinned host memory (PCIe)",
+                "local": "local HBM (control)"}
+_METHOD_NAME = {"sm_store": "SM stores (16 B)", "sm_tma_store": "SM TMA bulk stores", "ce_peer_copy": "copy engine",
+                "ce_d2h_copy": "copy engine (D2H)"}
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -122,7 +124,7 @@ def _trace_ys(fig: go.Figure, yaxis: str | None = None) -> np.ndarray:
 
 def _targets(df: pd.DataFrame, target: str, control: bool) -> list[str]:
     targets = [target]
-    other = "local" if target == "remote" else "remote"
+    other = "local" if target in ("remote", "host") else "remote"
     if control and other in set(df.target):
         targets.append(other)
     return targets
@@ -322,12 +324,12 @@ def drain_vs_burst(df: pd.DataFrame, store_bytes: int = 16, gap_us: float = 0.0,
                                    "(recorded: 16-byte stores; the simulated source models issue times only)")
     colors = _colors(df.programs)
     fig = go.Figure(layout=_LAYOUT)
-    for tgt in [t for t in ("remote", "local") if t in set(runs.target)]:
+    for tgt in [t for t in ("remote", "host", "local") if t in set(runs.target)]:
         tab = per_config(select(df, tgt, store_bytes, drain=True, gap_us=gap_us), "drain_ns")
         for p, s in tab.groupby("programs"):
             fig.add_trace(go.Scatter(
                 x=s.burst_bytes, y=s["median"] * 1e-3, mode="lines+markers", legendgroup=f"P{p}",
-                name=f"P={p}" + ("" if tgt == "remote" else " (local)"), error_y=_iqr(s),
+                name=f"P={p}" + ("" if tgt != "local" else " (local)"), error_y=_iqr(s),
                 line=dict(color=colors[p], dash=_DASH[tgt], width=2), marker=dict(size=5),
                 hovertemplate=f"{tgt}, P={p}<br>b=%{{x:,}} B<br>drain %{{y:.3g}} µs<extra></extra>"))
     ys = _trace_ys(fig)
@@ -392,13 +394,16 @@ def _bar_labels(s: pd.DataFrame) -> list[str]:
 
 
 def bandwidth_bars(df_bw: pd.DataFrame) -> go.Figure:
-    """Best median GB/s per method, to the peer and to local memory; the copy engine as the reference line
-    and the best SM / copy-engine ratio in the title. Traces: one bar trace per target."""
+    """Best median GB/s per method on each link the record has (peer over NVLink, pinned host memory over PCIe)
+    and to local memory; each link's copy engine as its reference line and the best SM / copy-engine ratio in
+    the title. Traces: one bar trace per target."""
+    from .studies import CE_METHOD
+
     best = bandwidth_summary(df_bw)
-    targets = [t for t in ("remote", "local") if t in set(best.target)]
+    targets = [t for t in ("remote", "host", "local") if t in set(best.target)]
     fig = make_subplots(rows=1, cols=len(targets), subplot_titles=[_TARGET_NAME[t] for t in targets],
                         horizontal_spacing=0.12)
-    colors = {"sm_store": "#1f77b4", "sm_tma_store": "#2ca02c", "ce_peer_copy": "#7f7f7f"}
+    colors = {"sm_store": "#1f77b4", "sm_tma_store": "#2ca02c", "ce_peer_copy": "#7f7f7f", "ce_d2h_copy": "#7f7f7f"}
     for c, t in enumerate(targets, 1):
         s = best[best.target == t]
         fig.add_trace(go.Bar(
@@ -410,19 +415,22 @@ def bandwidth_bars(df_bw: pd.DataFrame) -> go.Figure:
                           "%{customdata[2]:,} B<extra></extra>"), row=1, col=c)
         fig.update_yaxes(title_text="best median bandwidth (GB/s)", range=[0, s.gbps.max() * 1.18], row=1, col=c)
     sub = "median over repeats of the best variant (programs, warps, sizes) of each method; same run"
-    try:
-        ratio = sm_over_ce(df_bw)
-        ce = best[(best.target == "remote") & (best.method == "ce_peer_copy")].gbps.max()
-        _hline(fig, ce, f"copy engine {ce:.0f} GB/s", log=False, row=1, col=1, position="right")
-        head = f"Peak bandwidth — best SM remote store / copy engine = {ratio:.2f}×"
-    except ValueError:
-        head = "Peak bandwidth"
+    ratios = []
+    for c, t in enumerate(targets, 1):
+        if t not in CE_METHOD:
+            continue
+        try:
+            ratios.append(f"{'NVLink' if t == 'remote' else 'host link'} {sm_over_ce(df_bw, t):.3f}×")
+        except ValueError:
+            continue
+        ce = best[(best.target == t) & (best.method == CE_METHOD[t])].gbps.max()
+        _hline(fig, ce, f"copy engine {ce:.1f} GB/s", log=False, row=1, col=c, position="right")
+    head = "Peak bandwidth" + (" — best SM store / copy engine: " + ", ".join(ratios) if ratios else "")
     fig.update_layout(**_LAYOUT)
     fig.update_layout(title=_title(head, sub))
     return fig
 
 
-# --------------------------------------------------------------------------------------------- study 2: fit
 def _fit_label(res) -> str:
     return f"{res.target} {res.store_bytes}-byte stores"
 
@@ -1292,4 +1300,138 @@ def megamoe_gemm(df: pd.DataFrame, goal: float | None = None) -> go.Figure:
                      "compute only (every combine store local, Expert-Wave) vs torch._grouped_mm Linear-1 + SwiGLU "
                      "+ Linear-2<br>on the busiest rank's rows (bf16 weights); medians over repeats" +
                      ("" if has_gm else "; <b>torch._grouped_mm not recorded in this data</b>")))
+    return fig
+
+
+# ------------------------------------------------------------------------------- the stage model, per link
+_KIND_NAME = {"sync": "synchronised sweep (span)", "free": "free-running, regular (median program)",
+              "train": "free-running, irregular trains (median program)"}
+_KIND_COLOR = {"sync": "#1f77b4", "free": "#ff7f0e", "train": "#2ca02c"}
+_LINK_NAME = {"nvlink": "NVLink peer (h200x2)", "host": "host link, PCIe (h200x1)"}
+
+
+def train_bursts(summary: pd.DataFrame, trains, programs, target: str = "host", heldout: pd.DataFrame | None = None
+                 ) -> go.Figure:
+    """Irregular free-running trains, one panel per train: the median program's issue time of every burst (line)
+    with the p10-p90 band over programs (error bars), one colour per program count; dashed: the stage model's
+    held-out prediction (``heldout``: a fit's held-out table). Traces: per (train, programs) measured, then model."""
+    s = summary[summary.target == target]
+    trains = _intersect(trains, sorted(set(s.train)), "train")
+    programs = _intersect(programs, sorted(set(s.programs)), "programs")
+    fig = make_subplots(rows=1, cols=len(trains), subplot_titles=list(trains), horizontal_spacing=0.06)
+    col = _colors(programs)
+    for c, name in enumerate(trains, 1):
+        for p in programs:
+            g = s[(s.train == name) & (s.programs == p)].sort_values("burst")
+            fig.add_trace(go.Scatter(
+                x=g.burst, y=g.issue_ns / 1e3, mode="lines+markers", line=dict(color=col[p]), name=f"P = {p}",
+                legendgroup=str(p), showlegend=c == 1,
+                error_y=dict(type="data", symmetric=False, array=(g.issue_p90_ns - g.issue_ns) / 1e3,
+                             arrayminus=(g.issue_ns - g.issue_p10_ns) / 1e3, thickness=1, width=2),
+                customdata=np.stack([g.burst_bytes / KIB, g.gap_ns / 1e3], axis=-1),
+                hovertemplate="burst %{x}: %{customdata[0]:.0f} KiB, gap after %{customdata[1]:.1f} us<br>"
+                              "median program %{y:.2f} us<extra></extra>"), row=1, col=c)
+            if heldout is not None:
+                h = heldout[(heldout.kind == "train") & (heldout.train == name) & (heldout.programs == p)]
+                h = h.sort_values("burst")
+                fig.add_trace(go.Scatter(x=h.burst, y=h.predicted_ns / 1e3, mode="lines",
+                                         line=dict(color=col[p], dash="dash"), name=f"model, P = {p}",
+                                         legendgroup=str(p), showlegend=False,
+                                         hovertemplate="model (held out): %{y:.2f} us<extra></extra>"),
+                              row=1, col=c)
+        fig.update_xaxes(title_text="burst", row=1, col=c)
+        fig.update_yaxes(type="log", row=1, col=c, title_text="issue time (us)" if c == 1 else None)
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(title=_title(f"Irregular free-running trains, {_TARGET_NAME.get(target, target)}",
+                                   "median program per burst, p10-p90 over programs; dashed: stage model, "
+                                   "train held out of its fit"))
+    return fig
+
+
+def stage_parity(fits: dict) -> go.Figure:
+    """Held-out prediction vs measurement for every (observation, burst) of each link's full stage model, one
+    panel per link, coloured by kind of record. Traces: per (link, kind)."""
+    links = [l for l in ("nvlink", "host") if (l, "stage") in fits]
+    fig = make_subplots(rows=1, cols=len(links), subplot_titles=[_LINK_NAME[l] for l in links],
+                        horizontal_spacing=0.1)
+    for c, link in enumerate(links, 1):
+        t = fits[(link, "stage")]["heldout_table"]
+        for kind in ("sync", "free", "train"):
+            g = t[t.kind == kind]
+            if g.empty:
+                continue
+            fig.add_trace(go.Scattergl(x=g.measured_ns / 1e3, y=g.predicted_ns / 1e3, mode="markers",
+                                       marker=dict(size=4, color=_KIND_COLOR[kind], opacity=0.5),
+                                       name=_KIND_NAME[kind], legendgroup=kind, showlegend=c == 1,
+                                       customdata=np.stack([g.programs, g.burst_bytes / KIB], axis=-1),
+                                       hovertemplate="P %{customdata[0]}, %{customdata[1]:.0f} KiB: measured "
+                                                     "%{x:.2f} us, predicted %{y:.2f} us<extra></extra>"),
+                          row=1, col=c)
+        lo, hi = t.measured_ns.min() / 1e3, t.measured_ns.max() / 1e3
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#444", dash="dot"),
+                                 showlegend=False, hoverinfo="skip"), row=1, col=c)
+        fig.update_xaxes(type="log", title_text="measured (us)", row=1, col=c)
+        fig.update_yaxes(type="log", title_text="predicted, held out (us)" if c == 1 else None, row=1, col=c)
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(title=_title("Stage model, predicted vs measured on held-out trains",
+                                   "each train predicted by a fit that did not see it (k folds by train)"))
+    return fig
+
+
+def stage_ladder(errors: pd.DataFrame, goal: float = 0.10) -> go.Figure:
+    """The version ladder: held-out median |error| of each rung, per kind of record (bars) and link (panels);
+    the goal as a dotted line. Traces: per (link, kind)."""
+    links = [l for l in ("nvlink", "host") if l in set(errors.link)]
+    fig = make_subplots(rows=1, cols=len(links), subplot_titles=[_LINK_NAME[l] for l in links],
+                        horizontal_spacing=0.1)
+    for c, link in enumerate(links, 1):
+        e = errors[errors.link == link]
+        for kind in ("sync", "free", "train"):
+            g = e[e.kind == kind]
+            if g.empty:
+                continue
+            fig.add_trace(go.Bar(x=g.rung.astype(str), y=g.median_abs_error * 100, name=_KIND_NAME[kind],
+                                 marker_color=_KIND_COLOR[kind], legendgroup=kind, showlegend=c == 1,
+                                 text=[f"{v:.0%}" for v in g.median_abs_error], textposition="outside",
+                                 customdata=g.p90_abs_error * 100,
+                                 hovertemplate="%{x}: median %{y:.1f} %, p90 %{customdata:.0f} %<extra></extra>"),
+                          row=1, col=c)
+        _hline(fig, goal * 100, f"goal {goal:.0%}", log=False, row=1, col=c, position="right")
+        fig.update_yaxes(title_text="held-out median |error| (%)" if c == 1 else None, row=1, col=c)
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(barmode="group", title=_title(
+        "The model's ladder: where each rung fails",
+        "fluid (the paper's 3 parameters) -> capacity(P) -> unequal shares -> stall; bursts >= 1 us"))
+    return fig
+
+
+def train_prediction_data(prm, programs: int, burst_kib, gap_us) -> dict:
+    """The stage model on one train: the median program (free-running), the grid's span (synchronised) and a
+    lone program's unimpeded issue time, per burst (us)."""
+    from .model import predict_train
+
+    b = np.asarray(burst_kib, float) * KIB
+    g = np.asarray(gap_us, float) * 1e3
+    free = predict_train(prm, programs, b, g) / 1e3
+    sync = predict_train(prm, programs, b, g, sync=True) / 1e3
+    alone = (prm.overhead_ns + b * prm.issue_ns_per_kib / KIB) / 1e3
+    return {"burst": np.arange(len(b)), "free_us": free, "sync_us": sync, "alone_us": alone}
+
+
+def train_prediction_figure(prm, programs: int, burst_kib, gap_us, link: str = "") -> go.Figure:
+    """Bars: the stage model's median program per burst of a free-running train; line: the same train with a
+    grid barrier (span); dotted: one program alone. Traces: free, sync, alone (the explorer updates them)."""
+    d = train_prediction_data(prm, programs, burst_kib, gap_us)
+    hover = [f"{b:g} KiB, then {g:g} us" for b, g in zip(burst_kib, gap_us)]
+    fig = go.Figure(layout=_LAYOUT)
+    fig.add_trace(go.Bar(x=d["burst"], y=d["free_us"], name="free-running: median program", marker_color="#2ca02c",
+                         hovertext=hover, hovertemplate="burst %{x} (%{hovertext}): %{y:.3g} us<extra></extra>"))
+    fig.add_trace(go.Scatter(x=d["burst"], y=d["sync_us"], mode="lines+markers", name="with a grid barrier: span",
+                             line=dict(color="#1f77b4")))
+    fig.add_trace(go.Scatter(x=d["burst"], y=d["alone_us"], mode="lines", name="one program alone",
+                             line=dict(color="#444", dash="dot")))
+    fig.update_yaxes(type="log", title_text="issue time (us)")
+    fig.update_xaxes(title_text="burst")
+    fig.update_layout(title=_title(f"Stage model ({_LINK_NAME.get(link, link)}), {programs} programs",
+                                   "sizes per program and the gap after each burst as given"))
     return fig

@@ -203,14 +203,14 @@ def fluid_summary(res: FitResult) -> pd.DataFrame:
 # clustered by configuration). Held out: k folds by TRAIN (an irregular train is held out at every program
 # count it ran at; a regular configuration is its own train), never by repeat.
 LINK_TARGETS = {"nvlink": "remote", "host": "host"}
-STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib", "spread",
-                "stalled_fraction", "overhead_ns", "span_overhead_ns"]
+STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
+                "base_capacity_kib", "spread", "stalled_fraction", "overhead_ns", "span_overhead_ns"]
 STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
-               "capacity_per_program_kib": "KiB/program", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
+               "capacity_per_program_kib": "KiB/program", "base_capacity_kib": "KiB", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
                "span_overhead_ns": "ns"}
 # (low, high) of each parameter; log-spaced except the fractions (logit)
 STAGE_BOUNDS = {"issue_ns_per_kib": (0.5, 500.0), "drain_gbps": (1.0, 5000.0), "capacity_kib": (16.0, 1e6),
-                "capacity_per_program_kib": (0.5, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
+                "capacity_per_program_kib": (0.5, 1e5), "base_capacity_kib": (1.0, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
                 "overhead_ns": (1.0, 1e4),
                 "span_overhead_ns": (1.0, 1e4)}
 STAGE_FIT_FILE = "stage_fit_{link}.json"          # the full model; other rungs: stage_fit_{link}_{rung}.json
@@ -218,9 +218,9 @@ STAGE_FIT_VERSION = 1
 # the ladder: what each rung frees (the rest fixed: c_p -> no limit, spread -> 0, stalled_fraction -> 1)
 RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_ns", "span_overhead_ns"),
          "capacity(P)": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
-                         "overhead_ns", "span_overhead_ns"),
-         "shares": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib", "spread",
-                    "overhead_ns", "span_overhead_ns"),
+                         "base_capacity_kib", "overhead_ns", "span_overhead_ns"),
+         "shares": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
+                    "base_capacity_kib", "spread", "overhead_ns", "span_overhead_ns"),
          "stage": tuple(STAGE_PARAMS)}
 
 
@@ -402,7 +402,7 @@ def _long(obs: Observations, pred: np.ndarray) -> pd.DataFrame:
 def _initial(rung: str, link: str) -> dict:
     """Starting values: the order of magnitude each link shows (xstage's records), the same for every fit."""
     d = dict(issue_ns_per_kib=19.0, drain_gbps=360.0 if link == "nvlink" else 52.0, capacity_kib=3000.0,
-             capacity_per_program_kib=30.0, spread=0.8, stalled_fraction=0.4, overhead_ns=60.0,
+             capacity_per_program_kib=30.0, base_capacity_kib=500.0, spread=0.8, stalled_fraction=0.4, overhead_ns=60.0,
              span_overhead_ns=150.0)
     if rung not in ("shares", "stage"):
         d["spread"] = 0.0
@@ -413,6 +413,7 @@ def _initial(rung: str, link: str) -> dict:
 
         d["capacity_per_program_kib"] = NO_LIMIT_KIB
         d["capacity_kib"] = 1000.0
+        d["base_capacity_kib"] = 0.0
     return d
 
 

@@ -252,15 +252,16 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # every program (in G weight groups) through its train:
 #
 #   issue     a program issues at r = 1024 / issue_ns_per_kib bytes/ns while the stage has room
-#   stage     one finite stage per link, capacity C(P) = 1 / (1 / (c_p * min(P, S)) + 1 / C_max): it grows with
-#             the programs that feed it (per-SM store slots, c_p each, S = SMs) up to a GPU-wide limit C_max
+#   stage     one finite stage per link, capacity C(P) = C_0 + 1 / (1 / (c_p * min(P, S)) + 1 / C_max): a part
+#             present whatever the grid (C_0; host link: 4 programs already absorb >= 1 MB) and a part that
+#             grows with the programs that feed it (per-SM store slots, c_p each, S = SMs) up to C_max
 #             (measured: the bytes a grid absorbs grow with P but not in proportion)
 #   drain     at D bytes/ns; while the stage is full the issuers together get D, shared by arbitration:
 #             program weights w uniform on [1 - spread, 1] (water-filled: nobody above r). spread = 0 is equal
 #             shares, under which programs that start together stay together; spread > 0 lets the favoured
 #             programs finish first, which is the drift measured in free-running trains (a contended burst's
-#             fastest program finishes at ~0.35-0.55 of the slowest). Skewed weights (w = exp(-k u)) fitted
-#             worse on the host link (held-out trains 26 % against 18 %): the uniform law stays.
+#             fastest program finishes at ~0.35-0.55 of the slowest). Other laws fitted no better on the host
+#             link's held-out trains (w = exp(-k u): 26 %; 1 - spread * u^a, a fitted: 21 %; uniform: 18 %).
 #   overhead  o ns per burst inside the measured issue time (CTA barrier + timer reads); the stage drains then
 #   stall     once the stage has filled, it holds only phi * C(P) until it has emptied again: the issuers wait
 #             until it drained to there. Measured on both links: a burst into an empty stage absorbs C (e.g. 2.2 MB
@@ -288,6 +289,7 @@ class StageParams:
     spread: float                    # arbitration: weights uniform on [1 - spread, 1]; 0 = equal shares
     overhead_ns: float = 0.0         # fixed cost inside each measured issue time
     stalled_fraction: float = 1.0    # phi: the part of C(P) a stage that filled keeps until it empties again
+    base_capacity_kib: float = 0.0   # C_0: stage bytes present whatever the programs (KiB)
     sm_count: int = 132              # S: programs beyond one per SM add no stage (not fitted: the GPU's count)
     link: str = ""                   # "nvlink" or "host" (a label)
 
@@ -300,6 +302,8 @@ class StageParams:
             raise ValueError(f"overhead_ns must be >= 0 and finite, got {self.overhead_ns}")
         if not (0 <= self.spread < 1):
             raise ValueError(f"spread must be in [0, 1), got {self.spread}")
+        if not (np.isfinite(self.base_capacity_kib) and self.base_capacity_kib >= 0):
+            raise ValueError(f"base_capacity_kib must be >= 0 and finite, got {self.base_capacity_kib}")
         if not (0 < self.stalled_fraction <= 1):
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
@@ -308,7 +312,8 @@ class StageParams:
     def capacity_bytes(self, programs) -> np.ndarray:
         """C(P) in bytes."""
         p = np.minimum(np.asarray(programs, np.float64), self.sm_count)
-        return KIB / (1.0 / (self.capacity_per_program_kib * p) + 1.0 / self.capacity_kib)
+        return KIB * (self.base_capacity_kib + 1.0 / (1.0 / (self.capacity_per_program_kib * p)
+                                                       + 1.0 / self.capacity_kib))
 
     @property
     def program_rate(self) -> float:
@@ -318,11 +323,18 @@ class StageParams:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def fluid(self, programs: int) -> BurstGapParams:
+        """The fluid (rung 1) parameters of a burst issued by ``programs`` programs at once: the stage's C(P)
+        and D, the stall folded into the capacity a sustained burst sees (phi C), no harness overhead. What
+        round-level cost models (xstage.moe_plan.predict_kernel_ns) use."""
+        cap = float(self.capacity_bytes(max(int(programs), 1))) / KIB * self.stalled_fraction
+        return BurstGapParams(self.issue_ns_per_kib, self.drain_gbps, cap, 0.0)
+
     @classmethod
     def from_fluid(cls, prm: BurstGapParams, sm_count: int = 132, link: str = "") -> "StageParams":
         """Rung 1: the paper's three parameters as a stage model (constant capacity, equal shares)."""
         return cls(prm.issue_ns_per_kib, prm.drain_gbps, prm.capacity_kib, NO_LIMIT_KIB, 0.0, prm.overhead_ns,
-                   1.0, sm_count, link)
+                   sm_count=sm_count, link=link)
 
 
 def _water_fill(w, m, total, cap):
@@ -522,6 +534,11 @@ def simulated_train_rows(trains, prm: StageParams, repeats: int, noise: float = 
 
 # ------------------------------------------------------------------------------------------ fitted parameters
 LINKS = ("nvlink", "host")
+
+
+def params_from_dict(d: dict) -> "BurstGapParams | StageParams":
+    """Either kind of parameters from their ``as_dict()`` (what sweeps record in their sidecars)."""
+    return StageParams(**d) if "capacity_per_program_kib" in d else BurstGapParams(**d)
 
 
 def load_params(data_dir, link: str) -> StageParams:

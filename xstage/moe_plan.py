@@ -76,7 +76,7 @@ import torch
 
 from . import env
 from .kernels import moe as _device
-from .model import BurstGapParams, drain_time, issue_time, recover
+from .model import BurstGapParams, StageParams, drain_time, issue_time, recover
 from .registry import Choice, Registry, by_name
 
 TOKENS_PER_RANK = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -587,7 +587,7 @@ class CostModel:
     """What ``predict_kernel_ns`` needs: the Burst-Gap parameters, the GEMM rate, programs, output bytes, and how
     tasks go to programs (``ASSIGNMENTS``)."""
 
-    prm: BurstGapParams
+    prm: BurstGapParams | StageParams     # fluid parameters, or a link's stage model (xstage.model.load_params)
     flop_per_ns_per_program: float
     n_programs: int
     out_bytes: int = 2
@@ -630,7 +630,8 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
     program i % n, or dynamic, each task to the program free first; ``imbalance`` = its load / the mean load);
     stalls and the final drain come from the Burst-Gap stage, round by round."""
     assign = ASSIGNMENT_REGISTRY.check(cost.assignment).impl
-    prm = replace(cost.prm, overhead_ns=0.0)   # overhead_ns is the microbenchmark harness's, not the kernel's
+    stage = isinstance(cost.prm, StageParams)   # the per-link stage model: C(P) of the round's issuers
+    prm = cost.prm.fluid(cost.n_programs) if stage else replace(cost.prm, overhead_ns=0.0)  # overhead: the harness's
     n = max(1, cost.n_programs)
     F = cost.flop_per_ns_per_program
     c1 = 2.0 * tiles.block_m * hidden * 2 * tiles.block_n1 / F
@@ -663,7 +664,8 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
         B = float(remote[sl].sum())
         q = float(recover(q, c_k, prm))                  # the stage drains during the round's compute
         if B > 0:
-            T, q_end = issue_time(B / b, b, q, prm)
+            prm_k = cost.prm.fluid(b) if stage else prm  # the stage the b issuing programs see
+            T, q_end = issue_time(B / b, b, q, prm_k)
             q = float(q_end)
             stall += b * float(T) / m                     # b programs issue (and stall) T; the others compute
     drain = float(drain_time(q, prm))

@@ -22,7 +22,7 @@ import torch
 from . import bench, data, env
 from .bench import median
 from .data import MEGAMOE
-from .model import BurstGapParams
+from .model import BurstGapParams, params_from_dict
 from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, make_problem,
                   make_unfused, megamoe_layer, moe_buffers, poison_combine, rank_weights, run_experts, topk_reduce)
 from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
@@ -181,7 +181,7 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
     rank, P = world.local_ranks[0], world.world_size
     csv, todo, _ = pending(world, folder, MEGAMOE, meta, [(c, d) for c in cases for d in dtypes],
                            lambda cd: cd[0].key(P, cd[1]))
-    params = BurstGapParams(**prm)
+    params = params_from_dict(prm)
     dev = world.device(rank)
     unfused_cache: dict = {}
 

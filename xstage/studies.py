@@ -5,7 +5,7 @@ A notebook names a ``source`` and gets rows in the recorded schema plus their pr
   recorded   data/<machine>/ (committed measurements; ``variant="free_running"`` -> data/<machine>/free_running)
   gpu        a fresh sweep on this machine's GPUs (default grid, plus the drain runs), written to ``out``
   simulated  the Burst-Gap event simulation with reference parameters on a small grid (seconds on a CPU)
-  auto       gpu when two GPUs are visible, else recorded (xstage.env.resolve_source)
+  auto       gpu when GPUs are visible (burst-gap: one GPU measures the host link, two NVLink), else recorded
 
 ``meta["source"]`` says which one was used. The analyses here (slowdown over the backpressure-free
 expectation, measured onset, bandwidth ratio) are what figures and checks read, so a number in a caption and
@@ -36,6 +36,8 @@ PAPER_DIR = data.DATA_ROOT / "paper"
 # backpressure-free reference of the slowdown map).
 SIMULATED_GRID = dict(burst_kib=(1, 4, 16, 64, 256, 1024, 4096), gap_us=(0, 10, 100), programs=(1, 4, 66, 264),
                       store_bytes=(16,), targets=("remote", "local"), n_bursts=8, repeats=2)
+# The host link is ~7x slower than NVLink: its sweep stops at 1 MiB per program (as recorded in data/h200x1).
+HOST_BURST_KIB = tuple(2**i for i in range(11))
 # The recorded drain runs (a second pass over the same folder): fence after every burst, two gaps, 16 B stores.
 DRAIN_GRID = dict(drain=(True,), gap_us=(0, 10), store_bytes=(16,))
 
@@ -108,7 +110,7 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
     grid:    a :class:`xstage.burst_gap_sweep.BurstGapGrid` replacing the default one (gpu/simulated).
     """
     _check_variant(variant)
-    src = _check_source(source)
+    src = env.resolve_source(source, gpus_needed=1)   # one GPU measures the host link
     if src == "recorded":
         folder = _check_machine(machine)
         if variant == "free_running":
@@ -141,7 +143,12 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
     folder = Path(out) if out is not None else _default_out(env.machine_name())
     if not sync:
         folder = folder / "free_running"
-    grid = replace(grid or BurstGapGrid(), sync=sync)
+    from .burst_gap_sweep import default_targets, world_for
+
+    targets = default_targets()   # one GPU: the host link (pinned host memory) and local; two: NVLink and local
+    grid = replace(grid or BurstGapGrid(targets=targets, world_size=world_for(targets),
+                                        burst_kib=HOST_BURST_KIB if "host" in targets else BurstGapGrid.burst_kib),
+                   sync=sync)
     command = f"xstage.studies.burst_gap_data('gpu', variant={variant!r})"
     run_burst_gap(grid, folder, source="gpu", command=command)
     if grid.drain == (False,):
@@ -209,9 +216,18 @@ def default_params(df: pd.DataFrame | None = None, target: str = "remote", store
         return BurstGapParams.reference()
 
 
-def recorded_params(machine: str = "h200x2") -> BurstGapParams:
-    """Burst-Gap parameters fitted to ``data/<machine>``'s recorded burst-gap sweep (the reference values when
-    there is none): what the MegaMoE sweep predicts with (``xstage.moe_sweep.run_megamoe``'s ``prm``)."""
+def recorded_params(machine: str = "h200x2"):
+    """What the MegaMoE sweep predicts with (``xstage.moe_sweep.run_megamoe``'s ``prm``): the stage model of
+    the machine's link when its fit is in data/ (``stage_fit_<link>.json``), else the fluid parameters fitted to
+    its burst-gap sweep, else the reference values."""
+    from .model import load_params
+
+    for link, m in LINK_MACHINES.items():
+        if m == machine:
+            try:
+                return load_params(data.machine_dir(machine), link)
+            except ValueError:
+                break
     try:
         df, _ = burst_gap_data("recorded", machine)
     except (data.DataError, ValueError):
@@ -803,11 +819,11 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     ``predicted_speedup`` replaced by the revised model's, so the parity figure can show it; a table per dtype and
     schedule: measured and both models' geomean speedups, the fraction within ±10 %, the median |error| and the
     correlation with the measured speedups)."""
+    from .model import BurstGapParams, params_from_dict
     from .moe_plan import repredict
-    from .model import BurstGapParams
 
     recorded = meta.get("params", {}).get("prm")       # the parameters the sweep predicted with, if it kept them
-    prm = BurstGapParams(**recorded) if recorded else BurstGapParams.reference()
+    prm = params_from_dict(recorded) if recorded else BurstGapParams.reference()
     n_sms = int(meta.get("sm_count") or 132)
     rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"))
     keys = MEGAMOE_KEYS + ["schedule"]
@@ -830,6 +846,29 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     return revised, table
 
 
+def megamoe_stage_model(df: pd.DataFrame, meta: dict, link: str = "nvlink") -> pd.DataFrame:
+    """The MegaMoE cost model with the stage model of ``link`` (its fit in data/, xstage.model.load_params:
+    the capacity the round's issuing programs see, the stall, the drain) on the recorded rows: per dtype and
+    schedule, measured and predicted geomean speedups, the fraction within +-10 % and the median |error|."""
+    from .model import load_params
+    from .moe_plan import repredict
+
+    prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
+    n_sms = int(meta.get("sm_count") or 132)
+    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"))
+    keys = MEGAMOE_KEYS + ["schedule"]
+    t = df.drop(columns=["predicted_speedup"]).merge(
+        rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
+    sp = megamoe_speedups(t)
+    sp = sp[sp.schedule != MEGAMOE_BASELINE]
+    g = sp.groupby(["dtype", "schedule"], sort=False)
+    return pd.DataFrame({
+        "measured_geomean": g.speedup.apply(geomean), "stage_model_geomean": g.predicted_speedup.apply(geomean),
+        "stage_model_within_10pct": g.model_error.apply(lambda e: float((e.abs() <= MODEL_TOLERANCE).mean())),
+        "stage_model_median_abs_error": g.model_error.apply(lambda e: float(e.abs().median())),
+    }).reset_index()
+
+
 def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> dict[str, str]:
     """One line per figure for its caption's ``ours`` (from :func:`megamoe_summary`): ``speedup``, ``model``,
     ``fused``, ``gemm``; each names the dtype and how many configurations of how many it covers."""
@@ -849,3 +888,160 @@ def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> di
         "gemm": "; ".join(f"{d}: " + (f"{v:.2f}x torch._grouped_mm (geomean)" if pd.notna(v) else
                                       "torch._grouped_mm not recorded") for d, v in gemm.items()),
     }
+
+
+# ------------------------------------------------------------------------------- the stage model, per link
+# The machines whose records carry each link (what notebooks 01/02 show side by side): NVLink on the 2x H200
+# pair, the host link (pinned host memory over PCIe) on one H200.
+LINK_MACHINES = {"nvlink": "h200x2", "host": "h200x1"}
+LINK_TARGET = {"nvlink": "remote", "host": "host"}
+RUNG_ORDER = ("fluid", "capacity(P)", "shares", "stage")
+
+
+def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
+    """Irregular free-running trains (schema xstage.data.BURST_TRAIN). recorded only: a gpu run records with
+    ``xstage sweep trains`` (seconds), which the notebooks do not start themselves."""
+    src = _check_source(source)
+    if src != "recorded":
+        raise ValueError("train data is replayed from data/ (record it with `xstage sweep trains --out DIR`)")
+    df, meta = data.load(_check_machine(machine, data.BURST_TRAIN), data.BURST_TRAIN)
+    return df, {**meta, "source": "recorded"}
+
+
+def stage_fits(links=("nvlink", "host"), rungs=RUNG_ORDER) -> dict:
+    """The written fits (data/<machine>/stage_fit_<link>[_<rung>].json) of every link and rung that exists:
+    {(link, rung): fit dict with its tables}. A missing rung is left out; a missing full fit is an error."""
+    from .fit import read_stage_fit
+
+    out = {}
+    for link in links:
+        for rung in rungs:
+            try:
+                out[(link, rung)] = read_stage_fit(data.machine_dir(LINK_MACHINES[link]), link, rung)
+            except ValueError:
+                if rung == "stage":
+                    raise
+    return out
+
+
+def stage_errors(fits: dict, min_ns: float = 1000.0) -> pd.DataFrame:
+    """Held-out (by train) median and p90 |error| per link, rung and kind of record (bursts >= ``min_ns``)."""
+    from .fit import error_summary
+
+    rows = []
+    for (link, rung), f in fits.items():
+        e = error_summary(f["heldout_table"], min_ns).reset_index()
+        rows.append(e.assign(link=link, rung=rung))
+    t = pd.concat(rows, ignore_index=True)
+    t["rung"] = pd.Categorical(t.rung, RUNG_ORDER, ordered=True)
+    return t.sort_values(["link", "rung", "kind"]).reset_index(drop=True)[
+        ["link", "rung", "kind", "median_abs_error", "p90_abs_error", "bursts"]]
+
+
+def stage_params(fits: dict) -> pd.DataFrame:
+    """The full model's parameters per link with their 95 % intervals."""
+    from .fit import STAGE_PARAMS, STAGE_UNITS
+
+    rows = []
+    for (link, rung), f in fits.items():
+        if rung != "stage":
+            continue
+        vals = {**f["params"], "span_overhead_ns": f["span_overhead_ns"]}
+        for k in STAGE_PARAMS:
+            rows.append(dict(link=link, parameter=k, value=vals[k], ci95_low=f["ci95_low"][k],
+                             ci95_high=f["ci95_high"][k], unit=STAGE_UNITS[k]))
+    return pd.DataFrame(rows)
+
+
+def _sync_as_rows(t: pd.DataFrame, col: str, target: str) -> pd.DataFrame:
+    """A fit table's synchronised rows in the burst-gap schema's shape (span_ns = ``col``)."""
+    s = t[t.kind == "sync"].copy()
+    parts = s.train.str.split(":", expand=True)
+    return pd.DataFrame({"target": target, "store_bytes": 16, "drain": False, "programs": s.programs.to_numpy(),
+                         "burst_bytes": parts[2].astype(int).to_numpy(), "gap_ns": parts[3].astype(int).to_numpy(),
+                         "burst": s.burst.to_numpy(), "span_ns": s[col].to_numpy()})
+
+
+def onset_model_vs_measured(fit_obj: dict, threshold: float = 1.5, gap_us: float = 0.0) -> pd.DataFrame:
+    """Onset of backpressure per program count, measured and predicted by the same rule on the same grid
+    (:func:`measured_onset` over :func:`slowdown_table` of the first bursts): the prediction is each held-out
+    configuration's (its fold fitted without it). KiB per program; ``ratio`` = model / measured."""
+    t = fit_obj["heldout_table"]
+    target = LINK_TARGET[fit_obj["link"]]
+    out = {}
+    for name, col in (("measured_onset_kib", "measured_ns"), ("model_onset_kib", "predicted_ns")):
+        rows = _sync_as_rows(t, col, target)
+        out[name] = measured_onset(slowdown_table(rows, target, 16, gap_us, "first"), threshold) / KIB
+    res = pd.DataFrame(out).rename_axis("programs").reset_index()
+    res["ratio"] = res.model_onset_kib / res.measured_onset_kib
+    res.insert(0, "link", fit_obj["link"])
+    return res
+
+
+def trains_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (target, train, programs, burst): median over repeats of the median / p10 / p90 program and the
+    start skew, with the burst's size and the gap after it."""
+    return (df.groupby(["target", "train", "programs", "burst"], as_index=False)
+            .agg(burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"),
+                 issue_p10_ns=("issue_p10_ns", "median"), issue_p90_ns=("issue_p90_ns", "median"),
+                 start_skew_ns=("start_skew_ns", "median")))
+
+
+# ------------------------------------------------------------------------------- the README's derived tables
+README_STAGE_START = "<!-- stage table: regenerated by `make readme`, never edited by hand -->"
+README_STAGE_END = "<!-- /stage table -->"
+
+
+def readme_stage_markdown() -> str:
+    """The README's table of the link measurements and the stage model, derived from the recorded data and the
+    written fits (the same functions the notebooks use): peak bandwidth per link, the parameters with 95 %
+    intervals, held-out errors per kind of record, and the onset measured / predicted."""
+    fits = stage_fits()
+    rows = ["| link (machine) | quantity | value | from |", "| --- | --- | --- | --- |"]
+    for link, machine in LINK_MACHINES.items():
+        target = LINK_TARGET[link]
+        name = f"{'NVLink peer' if link == 'nvlink' else 'host link (PCIe)'} ({machine})"
+        bw, _ = bandwidth_data("recorded", machine)
+        best = bandwidth_summary(bw)
+        sm = best[(best.target == target) & best.method.str.startswith("sm_")].gbps.max()
+        ce = best[(best.target == target) & (best.method == CE_METHOD[target])].gbps.max()
+        rows.append(f"| {name} | peak SM store / copy engine ({CE_METHOD[target]}), same run | "
+                    f"{sm:.1f} / {ce:.1f} GB/s = **{sm / ce:.3f}** | `xstage bench bandwidth --out data/{machine}` |")
+        p = stage_params(fits)
+        p = p[p.link == link].set_index("parameter")
+        fmt = {"issue_ns_per_kib": ("issue", "ns/KiB/program", ".3g"), "drain_gbps": ("drain D", "GB/s", ".4g"),
+               "capacity_kib": ("C_max", "KiB", ".4g"), "capacity_per_program_kib": ("c_p", "KiB/program", ".3g"),
+               "spread": ("arbitration spread", "", ".3f"), "stalled_fraction": ("stall phi", "", ".3f")}
+        vals = "; ".join(f"{lab} {p.value[k]:{f}}{(' ' + u) if u else ''} ({p.ci95_low[k]:{f}}-{p.ci95_high[k]:{f}})"
+                         for k, (lab, u, f) in fmt.items())
+        rows.append(f"| {name} | stage model (95 % CI) | {vals} | `xstage fit --data data/{machine} --link {link} "
+                    f"--write` |")
+        e = stage_errors({(link, "stage"): fits[(link, "stage")]})
+        errs = "; ".join(f"{_KIND_LABEL[r.kind]} {r.median_abs_error:.1%} (p90 {r.p90_abs_error:.0%})"
+                         for r in e.itertuples())
+        rows.append(f"| {name} | held-out (by train) median \\|error\\|, bursts >= 1 us | {errs} | notebook 02 |")
+        on = onset_model_vs_measured(fits[(link, "stage")])
+        ons = ", ".join(f"P={int(r.programs)}: {r.measured_onset_kib:g} / {r.model_onset_kib:g}" for r in on.itertuples()
+                        if r.programs >= 16)
+        rows.append(f"| {name} | onset of backpressure, KiB per program, measured / model | {ons} | notebook 02 |")
+    return "\n".join([README_STAGE_START, *rows, README_STAGE_END])
+
+
+_KIND_LABEL = {"sync": "synchronised", "free": "free-running regular", "train": "irregular trains"}
+
+
+def write_readme_stage(readme: Path) -> None:
+    """Rewrite the README's stage table between its markers (``make readme``)."""
+    text = readme.read_text(encoding="utf-8")
+    a, b = text.find(README_STAGE_START), text.find(README_STAGE_END)
+    if a < 0 or b < 0:
+        raise ValueError(f"{readme} has no stage-table markers {README_STAGE_START!r} ... {README_STAGE_END!r}")
+    readme.write_text(text[:a] + readme_stage_markdown() + text[b + len(README_STAGE_END):], encoding="utf-8")
+
+
+if __name__ == "__main__":   # python -m xstage.studies readme README.md
+    import sys
+
+    if sys.argv[1:2] != ["readme"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python -m xstage.studies readme README.md")
+    write_readme_stage(Path(sys.argv[2]))
