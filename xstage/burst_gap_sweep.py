@@ -134,19 +134,28 @@ def measure_point(world, dests: Destinations, p: BurstGapPoint, repeats: int, se
     return pd.concat(rows, ignore_index=True)
 
 
+def _poison_run_check(world, dests: Destinations, target: str, elems: int, run, check) -> None:
+    """Poison every destination, ``run(rank, addr, seed offset)`` on every rank, then ``check(rank, buffer,
+    sender)`` each destination bit for bit (remote: the sender is the previous rank, with its own seed)."""
+    dests.poison(world, elems)
+    world.barrier()
+    for r in world.local_ranks:
+        run(r, dests.addr(world, r, target))
+    world.barrier()
+    for r in world.local_ranks:
+        check(r, *dests.received(world, r, target))
+
+
 def check_point(world, dests: Destinations, p: BurstGapPoint, seed: int) -> None:
-    """Poison every destination, run one train, check each destination bit for bit (remote: the sender is
-    the previous rank, with its own seed)."""
-    dests.poison(world, p.dst_elems)
-    world.barrier()
+    """One synchronised train per rank, every destination checked (and every grid barrier's status)."""
     bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
-    for r in world.local_ranks:
-        launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r)
-    world.barrier()
-    for r in world.local_ranks:
+
+    def check(r, buf, sender):
         check_barrier_status(bufs[r]["status"], p, r)
-        buf, sender = dests.received(world, r, p.target)
         check_destination(buf, p, seed + sender)
+
+    _poison_run_check(world, dests, p.target, p.dst_elems,
+                      lambda r, addr: launch_burst_gap(addr, bufs[r], p, seed + r), check)
 
 
 def allocate(world, elems: int, targets) -> Destinations:
@@ -306,16 +315,11 @@ def train_rows(tr: BurstTrain, rank: int, repeat: int, stats: dict[str, np.ndarr
 
 
 def check_train(world, dests: Destinations, tr: BurstTrain, seed: int) -> None:
-    """Poison, run the train once, check every destination bit for bit."""
-    dests.poison(world, tr.dst_elems)
-    world.barrier()
+    """One free-running train per rank, every destination checked bit for bit."""
     bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
-    for r in world.local_ranks:
-        launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r)
-    world.barrier()
-    for r in world.local_ranks:
-        buf, sender = dests.received(world, r, tr.target)
-        check_train_destination(buf, tr, seed + sender)
+    _poison_run_check(world, dests, tr.target, tr.dst_elems,
+                      lambda r, addr: launch_train(addr, bufs[r], tr, seed + r),
+                      lambda r, buf, sender: check_train_destination(buf, tr, seed + sender))
 
 
 def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed: int, clock: dict) -> pd.DataFrame:

@@ -175,12 +175,13 @@ def recorded_machines(schema: Schema = BURST_GAP) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------- write
-def write_json_atomic(path: Path, obj: dict) -> None:
+def write_json_atomic(path: Path, obj: dict, indent: int | None = 2) -> None:
+    """``obj`` as JSON at ``path``, replaced atomically (``indent=None``: compact, for large tables)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
+        json.dump(obj, f, indent=indent, sort_keys=True, separators=None if indent else (",", ":"))
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

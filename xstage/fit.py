@@ -530,5 +530,5 @@ def write_stage_fit(res: StageFit, folder, command: str = "") -> str:
            "heldout_table": res.heldout[cols + ["fold"]].round(1).to_dict(orient="list"),
            "provenance": {k: v for k, v in env.provenance(command, {}).items()
                           if k in ("git_commit", "date_utc", "command", "python", "torch")}}
-    write_json_atomic(path, obj)
+    write_json_atomic(path, obj, indent=None)   # the tables make it large: compact
     return str(path)

@@ -26,6 +26,16 @@ NUM_WARPS = 4
 MAX_BURST_BYTES = 64 << 20
 
 
+def _check_launch_fields(target: str, store_bytes: int, programs: int, max_programs: int | None) -> None:
+    """What every launch of these kernels needs: a known target and store width, a positive grid."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if store_bytes not in STORE_BYTES:
+        raise ValueError(f"store_bytes must be one of {STORE_BYTES}, got {store_bytes}")
+    if programs < 1 or (max_programs is not None and programs > max_programs):
+        raise ValueError(f"programs must be in [1, {max_programs}], got {programs}")
+
+
 @dataclass(frozen=True)
 class BurstGapPoint:
     """One configuration of the burst-gap microbenchmark (a row key in recorded data)."""
@@ -42,12 +52,7 @@ class BurstGapPoint:
 
     def validate(self, max_programs: int | None = None) -> None:
         """Raise ValueError with the offending field before anything launches."""
-        if self.target not in TARGETS:
-            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
-        if self.store_bytes not in STORE_BYTES:
-            raise ValueError(f"store_bytes must be one of {STORE_BYTES}, got {self.store_bytes}")
-        if self.programs < 1 or (max_programs is not None and self.programs > max_programs):
-            raise ValueError(f"programs must be in [1, {max_programs}], got {self.programs}")
+        _check_launch_fields(self.target, self.store_bytes, self.programs, max_programs)
         if self.n_bursts < 1:
             raise ValueError(f"n_bursts must be >= 1, got {self.n_bursts}")
         if self.gap_ns < 0:
@@ -230,12 +235,7 @@ class BurstTrain:
     store_bytes: int = 16
 
     def validate(self, max_programs: int | None = None) -> None:
-        if self.target not in TARGETS:
-            raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
-        if self.store_bytes not in STORE_BYTES:
-            raise ValueError(f"store_bytes must be one of {STORE_BYTES}, got {self.store_bytes}")
-        if self.programs < 1 or (max_programs is not None and self.programs > max_programs):
-            raise ValueError(f"programs must be in [1, {max_programs}], got {self.programs}")
+        _check_launch_fields(self.target, self.store_bytes, self.programs, max_programs)
         if not self.burst_bytes or len(self.burst_bytes) != len(self.gap_ns):
             raise ValueError(f"train {self.name}: burst_bytes and gap_ns need the same (non-zero) length, got "
                              f"{len(self.burst_bytes)} and {len(self.gap_ns)}")
