@@ -20,11 +20,11 @@ from .model import BurstGapParams
 # name -> (widget class, keyword arguments); values are set from the parameters / workload at build time
 SLIDERS = {
     # model parameters
-    "issue_ns_per_kib": (W.FloatLogSlider, dict(base=10, min=-1, max=3, step=0.01, description="issue ns/KiB/prog",
+    "issue_ns_per_kib": (W.FloatLogSlider, dict(base=10, min=-1, max=3, step=0.0005, description="issue ns/KiB/prog",
                                                 readout_format=".3g")),
-    "drain_gbps": (W.FloatLogSlider, dict(base=10, min=1, max=4, step=0.01, description="drain GB/s",
+    "drain_gbps": (W.FloatLogSlider, dict(base=10, min=1, max=4, step=0.0005, description="drain GB/s",
                                           readout_format=".4g")),
-    "capacity_kib": (W.FloatLogSlider, dict(base=2, min=3, max=16, step=0.05, description="capacity KiB",
+    "capacity_kib": (W.FloatLogSlider, dict(base=2, min=3, max=16, step=0.001, description="capacity KiB",
                                             readout_format=".4g")),
     "overhead_ns": (W.FloatSlider, dict(min=0, max=2000, step=5, description="overhead ns", readout_format=".0f")),
     # workload
