@@ -1354,6 +1354,7 @@ def stage_parity(fits: dict) -> go.Figure:
     links = [l for l in ("nvlink", "host") if (l, "stage") in fits]
     fig = make_subplots(rows=1, cols=len(links), subplot_titles=[_LINK_NAME[l] for l in links],
                         horizontal_spacing=0.1)
+    shown = set()
     for c, link in enumerate(links, 1):
         t = fits[(link, "stage")]["heldout_table"]
         for kind in ("sync", "free", "train"):
@@ -1362,11 +1363,12 @@ def stage_parity(fits: dict) -> go.Figure:
                 continue
             fig.add_trace(go.Scattergl(x=g.measured_ns / 1e3, y=g.predicted_ns / 1e3, mode="markers",
                                        marker=dict(size=4, color=_KIND_COLOR[kind], opacity=0.5),
-                                       name=_KIND_NAME[kind], legendgroup=kind, showlegend=c == 1,
+                                       name=_KIND_NAME[kind], legendgroup=kind, showlegend=kind not in shown,
                                        customdata=np.stack([g.programs, g.burst_bytes / KIB], axis=-1),
                                        hovertemplate="P %{customdata[0]}, %{customdata[1]:.0f} KiB: measured "
                                                      "%{x:.2f} us, predicted %{y:.2f} us<extra></extra>"),
                           row=1, col=c)
+            shown.add(kind)
         lo, hi = t.measured_ns.min() / 1e3, t.measured_ns.max() / 1e3
         fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#444", dash="dot"),
                                  showlegend=False, hoverinfo="skip"), row=1, col=c)
@@ -1384,6 +1386,7 @@ def stage_ladder(errors: pd.DataFrame, goal: float = 0.10) -> go.Figure:
     links = [l for l in ("nvlink", "host") if l in set(errors.link)]
     fig = make_subplots(rows=1, cols=len(links), subplot_titles=[_LINK_NAME[l] for l in links],
                         horizontal_spacing=0.1)
+    shown = set()   # each kind in the legend once, wherever it first appears
     for c, link in enumerate(links, 1):
         e = errors[errors.link == link]
         for kind in ("sync", "free", "train"):
@@ -1391,11 +1394,12 @@ def stage_ladder(errors: pd.DataFrame, goal: float = 0.10) -> go.Figure:
             if g.empty:
                 continue
             fig.add_trace(go.Bar(x=g.rung.astype(str), y=g.median_abs_error * 100, name=_KIND_NAME[kind],
-                                 marker_color=_KIND_COLOR[kind], legendgroup=kind, showlegend=c == 1,
+                                 marker_color=_KIND_COLOR[kind], legendgroup=kind, showlegend=kind not in shown,
                                  text=[f"{v:.0%}" for v in g.median_abs_error], textposition="outside",
                                  customdata=g.p90_abs_error * 100,
                                  hovertemplate="%{x}: median %{y:.1f} %, p90 %{customdata:.0f} %<extra></extra>"),
                           row=1, col=c)
+            shown.add(kind)
         _hline(fig, goal * 100, f"goal {goal:.0%}", log=False, row=1, col=c, position="right")
         fig.update_yaxes(title_text="held-out median |error| (%)" if c == 1 else None, row=1, col=c)
     fig.update_layout(**_LAYOUT)
