@@ -111,27 +111,42 @@ class Destinations:
                 buf[:elems].fill_(POISON)
 
 
+def _timed_runs(world, repeats: int, launch, check, record) -> pd.DataFrame:
+    """The one measurement loop of both studies: a warm-up run, then ``repeats`` runs; each run
+    ``launch(rank)`` on every local rank between world barriers, ``check(rank)``, then (timed runs only)
+    ``record(rank, repeat)`` -> that rank's rows."""
+    rows = []
+    for rep in range(-1, repeats):
+        world.barrier()
+        for r in world.local_ranks:
+            launch(r)
+        world.barrier()
+        for r in world.local_ranks:
+            check(r)
+        if rep >= 0:
+            rows += [record(r, rep) for r in world.local_ranks]
+    return pd.concat(rows, ignore_index=True)
+
+
+def _ns(bufs, programs: int, n_bursts: int, stamps: int, cycles_per_ns: float) -> np.ndarray:
+    return to_ns(bufs["ts"].view(programs, n_bursts, stamps).cpu().numpy(),
+                 bufs["cal"].view(programs, 2).cpu().numpy(), cycles_per_ns)
+
+
 def measure_point(world, dests: Destinations, p: BurstGapPoint, repeats: int, seed: int = 0,
                   clock: dict | None = None) -> pd.DataFrame:
     """Warm-up train, then ``repeats`` trains on every local rank; per-burst rows for every rank."""
     bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
     cpn = {r: (clock or {}).get(r, {"cycles_per_ns": 1.0})["cycles_per_ns"] for r in world.local_ranks}
-    rows = []
-    for rep in range(-1, repeats):
-        world.barrier()
-        for r in world.local_ranks:
-            launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r, cpn[r])
-        world.barrier()
-        for r in world.local_ranks:
-            check_barrier_status(bufs[r]["status"], p, r)
-        if rep < 0:
-            continue
-        for r in world.local_ranks:
-            ns = to_ns(bufs[r]["ts"].view(p.programs, p.n_bursts, 4).cpu().numpy(),
-                       bufs[r]["cal"].view(p.programs, 2).cpu().numpy(), cpn[r])
-            s = {k: np.round(v, 1) for k, v in summarize_timestamps(ns).items()}  # 0.1 ns; a cycle is ~0.5 ns
-            rows.append(pd.DataFrame({**asdict(p), "rank": r, "repeat": rep, "burst": np.arange(p.n_bursts), **s}))
-    return pd.concat(rows, ignore_index=True)
+
+    def record(r, rep):
+        ns = _ns(bufs[r], p.programs, p.n_bursts, 4, cpn[r])
+        s = {k: np.round(v, 1) for k, v in summarize_timestamps(ns).items()}  # 0.1 ns; a cycle is ~0.5 ns
+        return pd.DataFrame({**asdict(p), "rank": r, "repeat": rep, "burst": np.arange(p.n_bursts), **s})
+
+    return _timed_runs(world, repeats,
+                       lambda r: launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r, cpn[r]),
+                       lambda r: check_barrier_status(bufs[r]["status"], p, r), record)
 
 
 def _poison_run_check(world, dests: Destinations, target: str, elems: int, run, check) -> None:
@@ -326,19 +341,11 @@ def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed
     """A warm-up run, then ``repeats`` runs on every local rank; per-burst rows for every rank."""
     bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
     cpn = {r: clock[r]["cycles_per_ns"] for r in world.local_ranks}
-    rows = []
-    for rep in range(-1, repeats):
-        world.barrier()
-        for r in world.local_ranks:
-            launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r])
-        world.barrier()
-        if rep < 0:
-            continue
-        for r in world.local_ranks:
-            ns = to_ns(bufs[r]["ts"].view(tr.programs, tr.n_bursts, 2).cpu().numpy(),
-                       bufs[r]["cal"].view(tr.programs, 2).cpu().numpy(), cpn[r])
-            rows.append(train_rows(tr, r, rep, summarize_train(ns)))
-    return pd.concat(rows, ignore_index=True)
+    return _timed_runs(world, repeats,
+                       lambda r: launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r]),
+                       lambda r: None,
+                       lambda r, rep: train_rows(tr, r, rep, summarize_train(_ns(bufs[r], tr.programs,
+                                                                                 tr.n_bursts, 2, cpn[r]))))
 
 
 def train_job(world, grid: TrainGrid, folder: str, meta: dict) -> None:
