@@ -183,7 +183,8 @@ def allocate(world, elems: int, targets) -> Destinations:
 
 
 def _sm_count(world) -> int:
-    return torch.cuda.get_device_properties(world.device(0)).multi_processor_count if not world.emulated else 4
+    dev = world.device(0)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
 
 
 def _record_clock(world, folder: str, schema: data.Schema) -> dict:

@@ -6,9 +6,17 @@
 - ``EmulatedWorld``: N ranks in one process on the CPU for Triton's interpreter. Each rank's "symmetric
   buffer" is a CPU tensor and the pointer table holds their addresses, so kernels take the same code path.
   Ranks run one after another; kernels only push (remote stores, flag releases), waits happen after.
+- ``OneGPUWorld``: the same N ranks in one process on ONE GPU (compiled kernels, real timings). Every rank's
+  buffer is device memory (``link="local"``), or, with ``link="host"``, the *destination* buffers of every rank
+  but ``observed`` are pinned host memory, so the observed rank's remote stores cross PCIe (the host link of
+  the Burst-Gap model) while everything it reads stays on the GPU.
 
-Both expose ``world_size``, ``local_ranks`` (the ranks this process drives), ``device(rank)``,
-``symmetric_empty(numel, dtype)`` -> :class:`SymmTensor`, and ``barrier()``.
+All expose ``world_size``, ``local_ranks`` (the ranks this process drives), ``device(rank)``,
+``symmetric_empty(numel, dtype, destination=False)`` -> :class:`SymmTensor`, ``barrier()``, ``link``
+(what a remote store crosses: "nvlink", "host", "local" or "emulated") and ``emulated`` (True when one process
+drives every rank, one after another: no collectives, kernels only push, waits come after; the CPU world and
+the one-GPU world). ``destination=True`` marks a buffer that peers store into (combine, outputs); only
+``OneGPUWorld(link="host")`` places those differently.
 """
 from __future__ import annotations
 
@@ -47,16 +55,58 @@ class EmulatedWorld:
         self.world_size = world_size
         self.local_ranks = list(range(world_size))
         self.emulated = True
+        self.link = "emulated"
 
     def device(self, rank: int) -> torch.device:
         return torch.device("cpu")
 
-    def symmetric_empty(self, numel: int, dtype: torch.dtype) -> SymmTensor:
+    def symmetric_empty(self, numel: int, dtype: torch.dtype, destination: bool = False) -> SymmTensor:
         tensors = {r: torch.empty(numel, dtype=dtype) for r in self.local_ranks}
         return SymmTensor(tensors, [tensors[r].data_ptr() for r in self.local_ranks])
 
     def barrier(self) -> None:
         pass
+
+
+ONE_GPU_LINKS = ("local", "host")
+
+
+class OneGPUWorld:
+    """``world_size`` ranks in this process on one GPU, run one after another (like :class:`EmulatedWorld`, but
+    compiled and timed). ``link="local"``: every buffer in device memory (a compute-only control: remote stores
+    are local ones). ``link="host"``: destination buffers of the ranks other than ``observed`` live in pinned
+    host memory (the GPU reaches them over PCIe through their unified addresses), so the observed rank's
+    stores to its peers take the host link; its own buffers and every buffer it reads stay on the GPU."""
+
+    def __init__(self, world_size: int, link: str = "local", observed: int = 0, device: int | str = 0):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if link not in ONE_GPU_LINKS:
+            raise ValueError(f"link must be one of {ONE_GPU_LINKS}, got {link!r}")
+        if not 0 <= observed < world_size:
+            raise ValueError(f"observed rank must be in [0, {world_size}), got {observed}")
+        env.require_gpus(1, f"a one-GPU world of {world_size} ranks")
+        self.world_size = world_size
+        self.local_ranks = list(range(world_size))
+        self.emulated = True
+        self.link = link
+        self.observed = observed
+        self._device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+    def device(self, rank: int) -> torch.device:
+        return self._device
+
+    def on_host(self, rank: int, destination: bool) -> bool:
+        """Whether rank ``rank``'s buffer of this kind lives in pinned host memory."""
+        return self.link == "host" and destination and rank != self.observed
+
+    def symmetric_empty(self, numel: int, dtype: torch.dtype, destination: bool = False) -> SymmTensor:
+        tensors = {r: (torch.empty(numel, dtype=dtype, pin_memory=True) if self.on_host(r, destination)
+                       else torch.empty(numel, dtype=dtype, device=self._device)) for r in self.local_ranks}
+        return SymmTensor(tensors, [tensors[r].data_ptr() for r in self.local_ranks])
+
+    def barrier(self) -> None:
+        torch.cuda.synchronize(self._device)
 
 
 class TorchSymmWorld:
@@ -72,12 +122,13 @@ class TorchSymmWorld:
         self.world_size = dist.get_world_size()
         self.local_ranks = [self.rank]
         self.emulated = False
+        self.link = "nvlink"
         self._device = torch.device("cuda", torch.cuda.current_device())
 
     def device(self, rank: int) -> torch.device:
         return self._device
 
-    def symmetric_empty(self, numel: int, dtype: torch.dtype) -> SymmTensor:
+    def symmetric_empty(self, numel: int, dtype: torch.dtype, destination: bool = False) -> SymmTensor:
         import torch.distributed._symmetric_memory as symm_mem
 
         buf = symm_mem.empty(numel, dtype=dtype, device=self._device)
