@@ -182,7 +182,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         US.ulysses_job(world, shapes, str(tmp_path), meta, 2, 1, list(U.METHODS), True, 2, 0)
         df, meta = data.load(tmp_path, data.ULYSSES)
         assert set(df.method) == {"fused", "serial_triton", "overlapped", "attention_only"}   # no cuDNN on CPU
-        assert len(df) == 2 * 4 * 2 and set(meta["configs"]) == {"a", "b"}
+        assert len(df) == 2 * 4 * 2 and set(meta["configs"]) == {"a/P1", "b/P1"}
         US.ulysses_job(world, shapes + [U.UlyssesShape("c", 64, 2, 64)], str(tmp_path), meta, 2, 1,
                       ["fused"], False, 2, 0)
         df, _ = data.load(tmp_path, data.ULYSSES)
@@ -380,3 +380,109 @@ def test_fused_kernel_compiles_for_hopper_with_wgmma_and_16_byte_peer_stores():
         assert int(line.split()[-1]) <= 227 * 1024, line          # TMA: bulk tensor loads; fits H200 shared memory
     assert lines[3] == ("barrier ['atom.global.sys.release.exch.b32', 'fence.acq_rel.sys', "
                         "'ld.global.sys.acquire.b32']"), lines[2]
+
+
+# ------------------------------------------------------------------ one process driving every rank (issue 14)
+def test_one_process_sweep_job_on_emulated_ranks(tmp_path, cpu_timing):
+    """The one-GPU world's flow with EmulatedWorld (same code path: ``world.emulated``, one process): every
+    rank's output poisoned and checked (fused and the copies baseline against the all-to-all by indexing, tiles
+    straddling two ranks included), the overlapped pipeline checked over shared receive buffers, its head-chunk
+    count picked by timing the candidates (recorded with their times), rows of the observed rank, resume."""
+    shapes = [U.UlyssesShape("straddle", 160, 4, 64), U.UlyssesShape("even", 128, 6, 64)]   # Sl = 80, 64
+    meta = __import__("xstage").env.provenance("test", {})
+    world = EmulatedWorld(2)
+    US.H200_CONFIGS[64], saved = (U.AttnConfig(64, 64, 4, 1),), US.H200_CONFIGS[64]
+    try:
+        US.ulysses_job(world, shapes, str(tmp_path), meta, 2, 1, list(U.METHODS), True, None,
+                       random.randrange(2**20))
+    finally:
+        US.H200_CONFIGS[64] = saved
+    df, meta = data.load(tmp_path, data.ULYSSES)
+    assert set(df.method) == {"fused", "serial_triton", "overlapped", "attention_only"}   # no cuDNN on the CPU
+    assert len(df) == 2 * 4 * 2 and set(df.P) == {2}
+    oc = meta["overlap_chunks"]
+    assert set(oc) == {"straddle/P2", "even/P2"}
+    assert set(oc["straddle/P2"]["ms"]) == {"1", "2"} and set(oc["even/P2"]["ms"]) == {"1", "2", "3"}
+    for v in oc.values():
+        assert v["tuned"] and v["ms"][str(v["chosen"])] == min(v["ms"].values())
+    assert "bursts" not in meta                                       # no device timers under the interpreter
+    US.ulysses_job(world, shapes, str(tmp_path), meta, 2, 1, ["fused"], False, None, 0)   # all done: no rows
+    assert len(data.load(tmp_path, data.ULYSSES)[0]) == len(df)
+
+
+@pytest.mark.parametrize("P,S,H,chunks", [(2, 160, 4, 2), (4, 192, 8, 3)])
+def test_copies_and_overlapped_equal_the_all_to_all_by_indexing(P, S, H, chunks):
+    """The one-process baselines: every rank's sends by copies, then relayouts (serial), and every rank's
+    head-chunk pipeline over shared receive buffers (overlapped), equal the all-to-all by indexing bit for bit."""
+    D, cfg = 64, U.AttnConfig(32, 32, 4, 1)
+    world = EmulatedWorld(P)
+    q, k, v = (U.shard_heads(x, P) for x in _inputs(S, H, D, seed=random.randrange(2**30)))
+    o = {r: U.attention_forward(q[r], k[r], v[r], config=cfg) for r in range(P)}
+    want = U.post_all_to_all([o[r] for r in range(P)])
+    got = U.post_all_to_all_copies(world, o)
+    recvs = U.overlap_receive_buffers(world, S, H // P, D, torch.float16, chunks)
+    fns = [U.make_overlapped(world, q[r], k[r], v[r], chunks, cfg, rank=r, recvs=recvs) for r in range(P)]
+    for fn in fns:
+        fn()
+    for r in range(P):
+        check_bit_identical(got[r], want[r], f"copies rank {r}")
+        check_bit_identical(fns[r]().clone(), want[r], f"overlapped rank {r}")
+    assert U.overlap_chunk_candidates(6) == [1, 2, 3, 4, 6] and U.overlap_chunk_candidates(1) == [1]
+
+
+def test_fused_launches_only_the_given_ranks():
+    """ranks=[r]: only rank r's kernel runs (its tiles land in every rank's output), the barrier is everyone's."""
+    P, S, H, D = 2, 128, 2, 64
+    cfg = U.AttnConfig(64, 64, 4, 1)
+    world = EmulatedWorld(P)
+    q, k, v = (U.shard_heads(x, P) for x in _inputs(S, H, D, seed=random.randrange(2**30)))
+    bufs = U.ulysses_buffers(world, S, H, D, torch.float16)
+    for r in range(P):
+        bufs.out_view(r, S, H, D).fill_(float("nan"))
+    out = U.ulysses_fused(world, {1: q[1]}, {1: k[1]}, {1: v[1]}, bufs, config=cfg, ranks=[1])
+    assert list(out) == [1] and bufs.epoch == 1
+    want = U.post_all_to_all([U.attention_forward(q[r], k[r], v[r], config=cfg) for r in range(P)])
+    for r in range(P):   # rank 1's heads (columns 1) written everywhere, rank 0's (column 0) still NaN
+        check_bit_identical(bufs.out_view(r, S, H, D)[:, 1], want[r][:, 1], f"rank {r}, rank 1's head")
+        assert torch.isnan(bufs.out_view(r, S, H, D)[:, 0]).all()
+    with pytest.raises(ValueError, match=r"ranks \[2\] must be a non-empty subset"):
+        U.ulysses_fused(world, q, k, v, bufs, config=cfg, ranks=[2])
+
+
+def test_epilogue_bursts_split_programs_by_destination():
+    """Synthetic timestamps: programs are (head, query block), tiles split into remote / local / straddling by
+    the rows' owner; concurrency from overlapping [start, end) intervals (two waves of 5 here)."""
+    cfg = U.AttnConfig(64, 64, 4, 1)
+    S, Hl, D, P = 320, 2, 64, 2                  # Sl = 160: blocks 0-1 local, 2 straddles, 3-4 remote (rank 0)
+    n = U.n_programs(S, Hl, cfg)
+    ts = torch.zeros(n, 2, dtype=torch.int64)
+    for pid in range(n):
+        m = pid % 5
+        start = 0 if pid < 5 else 1000                               # head 0's programs, then head 1's
+        ts[pid] = torch.tensor([start, start + (100 if m >= 3 else 50 if m == 2 else 20)])
+    b = US.epilogue_bursts(ts, S, Hl, D, P, 0, cfg)
+    assert (b["remote"]["programs"], b["local"]["programs"], b["straddle"]["programs"]) == (4, 4, 2)
+    assert (b["remote"]["median_ns"], b["local"]["median_ns"], b["straddle"]["median_ns"]) == (100, 20, 50)
+    assert b["tile_bytes"] == 64 * 64 * 2 and b["programs"] == n and b["concurrent_max"] == 5
+    assert US.epilogue_bursts(torch.zeros(n, 2, dtype=torch.int64), S, Hl, D, P, 0, cfg) is None
+    b1 = US.epilogue_bursts(ts, S, Hl, D, P, 1, cfg)
+    assert b1["remote"]["median_ns"] == 20 and b1["local"]["median_ns"] == 100
+
+
+def test_one_gpu_sweep_parameters_checked_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match=r"world must be one of gpus, one-gpu, got 'mesh'"):
+        US.run_ulysses(tmp_path, world="mesh")
+    with pytest.raises(ValueError, match=r"link must be one of local, host for the one-GPU world, got 'nvlink'"):
+        US.run_ulysses(tmp_path, world="one-gpu", link="nvlink")
+    with pytest.raises(ValueError, match=r"link 'host' is for --world one-gpu"):
+        US.run_ulysses(tmp_path, link="host")
+    with pytest.raises(ValueError, match=r"world_size must be >= 2"):
+        US.run_ulysses(tmp_path, world="one-gpu", world_size=1)
+    with pytest.raises(ValueError, match=r"chunks must be >= 1"):
+        US.run_ulysses(tmp_path, world="one-gpu", chunks=0)
+    with pytest.raises(ValueError, match=r"sequence length \(4097\) must be a positive multiple"):
+        US.run_ulysses(tmp_path, world="one-gpu", shapes=[U.UlyssesShape("odd", 4097, 8, 64)])
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
+            US.run_ulysses(tmp_path, world="one-gpu", world_size=2)
+    assert not any(tmp_path.iterdir())

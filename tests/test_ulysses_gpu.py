@@ -38,7 +38,7 @@ def test_sweep_writes_and_resumes(tmp_path):
     US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False)  # all done: no rows
     assert len(open(csv).readlines()) == n1
     df, meta = data.load(tmp_path, data.ULYSSES)
-    assert set(meta["configs"]) == {s.name for s in shapes}
+    assert set(meta["configs"]) == {f"{s.name}/P2" for s in shapes}
     assert (df["end_to_end_ms"] > 0).all() and (df["sender_visible_ms"] > 0).all()
     fused = df[df.method == "fused"]
     assert (fused["sender_visible_ms"] <= fused["end_to_end_ms"] * 1.5).all()   # device span vs events

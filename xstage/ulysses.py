@@ -43,7 +43,8 @@ from .registry import by_name
 HEAD_DIMS = (64, 128)
 METHODS = ("fused", "serial_triton", "serial_cudnn", "overlapped", "attention_only", "sdpa_only")
 BARRIER_NAME = "end-of-attention barrier"
-OVERLAP_CHUNKS = 4          # head chunks of the stream-overlapped baseline
+OVERLAP_CHUNKS = 4          # head chunks of the stream-overlapped baseline when not tuned per shape
+OVERLAP_CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12)   # what the sweep times per shape (<= Hl), keeping the fastest
 MAX_POLLS = _sync.PEER_MAX_POLLS        # barrier spin bound (~seconds): a peer still compiling must fit
 STATUS_FIELDS = _sync.STATUS_FIELDS.value   # (waiter, peer, expected, seen, polls, timed_out) per awaited peer
 INT32_MAX = 2**31 - 1
@@ -318,12 +319,14 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     return bufs
 
 
-def _validate_fused(world, q, k, v, bufs: UlyssesBuffers) -> tuple[int, int, int]:
+def _validate_fused(world, q, k, v, bufs: UlyssesBuffers, ranks: Sequence[int]) -> tuple[int, int, int]:
     P = world.world_size
     if bufs.world_size != P:
         raise ValueError(f"buffers are for {bufs.world_size} ranks, the world has {P}")
+    if not ranks or any(r not in world.local_ranks for r in ranks):
+        raise ValueError(f"ranks {list(ranks)} must be a non-empty subset of this process's {world.local_ranks}")
     shapes = set()
-    for r in world.local_ranks:
+    for r in ranks:
         for name, t in (("q", q), ("k", k), ("v", v)):
             missing = (r not in t) if isinstance(t, Mapping) else (r >= len(t))
             if missing:
@@ -345,27 +348,30 @@ def _validate_fused(world, q, k, v, bufs: UlyssesBuffers) -> tuple[int, int, int
 def ulysses_fused(world, q: Mapping[int, torch.Tensor], k: Mapping[int, torch.Tensor],
                   v: Mapping[int, torch.Tensor], bufs: UlyssesBuffers, sm_scale: float | None = None,
                   config: AttnConfig | None = None, barrier: bool = True, ts: Mapping[int, torch.Tensor] | None = None,
-                  check: bool = True, max_polls: int = MAX_POLLS, silent_ranks: Sequence[int] = ()
-                  ) -> dict[int, torch.Tensor]:
+                  check: bool = True, max_polls: int = MAX_POLLS, silent_ranks: Sequence[int] = (),
+                  ranks: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
     """The fused Ulysses layer on every local rank: q[r], k[r], v[r] [S, Hl, D] -> out[r] [Sl, H, D] in
     ``bufs`` (written by every rank's kernel through peer pointers), then the cross-rank barrier.
 
     ``ts[r]``: int64 [n_programs, 2] device timestamps. ``check``: read the barrier status and raise on a
     timeout (a host sync; the sweep checks once after timing). ``silent_ranks`` skip the barrier altogether
-    (tests: a peer that never signals). Returns {rank: out view [Sl, H, D]}."""
-    S, Hl, D = _validate_fused(world, q, k, v, bufs)
+    (tests: a peer that never signals). ``ranks``: the local ranks whose kernels launch (default: all; the
+    one-process worlds time one rank's kernel, the others having run before); the barrier is every rank's.
+    Returns {rank: out view [Sl, H, D]}."""
+    ranks = list(world.local_ranks if ranks is None else ranks)
+    S, Hl, D = _validate_fused(world, q, k, v, bufs, ranks)
     config = config or default_config(D)
     config.validate()
     P = world.world_size
-    for r in world.local_ranks:
+    for r in ranks:
         if ts is not None:
             _check_ts(ts[r], n_programs(S, Hl, config))
-    for r in world.local_ranks:
+    for r in ranks:
         _launch(q[r], k[r], v[r], None, bufs.out_table[r], None if ts is None else ts[r], S, S // P, Hl * P * D,
                 0, Hl, r * Hl, _scale(sm_scale, D), config, fused=True)
     if barrier:
         end_barrier(world, bufs, check=check, max_polls=max_polls, silent_ranks=silent_ranks)
-    return {r: bufs.out_view(r, S, Hl * P, D) for r in world.local_ranks}
+    return {r: bufs.out_view(r, S, Hl * P, D) for r in ranks}
 
 
 def end_barrier(world, bufs: UlyssesBuffers, check: bool = True, max_polls: int = MAX_POLLS,
@@ -410,13 +416,50 @@ def post_all_to_all(os_: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.cat([o[r * Sl:(r + 1) * Sl] for o in os_], dim=1).contiguous() for r in range(P)]
 
 
+def relayout_received(recv: torch.Tensor, P: int, S: int, Hl: int, D: int) -> torch.Tensor:
+    """A rank's receive buffer [P, Sl, Hl, D] (block i from rank i) -> its output [Sl, H, D] (a copy)."""
+    return recv.reshape(-1)[: S * Hl * D].view(P, S // P, Hl, D).transpose(0, 1).reshape(S // P, P * Hl, D)
+
+
 def post_all_to_all_nccl(o: torch.Tensor, world, recv: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's [S, Hl, D] -> [Sl, H, D] with ``all_to_all_single`` (NCCL), then the relayout (a copy)."""
     P = world.world_size
     S, Hl, D = o.shape
     recv = torch.empty_like(o) if recv is None else recv                       # [P, Sl, Hl, D]: from rank i
     world.dist.all_to_all_single(recv, o)
-    return recv.view(P, S // P, Hl, D).transpose(0, 1).reshape(S // P, P * Hl, D)
+    return relayout_received(recv, P, S, Hl, D)
+
+
+def receive_buffers(world, S: int, Hl: int, D: int, dtype: torch.dtype):
+    """Every rank's receive buffer of the all-to-all by copies, [P, Sl, Hl, D] each (a destination buffer:
+    peers copy into it; in pinned host memory for the peers of ``OneGPUWorld(link="host")``)."""
+    return world.symmetric_empty(S * Hl * D, dtype, destination=True)
+
+
+def send_copies(world, rank: int, o: torch.Tensor, recv) -> None:
+    """Rank ``rank``'s share of the post-attention all-to-all by copies, in a world where one process drives
+    every rank (``world.emulated``: the CPU world, the one-GPU world; no NCCL there): the rows each rank owns,
+    o[r * Sl:(r + 1) * Sl] (contiguous [Sl, Hl, D]), copied into block ``rank`` of rank r's receive buffer
+    (``receive_buffers``). On a GPU each is one asynchronous cudaMemcpy (device to device, or device to pinned
+    host memory: PCIe, for a host-link peer); the receiver then runs ``relayout_received`` once every rank has
+    sent."""
+    n = o.numel() // world.world_size
+    flat = o.reshape(-1)
+    for r in range(world.world_size):
+        recv.local(r)[rank * n:(rank + 1) * n].copy_(flat[r * n:(r + 1) * n], non_blocking=True)
+
+
+def post_all_to_all_copies(world, os_: Mapping[int, torch.Tensor], recv=None) -> dict[int, torch.Tensor]:
+    """The post-attention all-to-all of every rank by copies (``send_copies`` from each, then each rank's
+    relayout): {rank: [S, Hl, D]} -> {rank: [Sl, H, D]}, on each rank's receive-buffer device."""
+    P = world.world_size
+    S, Hl, D = next(iter(os_.values())).shape
+    recv = receive_buffers(world, S, Hl, D, next(iter(os_.values())).dtype) if recv is None else recv
+    for r in range(P):
+        send_copies(world, r, os_[r], recv)
+    if any(recv.local(r).is_cuda for r in range(P)):
+        torch.cuda.synchronize()
+    return {r: relayout_received(recv.local(r), P, S, Hl, D) for r in range(P)}
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
@@ -481,28 +524,79 @@ def sdpa_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: floa
     return o.squeeze(0).transpose(0, 1).contiguous()                           # [S, Hl, D]
 
 
+def overlap_chunk_candidates(Hl: int, candidates: Sequence[int] = OVERLAP_CHUNK_CANDIDATES) -> list[int]:
+    """The head-chunk counts worth timing for Hl heads per rank: each candidate capped at Hl, duplicates dropped."""
+    return sorted({max(1, min(c, Hl)) for c in candidates})
+
+
+def _chunk_bounds(Hl: int, n: int) -> list[int]:
+    return [Hl * i // n for i in range(n + 1)]
+
+
+def overlap_receive_buffers(world, S: int, Hl: int, D: int, dtype: torch.dtype, chunks: int) -> list:
+    """Every rank's receive buffers of the overlapped pipeline by copies: one per head chunk."""
+    n = max(1, min(chunks, Hl))
+    b = _chunk_bounds(Hl, n)
+    return [receive_buffers(world, S, b[i + 1] - b[i], D, dtype) for i in range(n)]
+
+
 def make_overlapped(world, q, k, v, chunks: int = OVERLAP_CHUNKS, config: AttnConfig | None = None,
-                    sm_scale: float | None = None):
+                    sm_scale: float | None = None, rank: int | None = None, recvs=None):
     """The stream-overlapped baseline (as yunchang's AsyncLongContextAttention, on the output side): attention on
-    head chunk c while chunk c-1's all-to-all runs on NCCL's stream; returns fn() -> [Sl, H, D]."""
+    head chunk c while chunk c-1's all-to-all runs beside it; returns fn() -> [Sl, H, D].
+
+    One process per GPU (``world.emulated`` False): NCCL ``all_to_all_single`` with ``async_op`` (NCCL's
+    stream). One process driving every rank (the one-GPU world; the CPU world): rank ``rank``'s share by copies
+    (``send_copies``) on a side CUDA stream (sequential on the CPU); its own relayout reads what the peers sent
+    before (their sends are not timed). ``recvs``: the receive buffers per chunk (``overlap_receive_buffers``),
+    shared by every rank's pipeline so that each rank's output is complete once every rank has run."""
     S, Hl, D = q.shape
     P = world.world_size
+    rank = world.local_ranks[0] if rank is None else rank
     n = max(1, min(chunks, Hl))
-    bounds = [Hl * i // n for i in range(n + 1)]                               # head chunk edges
+    bounds = _chunk_bounds(Hl, n)                                             # head chunk edges
     outs = [torch.empty(S, bounds[i + 1] - bounds[i], D, dtype=q.dtype, device=q.device) for i in range(n)]
-    recvs = [torch.empty_like(o) for o in outs]
     final = torch.empty(S // P, P, Hl, D, dtype=q.dtype, device=q.device)       # [Sl, P, Hl, D] = [Sl, H, D]
+    copies = world.emulated
+    if copies:
+        recvs = overlap_receive_buffers(world, S, Hl, D, q.dtype, n) if recvs is None else recvs
+        if len(recvs) != n:
+            raise ValueError(f"{len(recvs)} receive buffers for {n} head chunks")
+        side = torch.cuda.Stream(q.device) if q.is_cuda else None
+    else:
+        recvs = [torch.empty_like(o) for o in outs]
+
+    def start(i):
+        if not copies:
+            return world.dist.all_to_all_single(recvs[i], outs[i], async_op=True)
+        if side is None:
+            send_copies(world, rank, outs[i], recvs[i])
+            return None
+        side.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(side):
+            send_copies(world, rank, outs[i], recvs[i])
+            done = torch.cuda.Event()
+            done.record(side)
+        return done
+
+    def finish(i, work):
+        if not copies:
+            work.wait()
+        elif work is not None:
+            torch.cuda.current_stream(q.device).wait_event(work)
+        return recvs[i].local(rank) if copies else recvs[i]
 
     def run() -> torch.Tensor:
         works = []
         for i in range(n):
             attention_forward(q, k, v, sm_scale, config, out=outs[i], h_start=bounds[i],
                               heads=bounds[i + 1] - bounds[i])
-            works.append(world.dist.all_to_all_single(recvs[i], outs[i], async_op=True))
+            works.append(start(i))
         for i in range(n):
-            works[i].wait()
+            got = finish(i, works[i])
             hc = bounds[i + 1] - bounds[i]
-            final[:, :, bounds[i]:bounds[i + 1]] = recvs[i].view(P, S // P, hc, D).transpose(0, 1)
+            blocks = got.reshape(-1)[: S * hc * D].view(P, S // P, hc, D)           # block j from rank j
+            final[:, :, bounds[i]:bounds[i + 1]] = blocks.transpose(0, 1)
         return final.view(S // P, P * Hl, D)
     return run
 
@@ -556,17 +650,22 @@ def check_job(world, cases: Sequence, seed: int, dtype: torch.dtype | None = Non
         local = {r: attention_forward(q[r], k[r], v[r], config=cfg) for r in world.local_ranks}
         if world.emulated:
             serial = dict(enumerate(post_all_to_all([local[r] for r in range(P)])))
+            copies = post_all_to_all_copies(world, local)           # the one-process worlds' serial baseline
+            for r in range(P):
+                check_bit_identical(copies[r].to(dev), serial[r], f"{c.name} P={P} rank {r}: all-to-all by copies "
+                                    f"vs by indexing")
         else:
             serial = {r: post_all_to_all_nccl(local[r], world) for r in world.local_ranks}
         for r in world.local_ranks:
-            check_bit_identical(outs[r], serial[r], f"{c.name} P={P} rank {r}: fused vs attention + all-to-all")
+            out_r = outs[r].to(dev)                                  # a host-link peer's output is in host memory
+            check_bit_identical(out_r, serial[r], f"{c.name} P={P} rank {r}: fused vs attention + all-to-all")
             rows = slice(r * Sl, (r + 1) * Sl)
             ref = attention_reference(q_all, k_all, v_all, rows=rows)
             pt = attention_reference(q_all, k_all, v_all, rows=rows, upcast=False)
-            err, err_pt = check_close(outs[r], ref, pt, f"{c.name} P={P} rank {r}")
+            err, err_pt = check_close(out_r, ref, pt, f"{c.name} P={P} rank {r}")
             results.append(dict(case=c.name, S=S, H=H, D=D, P=P, rank=r, rel_l2=err, rel_l2_torch=err_pt,
                                 straddles=bool(Sl % cfg.block_m)))
-        del q_all, k_all, v_all, q, k, v, outs, local, serial
+        del q_all, k_all, v_all, q, k, v, outs, local, serial, out_r
     return results
 
 

@@ -1,10 +1,25 @@
 """The Ulysses sweep: every shape checked bit for bit, the attention tuned, then every method timed on GPUs.
 
-``run_ulysses`` is what ``xstage sweep ulysses`` calls: it validates, starts one process per GPU
-(:func:`xstage.ranks.spawn`) and runs ``ulysses_job`` on each. Per shape the job tunes our attention on rank 0
-(``tune_config`` over ``xstage.ulysses.H200_CONFIGS``), checks the fused layer bit for bit against our attention
-+ NCCL, times every method of ``xstage.ulysses.METHODS`` and appends its rows (schema ``ulysses``, xstage.data;
-resumable: shapes already recorded are skipped).
+``run_ulysses`` is what ``xstage sweep ulysses`` calls. Two worlds (``WORLDS``):
+
+- ``gpus``: one process per GPU (:func:`xstage.ranks.spawn`), NCCL all-to-alls; every rank times, the rows keep
+  the max over ranks.
+- ``one-gpu``: every rank of the layer in this process on ONE GPU (:class:`xstage.ranks.OneGPUWorld`), ranks run
+  one after another; ``link="local"`` (every buffer in device memory: a compute-only control) or ``"host"`` (the
+  peers' outputs and receive buffers in pinned host memory: the observed rank's remote stores cross PCIe). There
+  is no NCCL: the serial and overlapped baselines send by copies (``xstage.ulysses.send_copies``: one
+  asynchronous cudaMemcpy per destination, then the receiver's relayout). Only the observed rank (0) is timed:
+  its fused kernel (plus the end-of-layer barrier of all ranks: 2P one-program launches), its attention, its
+  share of the all-to-all; the peers' kernels and sends ran before, untimed.
+
+Per shape the job tunes our attention (``tune_config`` over ``xstage.ulysses.H200_CONFIGS``), checks the fused
+layer bit for bit against our attention + the all-to-all (NCCL, or by indexing and by copies in the one-GPU
+world: every rank's output, poisoned with NaN first), picks the overlapped baseline's head-chunk count by timing
+``xstage.ulysses.overlap_chunk_candidates`` (the times and the choice go to the sidecar, ``overlap_chunks``),
+times every method of ``xstage.ulysses.METHODS`` and appends its rows (schema ``ulysses``, xstage.data;
+resumable: shapes already recorded are skipped). With device timers the sidecar also gets the fused epilogue's
+per-program times split by where the tile goes (``bursts``: tiles stored to a peer vs to this rank's own rows),
+which ``xstage.studies.ulysses_bursts`` sets beside the stage model of the link.
 """
 from __future__ import annotations
 
@@ -13,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -21,10 +37,15 @@ from .bench import median
 from .data import ULYSSES
 from .numeric import check_bit_identical, rel_l2
 from .resume import pending
-from .ulysses import (H200_CONFIGS, METHODS, OVERLAP_CHUNKS, AttnConfig, UlyssesBuffers, UlyssesShape,
-                      attention_flops, attention_forward, check_barrier_status, default_dtype, make_overlapped,
-                      n_programs, post_all_to_all_nccl, sdpa_cudnn, sender_visible_ms, shapes_for, ulysses_buffers,
-                      ulysses_fused, validate_shape)
+from .ulysses import (H200_CONFIGS, METHODS, AttnConfig, UlyssesBuffers, UlyssesShape, attention_flops,
+                      attention_forward, check_barrier_status, default_dtype, make_overlapped, n_programs,
+                      overlap_chunk_candidates, overlap_receive_buffers, post_all_to_all, post_all_to_all_copies,
+                      post_all_to_all_nccl, receive_buffers, relayout_received, sdpa_cudnn, send_copies,
+                      sender_visible_ms, shapes_for, ulysses_buffers, ulysses_fused, validate_shape)
+
+WORLDS = ("gpus", "one-gpu")
+WORLD_HELP = {"gpus": "one process per GPU, NCCL all-to-alls, peers over NVLink",
+              "one-gpu": "every rank on one GPU, one after another; all-to-alls by copies (no NCCL)"}
 
 
 def tune_config(q, k, v, candidates: Sequence[AttnConfig], reps: int = 5) -> AttnConfig:
@@ -45,18 +66,160 @@ def tune_config(q, k, v, candidates: Sequence[AttnConfig], reps: int = 5) -> Att
     return best
 
 
-def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, repeats: int, warmup: int,
-                   config: AttnConfig, chunks: int, seed: int) -> dict[str, list[tuple[float, float]]]:
-    """(sender-visible ms, end-to-end ms) per repeat for each method on this rank. Checks bit-exactness of the
-    fused layer against our attention + NCCL before timing."""
+def tune_chunks(world, q, k, v, config: AttnConfig, candidates: Sequence[int], reps: int = 3,
+                rank: int | None = None) -> tuple[int, dict[int, float]]:
+    """The overlapped baseline's fastest head-chunk count on this shape: every candidate timed (median of
+    ``reps``; the max over ranks with one process per GPU, every rank timing each candidate together).
+    Returns (chosen, {chunks: ms})."""
+    times = {}
+    for n in candidates:
+        fn = make_overlapped(world, q, k, v, n, config, rank=rank)
+        if not world.emulated:
+            world.barrier()
+        ms = median(bench.time_ms(fn, warmup=1, reps=reps))
+        if not world.emulated:
+            every = [None] * world.world_size
+            world.dist.all_gather_object(every, ms)
+            ms = max(every)
+        times[n] = float(ms)
+        del fn
+    chosen = min(times, key=times.get)
+    print(f"ulysses: overlapped S={q.shape[0]} Hl={q.shape[1]}: chunks {chosen} "
+          f"({', '.join(f'{n}: {t:.3f} ms' for n, t in times.items())})", file=sys.stderr, flush=True)
+    return chosen, times
+
+
+def epilogue_bursts(ts: torch.Tensor, S: int, Hl: int, D: int, P: int, rank: int, config: AttnConfig,
+                    elem_bytes: int = 2) -> dict | None:
+    """The fused kernel's programs of one timed run (``ts`` [n_programs, 2] global-timer ns), split by where
+    their output tile goes: ``remote`` (every row owned by a peer), ``local`` (every row this rank's own),
+    ``straddle`` (both). Per kind: programs and the median / p10 / p90 program time (start -> last store
+    issued, ns); and the most programs running at once, the tile's bytes (BLOCK_M x D), the kernel's span.
+    None without device timers (the interpreter writes 0)."""
+    t = ts.reshape(-1)[: 2 * n_programs(S, Hl, config)].view(-1, 2).cpu().numpy().astype(np.int64)
+    if not (t[:, 1] > t[:, 0]).all():
+        return None
+    n_m = -(-S // config.block_m)
+    m = np.arange(len(t)) % n_m                                         # program id = head * n_m + query block
+    Sl = S // P
+    first, last = m * config.block_m // Sl, (np.minimum((m + 1) * config.block_m, S) - 1) // Sl
+    kind = np.where(first != last, "straddle", np.where(first == rank, "local", "remote"))
+    dur = (t[:, 1] - t[:, 0]).astype(float)
+    ev = np.concatenate([np.stack([t[:, 0], np.ones(len(t))], 1), np.stack([t[:, 1], -np.ones(len(t))], 1)])
+    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]                           # ends before starts at equal times
+    out = {"programs": int(len(t)), "concurrent_max": int(np.cumsum(ev[:, 1]).max()),
+           "tile_bytes": int(config.block_m * D * elem_bytes), "span_ns": float(t[:, 1].max() - t[:, 0].min()),
+           "block_m": config.block_m}
+    for k in ("remote", "local", "straddle"):
+        d = dur[kind == k]
+        out[k] = ({"programs": int(len(d)), "median_ns": float(np.median(d)), "p10_ns": float(np.quantile(d, 0.1)),
+                   "p90_ns": float(np.quantile(d, 0.9))} if len(d) else {"programs": 0})
+    return out
+
+
+def sidecar_key(shape: str, P: int) -> str:
+    """The key of a shape's entries in the sidecar's ``configs`` / ``overlap_chunks`` / ``bursts``."""
+    return f"{shape}/P{P}"
+
+
+def _inputs(world, shape: UlyssesShape, dtype: torch.dtype, seed: int, ranks: Sequence[int]) -> dict:
+    """{rank: (q, k, v)} [S, Hl, D] for ``ranks``, each rank's own random draw (seed + rank)."""
+    Hl, out = shape.H // world.world_size, {}
+    for r in ranks:
+        dev = world.device(r)
+        g = torch.Generator(device=dev).manual_seed(seed + r)
+        out[r] = tuple(torch.randn(shape.S, Hl, shape.D, generator=g, device=dev).to(dtype) for _ in range(3))
+    return out
+
+
+def _check_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, config: AttnConfig,
+                 recv=None) -> dict:
+    """Bit-exactness before any timing, every output poisoned with NaN first: the fused layer against our
+    attention + the all-to-all. One process per GPU: NCCL, this rank. One process driving every rank: every
+    rank's output against the all-to-all by indexing (the reference layout) and the copies baseline too
+    (which leaves every peer's block in ``recv``, where the timed runs' relayout reads them). Returns
+    {rank: the expected output} (one process driving every rank; {} otherwise)."""
+    P, S, H, D = world.world_size, shape.S, shape.H, shape.D
+    q, k, v = ({r: t[i] for r, t in qkv.items()} for i in range(3))
+    what = f"{shape.name} P={P}"
+    if world.emulated:
+        for r in range(P):
+            bufs.out_view(r, S, H, D).fill_(float("nan"))
+        world.barrier()
+        outs = ulysses_fused(world, q, k, v, bufs, config=config)
+        world.barrier()
+        local = {r: attention_forward(q[r], k[r], v[r], config=config) for r in range(P)}
+        want = post_all_to_all([local[r] for r in range(P)])
+        copies = post_all_to_all_copies(world, local, recv)
+        for r in range(P):
+            dev = want[r].device
+            check_bit_identical(outs[r].to(dev), want[r], f"{what} rank {r}: fused vs attention + all-to-all")
+            check_bit_identical(copies[r].to(dev), want[r], f"{what} rank {r}: all-to-all by copies vs indexing")
+        return dict(enumerate(want))
+    rank = world.local_ranks[0]
+    # compile both variants without the barrier (no rank spins on a peer's compiler), then the checked layer
+    ts = torch.zeros(n_programs(S, H // P, config), 2, dtype=torch.int64, device=world.device(rank))
+    ulysses_fused(world, q, k, v, bufs, config=config, barrier=False)
+    ulysses_fused(world, q, k, v, bufs, config=config, barrier=False, ts={rank: ts})
+    world.barrier()
+    bufs.out_view(rank, S, H, D).fill_(float("nan"))
+    world.barrier()
+    out = ulysses_fused(world, q, k, v, bufs, config=config)[rank]
+    torch.cuda.synchronize()
+    serial = post_all_to_all_nccl(attention_forward(q[rank], k[rank], v[rank], config=config), world)
+    check_bit_identical(out, serial, f"{what} rank {rank}: fused vs attention + NCCL all-to-all")
+    return {}
+
+
+def _overlapped_checked(world, qkv: dict, chunks: int, config: AttnConfig, rank: int, want: dict, what: str):
+    """One process driving every rank: the overlapped pipeline of every rank over shared receive buffers, each
+    run once (the peers' sends), then ``rank``'s checked bit for bit; returns ``rank``'s pipeline (timed: its
+    relayout reads the peers' blocks of that first round)."""
+    S, Hl, D = qkv[rank][0].shape
+    recvs = overlap_receive_buffers(world, S, Hl, D, qkv[rank][0].dtype, chunks)
+    fns = {r: make_overlapped(world, *qkv[r], chunks, config, rank=r, recvs=recvs) for r in qkv}
+    for r in fns:
+        if r != rank:
+            fns[r]()
+    got = fns[rank]()
+    check_bit_identical(got, want[rank], f"{what} rank {rank}: overlapped ({chunks} head chunks) vs indexing")
+    return fns[rank]
+
+
+def _cudnn_ok(world, q, k, v, config: AttnConfig, name: str) -> bool:
+    """Whether cuDNN SDPA runs here and agrees with our attention (on every rank, one process per GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    rank = world.local_ranks[0]
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            err = rel_l2(sdpa_cudnn(q, k, v), attention_forward(q, k, v, config=config))
+        ok, why = err < 2e-2, f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
+    except RuntimeError as e:
+        ok, why = False, f"cuDNN SDPA failed: {e}"
+    oks = [ok]
+    if not world.emulated:
+        oks = [None] * world.world_size
+        world.dist.all_gather_object(oks, ok)
+    if not all(oks):
+        print(f"ulysses: {name}: skipping the cuDNN baselines ({'another rank' if ok else why})", file=sys.stderr)
+    return all(oks)
+
+
+def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, repeats: int, warmup: int,
+                   config: AttnConfig, chunks: int | None, seed: int) -> tuple[dict, dict]:
+    """({method: [(sender-visible ms, end-to-end ms)] per repeat} of the measured rank (this process's rank;
+    the observed rank of a one-process world), {"overlap_chunks": ..., "bursts": ...}). The fused layer is
+    checked bit for bit first."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     P, S, H, D = world.world_size, shape.S, shape.H, shape.D
     Hl = H // P
+    rank = getattr(world, "observed", 0) if world.emulated else world.local_ranks[0]
+    qkv = _inputs(world, shape, bufs.dtype, seed, range(P) if world.emulated else [rank])
+    recv = receive_buffers(world, S, Hl, D, bufs.dtype) if world.emulated else None
+    want = _check_fused(world, shape, bufs, qkv, config, recv)
+    q, k, v = qkv[rank]
     dev = world.device(rank)
-    g = torch.Generator(device=dev).manual_seed(seed + rank)
-    q, k, v = (torch.randn(S, Hl, D, generator=g, device=dev).to(bufs.dtype) for _ in range(3))
     npg = n_programs(S, Hl, config)
     ts = torch.zeros(warmup + repeats, npg, 2, dtype=torch.int64, device=dev)
     calls = [0]
@@ -64,44 +227,38 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
     def fused():
         i = calls[0] % (warmup + repeats)
         calls[0] += 1
-        ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, ts={rank: ts[i]}, check=False)
+        ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, ts={rank: ts[i]}, check=False,
+                      ranks=[rank])
 
-    # correctness before timing: compile both variants without the barrier (no rank spins on a peer's
-    # compiler), then the checked layer, bit-exact against our attention + NCCL
-    ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, barrier=False)
-    ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config, barrier=False, ts={rank: ts[0]})
-    world.barrier()
-    bufs.out_view(rank, S, H, D).fill_(float("nan"))
-    world.barrier()
-    out = ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, config=config)[rank]
-    torch.cuda.synchronize()
-    serial = post_all_to_all_nccl(attention_forward(q, k, v, config=config), world)
-    check_bit_identical(out, serial, f"{shape.name} P={P} rank {rank}: fused vs attention + NCCL all-to-all")
-    del serial
+    if world.emulated:   # this rank's sends by copies and its relayout; the peers' blocks came in the check
+        def serial(attn):
+            send_copies(world, rank, attn(), recv)
+            return relayout_received(recv.local(rank), P, S, Hl, D)
+    else:
+        nccl_recv = torch.empty_like(q)
 
-    recv = torch.empty_like(q)
+        def serial(attn):
+            return post_all_to_all_nccl(attn(), world, nccl_recv)
+    extras = {}
+    if "overlapped" in methods:
+        if chunks is None:
+            n, times = tune_chunks(world, q, k, v, config, overlap_chunk_candidates(Hl), rank=rank)
+            extras["overlap_chunks"] = {"chosen": n, "ms": {str(c): t for c, t in times.items()}, "tuned": True}
+        else:
+            n = chunks
+            extras["overlap_chunks"] = {"chosen": n, "tuned": False}
     fns = {
         "fused": fused,
-        "serial_triton": lambda: post_all_to_all_nccl(attention_forward(q, k, v, config=config), world, recv),
-        "serial_cudnn": lambda: post_all_to_all_nccl(sdpa_cudnn(q, k, v), world, recv),
-        "overlapped": make_overlapped(world, q, k, v, chunks, config),
+        "serial_triton": lambda: serial(lambda: attention_forward(q, k, v, config=config)),
+        "serial_cudnn": lambda: serial(lambda: sdpa_cudnn(q, k, v)),
+        "overlapped": (None if "overlapped" not in methods else
+                       _overlapped_checked(world, qkv, n, config, rank, want, f"{shape.name} P={P}")
+                       if world.emulated else make_overlapped(world, q, k, v, n, config)),
         "attention_only": lambda: attention_forward(q, k, v, config=config),
         "sdpa_only": lambda: sdpa_cudnn(q, k, v),
     }
-    if any("cudnn" in m or "sdpa" in m for m in methods):  # cuDNN SDPA must run here, on every rank
-        try:
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                err = rel_l2(sdpa_cudnn(q, k, v), attention_forward(q, k, v, config=config))
-            ok = err < 2e-2
-            why = f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
-        except RuntimeError as e:
-            ok, why = False, f"cuDNN SDPA failed: {e}"
-        oks = [None] * world.world_size
-        world.dist.all_gather_object(oks, ok)
-        if not all(oks):
-            print(f"ulysses: {shape.name}: skipping the cuDNN baselines on every rank (rank {rank}: "
-                  f"{'ok' if ok else why})", file=sys.stderr)
-            methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
+    if any("cudnn" in m or "sdpa" in m for m in methods) and not _cudnn_ok(world, q, k, v, config, shape.name):
+        methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
     res = {}
     for m in methods:
         world.barrier()
@@ -109,19 +266,27 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
             calls[0] = 0
             e2e = bench.time_ms(fns[m], warmup=warmup, reps=repeats)
         if m == "fused":
-            check_barrier_status(bufs, rank)
+            for r in (range(P) if world.emulated else [rank]):
+                check_barrier_status(bufs, r)
             sv = [sender_visible_ms(ts[warmup + i], npg) for i in range(repeats)]
+            b = epilogue_bursts(ts[warmup + repeats - 1], S, Hl, D, P, rank, config,
+                                bufs.out.local(rank).element_size())
+            if b is not None:
+                extras["bursts"] = b
         else:
             sv = e2e
         res[m] = list(zip(sv, e2e))
     world.barrier()
-    return res
+    return res, extras
 
 
 def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, repeats: int, warmup: int,
-                methods: Sequence[str], tune: bool, chunks: int, seed: int) -> None:
-    """Runs on every rank: shapes not yet in ``folder`` are checked, timed and appended (one shape at a time)."""
-    rank, P = world.local_ranks[0], world.world_size
+                methods: Sequence[str], tune: bool, chunks: int | None, seed: int) -> None:
+    """Runs on every rank (one process per GPU) or once (one process driving every rank): shapes not yet in
+    ``folder`` are checked, timed and appended (one shape at a time)."""
+    P = world.world_size
+    rank = getattr(world, "observed", 0) if world.emulated else world.local_ranks[0]
+    writer = world.local_ranks[0] == 0
     csv, todo, _ = pending(world, folder, ULYSSES, meta, shapes, lambda s: s.key(P))
     if not todo:
         return
@@ -130,17 +295,20 @@ def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, 
     for shape in todo:
         Hl, dev = shape.H // P, world.device(rank)
         choice = [H200_CONFIGS[shape.D][0]]
-        if tune and rank == 0:
+        if tune and (world.emulated or rank == 0):
             g = torch.Generator(device=dev).manual_seed(seed)
             q, k, v = (torch.randn(shape.S, Hl, shape.D, generator=g, device=dev).to(bufs.dtype) for _ in range(3))
             choice = [tune_config(q, k, v, H200_CONFIGS[shape.D])]
             del q, k, v
-        world.dist.broadcast_object_list(choice, src=0)
+        if not world.emulated:
+            world.dist.broadcast_object_list(choice, src=0)
         cfg = choice[0]
-        res = _measure_shape(world, shape, bufs, methods, repeats, warmup, cfg, chunks, seed)
-        parts = [None] * P
-        world.dist.all_gather_object(parts, res)
-        if rank == 0:
+        res, extras = _measure_shape(world, shape, bufs, methods, repeats, warmup, cfg, chunks, seed)
+        parts = [res]
+        if not world.emulated:
+            parts = [None] * P
+            world.dist.all_gather_object(parts, res)
+        if writer:
             flops = attention_flops(shape.S, shape.H, shape.D) / P
             rows = []
             for m in parts[0]:
@@ -153,17 +321,35 @@ def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, 
             data.append_rows(csv, ULYSSES, pd.DataFrame(rows))
             side = Path(folder) / f"{ULYSSES.name}.json"
             m = data.read_meta(side, ULYSSES)
-            m.setdefault("configs", {})[shape.name] = asdict(cfg)
+            key = sidecar_key(shape.name, P)
+            m.setdefault("configs", {})[key] = asdict(cfg)
+            for name, value in extras.items():
+                m.setdefault(name, {})[key] = value
             data.write_json_atomic(side, m)
-            print(f"ulysses: {shape.name} done ({cfg})", file=sys.stderr, flush=True)
-        torch.cuda.empty_cache()
+            print(f"ulysses: {shape.name} P={P} done ({cfg})", file=sys.stderr, flush=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesShape] | None = None,
                 repeats: int = 10, warmup: int = 3, methods: Sequence[str] = METHODS, tune: bool = True,
-                chunks: int = OVERLAP_CHUNKS, seed: int = 0, command: str = "") -> Path:
-    """Run (or resume) the Ulysses sweep on ``world_size`` GPUs into ``out``/ulysses.csv; returns its path.
-    Parameters are validated before the GPUs are checked and anything launches."""
+                chunks: int | None = None, seed: int = 0, command: str = "", world: str = "gpus",
+                link: str | None = None) -> Path:
+    """Run (or resume) the Ulysses sweep into ``out``/ulysses.csv; returns its path. ``world``: ``gpus`` (one
+    process per GPU, ``world_size`` GPUs) or ``one-gpu`` (``world_size`` ranks on one GPU, ``link`` "local" or
+    "host"; see the module docstring). ``chunks``: the overlapped baseline's head chunks (None: timed per shape
+    over the candidates, the fastest kept). Parameters are validated before the GPUs are checked and anything
+    launches."""
+    from .ranks import ONE_GPU_LINKS
+
+    if world not in WORLDS:
+        raise ValueError(f"world must be one of {', '.join(WORLDS)}, got {world!r}")
+    if world == "one-gpu":
+        link = "host" if link is None else link
+        if link not in ONE_GPU_LINKS:
+            raise ValueError(f"link must be one of {', '.join(ONE_GPU_LINKS)} for the one-GPU world, got {link!r}")
+    elif link is not None:
+        raise ValueError(f"link {link!r} is for --world one-gpu (the gpus world's peers are NVLink peers)")
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2 (the all-to-all needs peers), got {world_size}")
     if repeats < 1 or warmup < 0:
@@ -171,7 +357,7 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-    if chunks < 1:
+    if chunks is not None and chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     # the default table is fitted to P (rounded, filtered, said on stderr); shapes given explicitly must fit
     shapes = shapes_for(world_size) if shapes is None else list(shapes)
@@ -181,11 +367,23 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         validate_shape(s.S, s.H, s.D, world_size)
     if len({s.key(world_size) for s in shapes}) != len(shapes):
         raise ValueError("shape names must be unique")
-    env.require_gpus(world_size, "the Ulysses sweep")
-    from .ranks import spawn
+    params = dict(world=world, world_size=world_size, shapes=[asdict(s) for s in shapes], repeats=repeats,
+                  warmup=warmup, methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu")
+    if world == "one-gpu":
+        from .ranks import OneGPUWorld
 
-    params = dict(world_size=world_size, shapes=[asdict(s) for s in shapes], repeats=repeats, warmup=warmup,
-                  methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu")
-    meta = env.provenance(command, params)
-    spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks, seed)
+        env.require_gpus(1, "the one-GPU Ulysses sweep")
+        env.apply_safe_env()
+        params.update(link=link, observed=0, transport="copies (cudaMemcpyAsync per destination, then relayout)")
+        meta = env.provenance(command, params)
+        ulysses_job(OneGPUWorld(world_size, link), list(shapes), str(out), meta, repeats, warmup, list(methods),
+                    tune, chunks, seed)
+    else:
+        env.require_gpus(world_size, "the Ulysses sweep")
+        from .ranks import spawn
+
+        params.update(link="nvlink", transport="NCCL all_to_all_single")
+        meta = env.provenance(command, params)
+        spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks,
+              seed)
     return Path(out) / f"{ULYSSES.name}.csv"
