@@ -3,8 +3,10 @@
   xstage sweep burst-gap --out data/h200x2 [--burst-kib 1,2,...] [--gap-us 0,1,...] [--programs ...]
                          [--store-bytes 16,4] [--targets remote,local] [--bursts 8] [--repeats 5] [--drain]
                          [--world-size 2] [--source gpu|simulated]
-  xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10]
+  xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10] [--chunks 4]
+                       [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
+                       [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
   xstage sweep trains --out data/h200x1 [--targets host,local] [--programs 16,66,132,264] [--seed 0]
   xstage bench bandwidth --out data/h200x2 [--world-size 1]
   xstage fit --data data/h200x2 [--link nvlink|host] [--write]
@@ -176,13 +178,31 @@ def build_parser() -> argparse.ArgumentParser:
                     help="shape names from the DiT table / sequence sweep (default: all that fit the world size)")
     ul.add_argument("--repeats", type=int, default=10, help="timed repeats per shape and method")
     ul.add_argument("--no-tune", action="store_true", help="use the first H200 config instead of timing several")
+    ul.add_argument("--world", choices=("gpus", "one-gpu"), default="gpus",
+                    help="gpus: one process per GPU, NCCL all-to-alls (--world-size GPUs); one-gpu: --ranks ranks on "
+                         "one GPU, run one after another, all-to-alls by copies (no NCCL)")
+    ul.add_argument("--ranks", type=int, default=2, help="ranks of the one-GPU world (--world one-gpu)")
+    ul.add_argument("--link", choices=("local", "host"), default=None,
+                    help="one-gpu only: where the peers' outputs live: local (device memory, a compute-only "
+                         "control) or host (pinned host memory: the observed rank's remote stores cross PCIe; "
+                         "default)")
+    ul.add_argument("--chunks", type=int, default=None,
+                    help="head chunks of the overlapped baseline (default: timed per shape over 1, 2, 3, 4, 6, 8, "
+                         "12 and the fastest kept)")
 
     from .moe_plan import ASSIGNMENT_REGISTRY, DTYPE_REGISTRY, DTYPES_GPU, SCHEDULE_REGISTRY, SCHEDULES
 
     mo = swsub.add_parser("megamoe", help="MegaMoE: schedules x 84 configurations, bf16 and FP8 (notebook 03)")
     mo.add_argument("--out", required=True, type=_out_folder,
                     help="output folder, e.g. data/h200x2 (resumes if it exists)")
-    mo.add_argument("--world-size", type=int, default=2, help="ranks (one process per GPU)")
+    mo.add_argument("--world-size", "--ranks", dest="world_size", type=int, default=2,
+                    help="EP ranks of the layer (--world gpus: one process per GPU; one-gpu: all on one GPU)")
+    mo.add_argument("--world", choices=("gpus", "one-gpu"), default="gpus",
+                    help="gpus: one process per GPU, combine over NVLink; one-gpu: every rank in one process on one "
+                         "GPU, run one after another, times of rank 0 (needs --link)")
+    mo.add_argument("--link", choices=("local", "host"), default=None,
+                    help="--world one-gpu only: local (every buffer in GPU memory: compute-only) or host (the peers' "
+                         "combine buffers in pinned host memory: rank 0's remote combine stores cross PCIe)")
     mo.add_argument("--dtypes", type=_strs, default=DTYPES_GPU,
                     help="; ".join(f"{d}: {DTYPE_REGISTRY[d].doc}" for d in DTYPES_GPU))
     mo.add_argument("--cases", type=_strs, default=(), help="case names (default: all 84)")
@@ -258,17 +278,28 @@ def main(argv: list[str] | None = None) -> int:
             from .ulysses_sweep import run_ulysses
 
             shapes = shapes_by_name(args.shapes) if args.shapes else None
-            print(run_ulysses(args.out, world_size=args.world_size, repeats=args.repeats, shapes=shapes,
-                              tune=not args.no_tune, command=command))
+            one = args.world == "one-gpu"
+            if not one and args.link is not None:
+                raise ValueError(f"--link {args.link} is for --world one-gpu (the gpus world's peers are NVLink peers)")
+            print(run_ulysses(args.out, world_size=args.ranks if one else args.world_size, repeats=args.repeats,
+                              shapes=shapes, tune=not args.no_tune, command=command, chunks=args.chunks,
+                              world=args.world, link=args.link))
         elif args.cmd == "sweep" and args.study == "megamoe":
             from .moe_plan import cases_by_name
             from .moe_sweep import run_megamoe
             from .studies import recorded_params
 
             cases = cases_by_name(args.cases) if args.cases else None
-            print(run_megamoe(args.out, recorded_params, world_size=args.world_size, dtypes=args.dtypes,
+            if args.world == "gpus" and args.link is not None:
+                raise ValueError("--link is for --world one-gpu (the gpus world's combine crosses NVLink)")
+            if args.world == "one-gpu" and args.link is None:
+                raise ValueError("--world one-gpu needs --link local or --link host")
+            # predictions: the stage model of the link the combine crosses (one GPU: its host link's fit)
+            prm = recorded_params if args.world == "gpus" else (lambda: recorded_params("h200x1"))
+            print(run_megamoe(args.out, prm, world_size=args.world_size, dtypes=args.dtypes,
                               cases=cases, schedules=args.schedules, repeats=args.repeats,
-                              max_minutes=args.max_minutes, command=command, assignment=args.assignment))
+                              max_minutes=args.max_minutes, command=command, assignment=args.assignment,
+                              world=args.world, link=args.link))
         elif args.cmd == "sweep" and args.study == "trains":
             from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 

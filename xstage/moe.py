@@ -219,6 +219,19 @@ class MoEBuffers:
     epoch: int = 0
     tickets: dict[int, torch.Tensor] = field(default_factory=dict)   # rank -> int32 [1] (dynamic assignment)
     drawn: dict[int, int] = field(default_factory=dict)              # rank -> tickets drawn since they were zeroed
+    comb_arg: dict[int, torch.Tensor] = field(default_factory=dict)  # rank -> the kernel's comb_ptr argument (only its
+    #   element type is used) on the rank's device, where its combine buffer lives in host memory
+
+    def kernel_comb(self, rank: int, device) -> torch.Tensor:
+        """Rank ``rank``'s combine buffer as the experts kernel's ``comb_ptr`` argument: the buffer itself, or,
+        where it lives in pinned host memory (a one-GPU host-link world), a device tensor of its dtype (the kernel
+        reads only the element type from it; every store goes through the address table)."""
+        comb = self.combine.local(rank)
+        if comb.device == torch.device(device):
+            return comb
+        if rank not in self.comb_arg:
+            self.comb_arg[rank] = torch.empty(1, dtype=comb.dtype, device=device)
+        return self.comb_arg[rank]
 
     def x_view(self, rank: int) -> torch.Tensor:
         t = self.recv_x.local(rank)
@@ -258,7 +271,9 @@ def moe_buffers(world, cap_rows: int, tokens: int, hidden: int, inter: int, topk
     recv_xs = world.symmetric_empty(cap_rows * (hidden // FP8_BLOCK), torch.float32) if fp8 else None
     recv_meta = world.symmetric_empty(cap_rows * META_FIELDS, torch.int32)   # zeroed below: a kernel that reads
     #   rows no dispatch wrote yet (a compile run without the barrier) still finds valid ranks and tokens
-    combine = world.symmetric_empty(topk * tokens * hidden, OUT_DTYPES[dtype])
+    # the combine is what peers store into (destination): OneGPUWorld(link="host") puts the peers' in pinned host
+    # memory, so the observed rank's remote combine stores cross PCIe
+    combine = world.symmetric_empty(topk * tokens * hidden, OUT_DTYPES[dtype], destination=True)
     flags = world.symmetric_empty(P, torch.int32)
     tables, h, hs, counters, status = {}, {}, {}, {}, {}
     n_blocks = cap_rows // min_block_m + experts_local   # sum over experts of ceil(rows / BM)
@@ -350,12 +365,26 @@ def _validate_layer(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], t
             raise ValueError(f"rank {r}: layout is for rank {inp.layout.rank} of {inp.layout.world_size}")
 
 
+def _ranks(world, ranks: Sequence[int] | None) -> list[int]:
+    """The local ranks a launcher runs (default: all of them); ValueError for a rank this process does not drive."""
+    if ranks is None:
+        return list(world.local_ranks)
+    bad = [r for r in ranks if r not in world.local_ranks]
+    if bad or not ranks:
+        raise ValueError(f"ranks must be a non-empty subset of this process's ranks {world.local_ranks}, got "
+                         f"{list(ranks)}")
+    return list(ranks)
+
+
 def dispatch(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], barrier: bool = True, check: bool = True,
-             max_polls: int = MAX_POLLS) -> None:
+             max_polls: int = MAX_POLLS, ranks: Sequence[int] | None = None) -> None:
     """Push every local rank's items into the owners' receive buffers (fp8: quantise x 1x128 first), then the
-    dispatch barrier. Emulated ranks: every rank pushes, then the barrier's signals, then its waits."""
+    dispatch barrier. Emulated ranks: every rank pushes, then the barrier's signals, then its waits.
+    ``ranks``: which local ranks push (default all; a one-process world times one rank's push); the barrier
+    always takes every rank."""
+    ranks = _ranks(world, ranks)
     fp8 = bufs.dtype == "fp8"
-    for r in world.local_ranks:
+    for r in ranks:
         inp = inputs[r]
         T, Hd = inp.x.shape
         K = inp.ids.shape[1]
@@ -378,12 +407,14 @@ def triton_next_pow2(n: int) -> int:
 
 
 def _validate_experts(world, bufs: MoEBuffers, inputs, tasks, tiles: TileConfig, n_programs, max_polls, ts,
-                      validate: bool) -> list[tuple[int, int]]:
+                      validate: bool, ranks: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """Everything ``run_experts`` checks before launching; returns [(rank, programs)]."""
     if max_polls < 1:
         raise ValueError(f"max_polls must be >= 1, got {max_polls}")
     launches = []
-    for r in world.local_ranks:
+    for r in _ranks(world, ranks):
+        if r not in tasks:
+            raise ValueError(f"no task list for rank {r}")
         tl_ = tasks[r]
         if validate and not tl_.checked:   # (host time: never inside a timed loop for a built list)
             check_tasks(tl_.tasks, tl_.grid)
@@ -416,7 +447,8 @@ def _validate_experts(world, bufs: MoEBuffers, inputs, tasks, tiles: TileConfig,
 def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks: Mapping[int, TaskList],
                 tiles: TileConfig, n_programs: int | None = None, barrier: bool = True, check: bool = True,
                 max_polls: int = MAX_POLLS, local_combine: bool = False,
-                ts: Mapping[int, torch.Tensor] | None = None, validate: bool = True, dynamic: bool = False) -> None:
+                ts: Mapping[int, torch.Tensor] | None = None, validate: bool = True, dynamic: bool = False,
+                ranks: Sequence[int] | None = None) -> None:
     """Launch the persistent experts kernel on every local rank (its task list), then the combine barrier.
 
     ``n_programs``: GPU default = SMs (all resident); under the interpreter one program per task (or 1).
@@ -424,8 +456,11 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
     timed-out dependency; then the barrier's. ``local_combine``: every combine store goes to this rank's own
     buffer (the compute-only control; its output is meaningless). ``validate=False`` skips ``check_tasks``
     (tests that plant a missing dependency). ``dynamic``: programs claim the list's tasks in order through an
-    atomic ticket instead of the static task i -> program i % n_programs (same tiles, same bits)."""
-    launches = _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, ts, validate)
+    atomic ticket instead of the static task i -> program i % n_programs (same tiles, same bits). ``ranks``:
+    which local ranks launch (default all; a one-process world times the observed rank alone: its kernel only
+    reads its own receive buffer and counters, so it never waits on another rank); the barrier takes every
+    rank."""
+    launches = _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, ts, validate, ranks)
     fp8 = bufs.dtype == "fp8"
     for r, n_prog in launches:
         tl_ = tasks[r]
@@ -453,7 +488,7 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
         w = inp.weights
         offs = inp.routing_on(world.device(r))[2]
         x = bufs.x_view(r)
-        comb = bufs.combine_view(r, inp.x.shape[0])
+        comb = bufs.kernel_comb(r, world.device(r))
         table = bufs.tables[r]["combine_local" if local_combine else "combine"]
         timed = ts is not None
         megamoe_kernel[(n_prog,)](
@@ -502,15 +537,24 @@ def moe_barrier(world, bufs: MoEBuffers, phase: str, check: bool = True, max_pol
 
 def megamoe_layer(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks: Mapping[int, TaskList],
                   tiles: TileConfig, check: bool = True, max_polls: int = MAX_POLLS,
-                  n_programs: int | None = None, dynamic: bool = False) -> dict[int, torch.Tensor]:
+                  n_programs: int | None = None, dynamic: bool = False,
+                  ranks: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
     """The whole fused layer on every local rank: dispatch + barrier, experts kernel + barrier, top-k reduction.
-    Returns {rank: out [T, Hd]}; the combine buffers stay in ``bufs`` (``combine_view``)."""
+    Returns {rank: out [T, Hd]} (on the rank's device); the combine buffers stay in ``bufs`` (``combine_view``).
+
+    One process driving every rank (``world.emulated``: the CPU world, the one-GPU world) runs the ranks one after
+    another in phases: every rank's dispatch push, every rank's barrier signal, then the waits; every rank's
+    experts kernel, the signals, the waits; the reductions. Kernels only push, so no rank ever waits on a rank not
+    yet launched. ``ranks``: the ranks whose dispatch, kernel and reduction run (default all: a one-process world
+    times the observed rank's layer with the others' outputs left from an earlier full run); the barriers always
+    take every rank (their signals come before any wait)."""
     _validate_layer(world, bufs, inputs, tiles)
-    _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, None, True)
-    dispatch(world, bufs, inputs, check=check, max_polls=max_polls)
+    _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, None, True, ranks)
+    dispatch(world, bufs, inputs, check=check, max_polls=max_polls, ranks=ranks)
     run_experts(world, bufs, inputs, tasks, tiles, n_programs=n_programs, check=check, max_polls=max_polls,
-                dynamic=dynamic)
-    return {r: topk_reduce(bufs.combine_view(r, inputs[r].x.shape[0])) for r in world.local_ranks}
+                dynamic=dynamic, ranks=ranks)
+    return {r: topk_reduce(bufs.combine_view(r, inputs[r].x.shape[0]).to(world.device(r)))
+            for r in _ranks(world, ranks)}
 
 
 # ------------------------------------------------------------------------------------------ problem set-up
@@ -594,18 +638,35 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, offs_list: 
     return out
 
 
-def make_unfused(world, inp: RankInputs, weights_hi: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """The unfused layer on this rank (one process per rank): all_to_all_single dispatch (rows sorted by owner
-    and expert), relayout to expert-major, grouped GEMM Linear-1, SwiGLU, grouped GEMM Linear-2, relayout back,
-    all_to_all_single combine, and the router-weighted top-k sum. Index plans are built here, outside the
-    returned fn(). ``weights_hi``: (w1 [El, 2I, Hd], w2 [El, Hd, I]) in bf16 (fp16/fp32 on CPU)."""
+@dataclass
+class _UnfusedPlan:
+    """One rank's index plan of the unfused layer (built once, outside every timed call): its items in send order
+    (by expert, so owner-major: the block for owner d is send_start[d] .. send_start[d + 1]), the rows it receives
+    in source-major order (source s at recv_start[s]), the relayouts between that order and the fused
+    expert-major one, the grouped-GEMM group ends and the router weights."""
+
+    send_counts: list[int]
+    recv_counts: list[int]
+    send_start: list[int]
+    recv_start: list[int]
+    tok: torch.Tensor          # [T*K] send position -> token
+    comb_idx: torch.Tensor     # [T*K] send position -> slot * T + token
+    to_fused: torch.Tensor     # [R] fused (expert-major) row -> source-major received row
+    to_recv: torch.Tensor      # [R] source-major received row -> fused row
+    offs: torch.Tensor         # int32 [El] cumulative rows per local expert
+    offs_list: list[int]
+    wk: torch.Tensor           # [K, T, 1] router weights (float32)
+    w1t: torch.Tensor          # [El, Hd, 2I] (a view)
+    w2t: torch.Tensor          # [El, I, Hd] (a view)
+
+
+def _unfused_plan(inp: RankInputs, weights_hi: tuple[torch.Tensor, torch.Tensor]) -> _UnfusedPlan:
     lay = inp.layout
     r, P, El = lay.rank, lay.world_size, lay.experts_local
-    T, Hd = inp.x.shape
+    T = inp.x.shape[0]
     K = inp.ids.shape[1]
     dev = inp.x.device
     w1, w2 = weights_hi
-    I = w2.shape[2]
     counts = lay.counts                                                   # [P, E]
     flat = inp.ids.flatten().cpu()
     order = torch.argsort(flat, stable=True)                               # send order: by expert (owner-major)
@@ -619,40 +680,120 @@ def make_unfused(world, inp: RankInputs, weights_hi: tuple[torch.Tensor, torch.T
                           for le in range(El) for s in range(P)]) if lay.rows else torch.zeros(0, dtype=torch.long)
     to_recv = torch.empty_like(to_fused)
     to_recv[to_fused] = torch.arange(to_fused.numel())
-    tok = (order // K).to(dev)
-    comb_idx = ((order % K) * T + order // K).to(dev)                      # send position -> slot * T + token
-    to_fused, to_recv = to_fused.to(dev), to_recv.to(dev)
     offs_list = list(itertools.accumulate(lay.expert_rows))
-    offs = torch.tensor(offs_list, dtype=torch.int32, device=dev)
-    wk = inp.wts.to(dev).T.contiguous()[..., None].float()                 # [K, T, 1]
-    recv = torch.empty(lay.rows, Hd, dtype=inp.x.dtype, device=dev)
-    ret = torch.empty(T * K, Hd, dtype=inp.x.dtype, device=dev)
-    comb = torch.empty(K * T, Hd, dtype=inp.x.dtype, device=dev)
-    w1t, w2t = w1.transpose(1, 2), w2.transpose(1, 2)                     # [El, Hd, 2I], [El, I, Hd] (views)
-    dist = world.dist
+    return _UnfusedPlan(send_counts, recv_counts, [0, *itertools.accumulate(send_counts)], recv_start,
+                        (order // K).to(dev), ((order % K) * T + order // K).to(dev), to_fused.to(dev),
+                        to_recv.to(dev), torch.tensor(offs_list, dtype=torch.int32, device=dev), offs_list,
+                        inp.wts.to(dev).T.contiguous()[..., None].float(), w1.transpose(1, 2), w2.transpose(1, 2))
 
-    def run() -> torch.Tensor:
-        send = inp.x.index_select(0, tok)
-        dist.all_to_all_single(recv, send, recv_counts, send_counts)
-        xe = recv.index_select(0, to_fused)
-        gu = grouped_mm(xe, w1t, offs, offs_list)                          # [R, 2I]
-        h = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
-        y = grouped_mm(h, w2t, offs, offs_list)                            # [R, Hd]
-        dist.all_to_all_single(ret, y.index_select(0, to_recv), send_counts, recv_counts)
-        comb.index_copy_(0, comb_idx, ret)
-        return (comb.view(K, T, Hd).float() * wk).sum(0).to(inp.x.dtype)
 
-    xg = torch.randn(lay.rows, Hd, device=dev).to(inp.x.dtype)           # the GEMM phases alone, on this rank's
-    #                                                                       rows (expert-major), no communication
+def _unfused_gemms(p: _UnfusedPlan, xe: torch.Tensor) -> torch.Tensor:
+    """Grouped GEMM Linear-1, SwiGLU, grouped GEMM Linear-2 on expert-major rows [R, Hd] -> [R, Hd]."""
+    I = p.w2t.shape[1]
+    gu = grouped_mm(xe, p.w1t, p.offs, p.offs_list)                        # [R, 2I]
+    return grouped_mm(torch.nn.functional.silu(gu[:, :I]) * gu[:, I:], p.w2t, p.offs, p.offs_list)
 
-    def gemm() -> torch.Tensor:
-        gu = grouped_mm(xg, w1t, offs, offs_list)
-        return grouped_mm(torch.nn.functional.silu(gu[:, :I]) * gu[:, I:], w2t, offs, offs_list)
-    run.gemm = gemm
+
+def _with_gemm(run: Callable, p: _UnfusedPlan, rows: int, hidden: int, dtype: torch.dtype, dev) -> Callable:
+    xg = torch.randn(rows, hidden, device=dev).to(dtype)   # the GEMM phases alone, on this rank's rows
+    #                                                        (expert-major), no communication
+    run.gemm = lambda: _unfused_gemms(p, xg)
     return run
 
 
+def make_unfused(world, inp: RankInputs, weights_hi: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """The unfused layer on this rank (one process per rank): all_to_all_single dispatch (rows sorted by owner
+    and expert), relayout to expert-major, grouped GEMM Linear-1, SwiGLU, grouped GEMM Linear-2, relayout back,
+    all_to_all_single combine, and the router-weighted top-k sum. Index plans are built here, outside the
+    returned fn(). ``weights_hi``: (w1 [El, 2I, Hd], w2 [El, Hd, I]) in bf16 (fp16/fp32 on CPU)."""
+    p = _unfused_plan(inp, weights_hi)
+    T, Hd = inp.x.shape
+    K = inp.ids.shape[1]
+    dev = inp.x.device
+    recv = torch.empty(inp.layout.rows, Hd, dtype=inp.x.dtype, device=dev)
+    ret = torch.empty(T * K, Hd, dtype=inp.x.dtype, device=dev)
+    comb = torch.empty(K * T, Hd, dtype=inp.x.dtype, device=dev)
+    dist = world.dist
+
+    def run() -> torch.Tensor:
+        send = inp.x.index_select(0, p.tok)
+        dist.all_to_all_single(recv, send, p.recv_counts, p.send_counts)
+        y = _unfused_gemms(p, recv.index_select(0, p.to_fused))            # [R, Hd]
+        dist.all_to_all_single(ret, y.index_select(0, p.to_recv), p.send_counts, p.recv_counts)
+        comb.index_copy_(0, p.comb_idx, ret)
+        return (comb.view(K, T, Hd).float() * p.wk).sum(0).to(inp.x.dtype)
+    return _with_gemm(run, p, inp.layout.rows, Hd, inp.x.dtype, dev)
+
+
+def make_unfused_one_process(world, inputs: Mapping[int, RankInputs],
+                             weights_hi: Mapping[int, tuple[torch.Tensor, torch.Tensor]], observed: int = 0
+                             ) -> Callable[[], torch.Tensor]:
+    """The unfused layer of a world whose ranks one process drives (``world.emulated``: the CPU world, the one-GPU
+    world), with the same index plans as :func:`make_unfused`; each all_to_all becomes copies between the ranks'
+    tensors. Receiver r gathers each source's rows from that source's x (the dispatch), runs the grouped GEMMs and
+    copies each source's rows back into that source's return buffer (the combine: a destination buffer of the
+    world, so with ``OneGPUWorld(link="host")`` the peers' lie in pinned host memory and the copies cross PCIe);
+    each source then scatters and sums its own.
+
+    Returns ``run()``: the observed rank's share (its gather, GEMMs, return copies to every source and its own
+    top-k sum; the timed baseline) -> its out [T, Hd]; ``run.full()`` -> {rank: out} (every receiver first, then
+    every reduction: the correctness check); ``run.gemm()``: the observed rank's GEMM phases alone."""
+    ranks = list(world.local_ranks)
+    if observed not in ranks:
+        raise ValueError(f"observed rank {observed} is not one of this process's ranks {ranks}")
+    plans = {r: _unfused_plan(inputs[r], weights_hi[r]) for r in ranks}
+    x0 = inputs[observed].x
+    T, Hd = x0.shape
+    K = inputs[observed].ids.shape[1]
+    ret = world.symmetric_empty(K * T * Hd, x0.dtype, destination=True)
+    recv = {r: torch.empty(inputs[r].layout.rows, Hd, dtype=x0.dtype, device=world.device(r)) for r in ranks}
+    comb = {r: torch.empty(K * T, Hd, dtype=x0.dtype, device=world.device(r)) for r in ranks}
+
+    def share(r: int) -> None:
+        p = plans[r]
+        for s in ranks:                                                    # the dispatch all_to_all, receiver r
+            lo, hi = plans[s].send_start[r], plans[s].send_start[r + 1]
+            if hi > lo:
+                recv[r][p.recv_start[s]:p.recv_start[s + 1]] = inputs[s].x.index_select(0, plans[s].tok[lo:hi])
+        back = _unfused_gemms(p, recv[r].index_select(0, p.to_fused)).index_select(0, p.to_recv)
+        for s in ranks:                                                    # the combine all_to_all, sender r
+            lo, hi = plans[s].send_start[r], plans[s].send_start[r + 1]
+            if hi > lo:
+                ret.local(s).view(K * T, Hd)[lo:hi].copy_(back[p.recv_start[s]:p.recv_start[s + 1]],
+                                                          non_blocking=True)
+
+    def reduce(s: int) -> torch.Tensor:
+        p = plans[s]
+        got = ret.local(s).view(K * T, Hd).to(world.device(s))
+        comb[s].index_copy_(0, p.comb_idx, got)
+        return (comb[s].view(K, T, Hd).float() * p.wk).sum(0).to(x0.dtype)
+
+    def run() -> torch.Tensor:
+        share(observed)
+        return reduce(observed)
+
+    def full() -> dict[int, torch.Tensor]:
+        for r in ranks:
+            share(r)
+        return {s: reduce(s) for s in ranks}
+    run.full = full
+    return _with_gemm(run, plans[observed], inputs[observed].layout.rows, Hd, x0.dtype, world.device(observed))
+
+
 # ------------------------------------------------------------------------------------------- correctness job
+def hi_weights(w: RankWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights the unfused baseline multiplies with: bf16 (for fp8 layers the weights they were quantised
+    from; fp16/fp32 on the CPU)."""
+    return (w.w1_hi if w.w1_hi is not None else w.w1, w.w2_hi if w.w2_hi is not None else w.w2)
+
+
+def world_label(world) -> str:
+    """' (one GPU, link host)' for a one-GPU world, '' otherwise: failure messages say which world failed."""
+    if world.emulated and getattr(world, "link", "emulated") != "emulated":
+        return f" (one GPU, link {world.link})"
+    return ""
+
+
 def agree_on_checks(world, check: Callable[[], None]) -> None:
     """Run a rank-local check; on GPUs every rank learns every rank's failure and all raise together (a rank
     that raised alone would leave its peer waiting in the next collective)."""
@@ -684,7 +825,9 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
     buffer with NaN, run the whole fused layer with each schedule, and require (1) the first schedule's combine
     buffer [K, T, Hd] (every element: no NaN) within 2x PyTorch's own error of the float32 reference (fp8:
     within FP8_REL_L2 of the float32 emulation of its quantisation); (2) every other schedule's combine buffer
-    bit-identical to it; (3) on GPUs, the unfused baseline close to the fused output. ``assignments``: each
+    bit-identical to it; (3) the unfused baseline close to the fused output (NCCL all_to_all on GPUs; copies
+    between the ranks' tensors where one process drives every rank, :func:`make_unfused_one_process`;
+    ``OneGPUWorld`` runs this same job on one GPU, link local or host). ``assignments``: each
     schedule runs with each of them (``static``: task i on program i % n; ``dynamic``: atomic ticket), all
     bit-identical. Runs on every rank (GPU) or once for an emulated world. Returns one dict per (case, local
     rank)."""
@@ -698,6 +841,7 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
     if not assignments or any(a not in ASSIGNMENTS for a in assignments):
         raise ValueError(f"assignments must be a non-empty subset of {ASSIGNMENTS}, got {list(assignments)}")
     runs = [(sched, a) for sched in schedules for a in assignments]
+    unf = None
     probs = []
     for c in cases:
         s = c.shape
@@ -728,14 +872,16 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
             world.barrier()
             if lead and not world.emulated:   # collective: every rank, before any check
                 r = world.local_ranks[0]
-                w = prob.inputs[r].weights
-                unf = make_unfused(world, prob.inputs[r], (w.w1_hi if dtype == "fp8" else w.w1,
-                                                          w.w2_hi if dtype == "fp8" else w.w2))()
+                unf = {r: make_unfused(world, prob.inputs[r], hi_weights(prob.inputs[r].weights))()}
+            elif lead:                          # one process drives every rank: the all_to_alls become copies
+                unf = make_unfused_one_process(world, prob.inputs, {r: hi_weights(prob.inputs[r].weights)
+                                                                    for r in world.local_ranks}).full()
 
             def check():
                 for r in world.local_ranks:
-                    comb = bufs.combine_view(r, c.tokens)
-                    what = f"{c.name} (seed {c.seed}, weights {seed}) {dtype} P={P} rank {r} {sched} {assign}"
+                    comb = bufs.combine_view(r, c.tokens).to(world.device(r))   # (host memory: a peer's, link=host)
+                    what = (f"{c.name} (seed {c.seed}, weights {seed}) {dtype} P={P} rank {r} {sched} {assign}"
+                            f"{world_label(world)}")
                     if not lead:
                         check_bit_identical(comb, first[r], f"{what} vs {' '.join(runs[0])}")
                         continue
@@ -746,8 +892,8 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
                                                                    dtype=OUT_DTYPES[dtype])
                     errs[r] = check_close(comb, ref, pt, dtype, what)
                     first[r] = comb.clone()
-                    if not world.emulated:
-                        e_unf = rel_l2(unf, outs[r])
+                    if unf is not None:
+                        e_unf = rel_l2(unf[r], outs[r])
                         if not e_unf <= UNFUSED_REL_L2[dtype]:
                             raise AssertionError(f"{what}: the unfused baseline differs from the fused layer by "
                                                  f"{e_unf:.3g} (relative L2)")

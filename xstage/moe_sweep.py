@@ -1,7 +1,13 @@
 """The MegaMoE sweep: every (configuration, dtype) checked, then each schedule timed on GPUs; resumable.
 
 ``run_megamoe`` is what ``xstage sweep megamoe`` calls: it validates, starts one process per GPU
-(:func:`xstage.ranks.spawn`) and runs ``megamoe_job`` on each. Per (case, dtype) the job builds the problem
+(:func:`xstage.ranks.spawn`) and runs ``megamoe_job`` on each, or (``world="one-gpu"``) runs ``megamoe_job``
+once in this process on a :class:`xstage.ranks.OneGPUWorld`: every rank of the layer on one GPU, each with its
+own buffers and task list, the ranks run one after another (the same job and kernels; dispatch, experts and
+barrier phases ordered so that no rank waits on one not yet launched), and every time is the observed rank's
+(rank 0) alone: its kernel, its layer, its unfused share. ``link="host"`` puts the peers' combine buffers in
+pinned host memory, so rank 0's remote combine stores cross PCIe; its compute-only controls (every store local)
+are measured in the same run. Per (case, dtype) the job builds the problem
 (``xstage.moe``), checks the fused layer against the unfused baseline and every schedule bit for bit against
 Expert-Wave, times the experts kernel, its compute-only control, the whole layer, the dispatch and the unfused
 baseline, predicts each schedule's kernel time with the Burst-Gap parameters it was given
@@ -23,8 +29,9 @@ from . import bench, data, env
 from .bench import median
 from .data import MEGAMOE
 from .model import BurstGapParams, params_from_dict
-from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, make_problem,
-                  make_unfused, megamoe_layer, moe_buffers, poison_combine, rank_weights, run_experts, topk_reduce)
+from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, hi_weights,
+                  make_problem, make_unfused, make_unfused_one_process, megamoe_layer, moe_buffers, poison_combine,
+                  rank_weights, run_experts, topk_reduce, world_label)
 from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
                        predict_kernel_ns, remote_combine_bytes, routing_of)
@@ -33,6 +40,7 @@ from .resume import pending
 
 CALLS_TARGET_MS = 2.0       # back-to-back calls per timed run so that a run lasts >= ~2 ms ...
 CALLS_MAX = 16              # ... at most this many (CUDA events around one short call include its launch)
+WORLDS = ("gpus", "one-gpu")   # one process per GPU (NVLink peers) | every rank in this process on one GPU
 
 
 def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[str], repeats: int, warmup: int,
@@ -45,7 +53,9 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
                 fn()
         return [ms / inner for ms in bench.time_ms(calls, warmup=warmup, reps=repeats)]
 
-    rank = world.local_ranks[0]
+    one = world.emulated                 # one process drives every rank (OneGPUWorld): time the observed rank alone
+    rank = getattr(world, "observed", 0) if one else world.local_ranks[0]
+    me = [rank]                          # the ranks whose launches are timed (barriers take every rank)
     dyn = assignment == "dynamic"
     c, s, t = prob.case, prob.case.shape, prob.tiles
     dev = world.device(rank)
@@ -58,53 +68,61 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
         now = time.perf_counter()
         phases[name] = round(now - clock[0], 2)
         clock[0] = now
-    base = {rank: build_tasks(prob, "expert_wave", sms, rank)}
+    ew = {r: build_tasks(prob, "expert_wave", sms, r) for r in world.local_ranks}
+    base = {rank: ew[rank]}
     # compile everything before the first barrier (no rank spins on a peer's compiler), then the local control
     dispatch(world, bufs, prob.inputs, barrier=False)
-    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, dynamic=dyn)
-    run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False, local_combine=True, dynamic=dyn)
+    run_experts(world, bufs, prob.inputs, ew, t, barrier=False, check=False, dynamic=dyn)
+    run_experts(world, bufs, prob.inputs, ew, t, barrier=False, check=False, local_combine=True, dynamic=dyn)
     world.barrier()
     lap("compile")
     probe = median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False,
-                                                dynamic=dyn), warmup=1, reps=3))
-    inners = [None] * world.world_size   # every rank the same (the layer and the baseline are collective)
-    world.dist.all_gather_object(inners, min(CALLS_MAX, max(1, math.ceil(CALLS_TARGET_MS / max(probe, 1e-3)))))
-    inner = max(inners)
+                                                dynamic=dyn, ranks=me), warmup=1, reps=3))
+    inner = min(CALLS_MAX, max(1, math.ceil(CALLS_TARGET_MS / max(probe, 1e-3))))
+    if not one:
+        inners = [None] * world.world_size   # every rank the same (the layer and the baseline are collective)
+        world.dist.all_gather_object(inners, inner)
+        inner = max(inners)
     compute = timed(lambda: run_experts(world, bufs, prob.inputs, base, t, barrier=False, check=False,
-                                        local_combine=True, dynamic=dyn), inner)
+                                        local_combine=True, dynamic=dyn, ranks=me), inner)
     rate = calibrate_rate(base[rank], s.hidden, s.intermediate, t, sms, median(compute), assignment)
     cost = CostModel(prm, rate, sms, OUT_DTYPES[prob.dtype].itemsize, assignment)
     remote = prob.grid(rank).remote_rows_per_block(prob.layouts[rank])
     lap("probe+compute")
-    lists = {name: (base[rank] if name == "expert_wave" else build_tasks(prob, name, sms, rank, cost=cost))
-             for name in schedules}
+    # every rank's lists (a one-process world runs every rank's layer in the checks; each rank's model_guided from
+    # the observed rank's calibrated rate); only the observed rank's are timed
+    lists_of = {r: {name: (ew[r] if name == "expert_wave" else build_tasks(prob, name, sms, r, cost=cost))
+                    for name in schedules} for r in world.local_ranks}
+    lists = lists_of[rank]
     lap("schedules")
     # correctness before timing: expert_wave's output close to the unfused baseline; every schedule bit-identical
     if c.name not in unfused_cache:
         unfused_cache.clear()
-        w = inp.weights
-        unfused_cache[c.name] = make_unfused(world, inp, (w.w1_hi if w.w1_hi is not None else w.w1,
-                                                          w.w2_hi if w.w2_hi is not None else w.w2))
+        unfused_cache[c.name] = (make_unfused_one_process(world, prob.inputs, {r: hi_weights(prob.inputs[r].weights)
+                                                                               for r in world.local_ranks}, rank)
+                                 if one else make_unfused(world, inp, hi_weights(inp.weights)))
     unfused = unfused_cache[c.name]
-    want = []
+    want = {}
     for name in schedules:
         poison_combine(world, bufs, c.tokens)
-        out = megamoe_layer(world, bufs, prob.inputs, {rank: lists[name]}, t, dynamic=dyn)[rank]
+        outs = megamoe_layer(world, bufs, prob.inputs, {r: lists_of[r][name] for r in world.local_ranks}, t,
+                             dynamic=dyn)
         torch.cuda.synchronize()
-        comb = bufs.combine_view(rank, c.tokens)
-        unf = unfused() if not want else None      # collective: every rank at the same schedule
+        unf = (unfused.full() if one else {rank: unfused()}) if not want else None   # collective: every rank
 
         def check():
-            what = f"{c.name} {prob.dtype} rank {rank}"
-            if want:
-                check_bit_identical(comb, want[0], f"{what}: {name} vs {schedules[0]}")
-                return
-            if torch.isnan(comb).any():
-                raise AssertionError(f"{what}: combine buffer not fully written (NaN left)")
-            err = rel_l2(unf, out)
-            if not err <= UNFUSED_REL_L2[prob.dtype]:
-                raise AssertionError(f"{what}: fused vs unfused relative L2 {err:.3g}")
-            want.append(comb.clone())
+            for r in world.local_ranks:
+                comb = bufs.combine_view(r, c.tokens).to(world.device(r))   # (a peer's may be in host memory)
+                what = f"{c.name} {prob.dtype} rank {r}{world_label(world)}"
+                if r in want:
+                    check_bit_identical(comb, want[r], f"{what}: {name} vs {schedules[0]}")
+                    continue
+                if torch.isnan(comb).any():
+                    raise AssertionError(f"{what}: combine buffer not fully written (NaN left)")
+                err = rel_l2(unf[r], outs[r])
+                if not err <= UNFUSED_REL_L2[prob.dtype]:
+                    raise AssertionError(f"{what}: fused vs unfused relative L2 {err:.3g}")
+                want[r] = comb.clone()
         agree_on_checks(world, check)
         world.barrier()
     del want
@@ -114,20 +132,22 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
         tasks = {rank: lists[name]}
         world.barrier()
         kern = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
-                                         dynamic=dyn), inner)
+                                         dynamic=dyn, ranks=me), inner)
         local = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
-                                          local_combine=True, dynamic=dyn), inner)   # this order, no remote stores
+                                          local_combine=True, dynamic=dyn, ranks=me), inner)   # no remote stores
         agree_on_checks(world, lambda: check_task_status(lists[name], rank, prob.layouts[rank],
                                                          s.intermediate // t.block_n1, dev))
         world.barrier()
-        layer = timed(lambda: (dispatch(world, bufs, prob.inputs, check=False),
-                               run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn),
+        # the layer: this rank's dispatch push, kernel and top-k sum; both barriers (in a one-process world every
+        # rank's signal and wait launches: 2P tiny kernels per barrier where a rank of the real world runs one)
+        layer = timed(lambda: (dispatch(world, bufs, prob.inputs, check=False, ranks=me),
+                               run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn, ranks=me),
                                topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
         pred = predict_kernel_ns(lists[name], remote, cost, s.hidden, s.intermediate, t)["total_ns"] / 1e6
         res["sched"][name] = dict(kernel=kern, layer=layer, pred=pred, param=lists[name].param or "",
                                   n_tasks=lists[name].n_tasks, local=local)
     world.barrier()
-    res["dispatch"] = timed(lambda: dispatch(world, bufs, prob.inputs, check=False), inner)
+    res["dispatch"] = timed(lambda: dispatch(world, bufs, prob.inputs, check=False, ranks=me), inner)
     world.barrier()
     res["unfused"] = timed(unfused, inner)
     world.barrier()
@@ -137,16 +157,19 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     return res
 
 
-def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.DataFrame:
+def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int, observed: int | None = None) -> pd.DataFrame:
+    """The rows of one (case, dtype): times over ``parts`` (one per timed rank). ``observed``: a one-process world
+    timed that rank alone, so rows, remote bytes and TFLOP/s are its own (else the busiest rank's, and all
+    ranks' FLOPs / P)."""
     c, s = prob.case, prob.case.shape
+    lays = prob.layouts if observed is None else [prob.layouts[observed]]
 
     def agg(get):                        # per repeat the max over ranks, then the median (and the minimum)
         per = np.max(np.array([get(p) for p in parts], dtype=np.float64), axis=0)
         return float(np.median(per)), float(per.min())
 
-    flops = sum(gemm_flops(lay.rows, s.hidden, s.intermediate) for lay in prob.layouts)
-    remote = max(remote_combine_bytes(lay.remote_rows, s.hidden, OUT_DTYPES[prob.dtype].itemsize)
-                 for lay in prob.layouts)
+    flops = sum(gemm_flops(lay.rows, s.hidden, s.intermediate) for lay in lays) / len(lays)
+    remote = max(remote_combine_bytes(lay.remote_rows, s.hidden, OUT_DTYPES[prob.dtype].itemsize) for lay in lays)
     compute, _ = agg(lambda p: p["compute"])
     dispatch_ms, _ = agg(lambda p: p["dispatch"])
     unfused_ms, _ = agg(lambda p: p["unfused"])
@@ -162,9 +185,9 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int) -> pd.Data
                          schedule=name, block_m=prob.tiles.block_m,
                          schedule_param="|".join(dict.fromkeys(p["sched"][name]["param"] for p in parts)),
                          n_tasks=max(p["sched"][name]["n_tasks"] for p in parts),
-                         rows=max(lay.rows for lay in prob.layouts), remote_bytes=remote, kernel_ms=kern,
+                         rows=max(lay.rows for lay in lays), remote_bytes=remote, kernel_ms=kern,
                          kernel_ms_min=kern_min, n_timed=repeats, calls_per_run=parts[0]["inner"],
-                         tflops=flops / P / (kern * 1e-3) / 1e12,
+                         tflops=flops / (kern * 1e-3) / 1e12,
                          compute_ms=compute, dispatch_ms=dispatch_ms, layer_ms=layer, unfused_ms=unfused_ms,
                          grouped_mm_ms=grouped_ms, compute_sched_ms=local,
                          predicted_ms=pred[name],
@@ -179,16 +202,17 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
     time (shape by shape: weights are generated once per shape and dtype). Stops starting new pairs after
     ``deadline`` (time.time()); a re-run resumes."""
     rank, P = world.local_ranks[0], world.world_size
+    one = world.emulated      # one process drives every rank (OneGPUWorld, EmulatedWorld): no collectives
     csv, todo, _ = pending(world, folder, MEGAMOE, meta, [(c, d) for c in cases for d in dtypes],
                            lambda cd: cd[0].key(P, cd[1]))
     params = params_from_dict(prm)
-    dev = world.device(rank)
     unfused_cache: dict = {}
 
     def out_of_time() -> bool:
         """Rank 0's clock decides for every rank (a collective: all ranks stop at the same configuration)."""
         go = [deadline is None or time.time() < deadline]
-        world.dist.broadcast_object_list(go, src=0)
+        if not one:
+            world.dist.broadcast_object_list(go, src=0)
         if not go[0] and rank == 0:
             print("megamoe: time budget reached; run again to resume", file=sys.stderr, flush=True)
         return not go[0]
@@ -199,7 +223,8 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
             if out_of_time():
                 return
             t0 = time.perf_counter()
-            w = rank_weights(shape.hidden, shape.intermediate, shape.experts, P, rank, seed, dev, dtype)
+            w = {r: rank_weights(shape.hidden, shape.intermediate, shape.experts, P, r, seed, world.device(r), dtype)
+                 for r in world.local_ranks}
             cap = max(lay.rows for c in mine for lay in routing_of(c, P)[2])
             tiles = {c.name: default_tiles(dtype, c.tokens * P * shape.topk / shape.experts) for c in mine}
             bufs = moe_buffers(world, max(cap, 1), max(c.tokens for c in mine), shape.hidden, shape.intermediate,
@@ -212,14 +237,17 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
                 if out_of_time():
                     return
                 t0 = time.perf_counter()
-                prob = make_problem(world, c, dtype, tiles[c.name], weights={rank: w}, weight_seed=seed)
+                prob = make_problem(world, c, dtype, tiles[c.name], weights=w, weight_seed=seed)
                 t_setup = time.perf_counter() - t0
                 res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache,
                                     assignment)
-                parts = [None] * P
-                world.dist.all_gather_object(parts, res)
+                parts = [res]            # one process: the observed rank's times (ranks run one after another)
+                if not one:
+                    parts = [None] * P
+                    world.dist.all_gather_object(parts, res)
                 if rank == 0:
-                    data.append_rows(csv, MEGAMOE, _rows_for(prob, P, parts, repeats))
+                    data.append_rows(csv, MEGAMOE, _rows_for(prob, P, parts, repeats,
+                                                             getattr(world, "observed", 0) if one else None))
                     ph = " ".join(f"{k} {v:.1f}" for k, v in res["phases"].items())
                     print(f"megamoe: {c.name} {dtype} done in {time.perf_counter() - t0:.1f} s (setup "
                           f"{t_setup:.1f} {ph}; inner {res['inner']})", file=sys.stderr, flush=True)
@@ -232,14 +260,29 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
 def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapParams], world_size: int = 2,
                 dtypes: Sequence[str] = DTYPES_GPU, cases: Sequence[MoECase] | None = None,
                 schedules: Sequence[str] = SCHEDULES, repeats: int = 20, warmup: int = 3, seed: int = 0,
-                max_minutes: float | None = None, command: str = "", assignment: str = "static") -> Path:
+                max_minutes: float | None = None, command: str = "", assignment: str = "static",
+                world: str = "gpus", link: str | None = None) -> Path:
     """Run (or resume) the MegaMoE sweep on ``world_size`` GPUs into ``out``/megamoe.csv; returns its path.
     ``prm``: Burst-Gap parameters of the predictions, or a function that returns them, called once the parameters
     and the GPUs have been checked (e.g. ``xstage.studies.recorded_params``: fitted to a machine's recorded
     burst-gap sweep). ``max_minutes``: start no new (case, dtype) after that long (a re-run resumes).
     ``assignment``: how the kernel's programs take tasks (``ASSIGNMENT_REGISTRY``); one folder holds one
     assignment (recorded in the sidecar's params). Parameters are validated before the GPUs are checked and
-    anything launches."""
+    anything launches.
+
+    ``world``: ``gpus`` (one process per GPU, NVLink peers; ``link`` must be None or ``nvlink``) or ``one-gpu``
+    (:class:`xstage.ranks.OneGPUWorld`: ``world_size`` ranks in this process on one GPU, rank 0 observed;
+    ``link`` ``local``, every buffer in device memory, or ``host``, the peers' combine buffers in pinned host
+    memory). One folder holds one world and link (recorded in the sidecar's params)."""
+    from .ranks import ONE_GPU_LINKS
+
+    if world not in WORLDS:
+        raise ValueError(f"world must be one of {', '.join(WORLDS)}, got {world!r}")
+    links = ONE_GPU_LINKS if world == "one-gpu" else ("nvlink",)
+    if link is None and world == "gpus":
+        link = "nvlink"
+    if link not in links:
+        raise ValueError(f"the {world} world's link must be one of {', '.join(links)}, got {link!r}")
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2 (the combine needs peers), got {world_size}")
     if repeats < 20 or warmup < 1:
@@ -269,19 +312,30 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     ASSIGNMENT_REGISTRY.check(assignment)
     side = Path(out) / f"{MEGAMOE.name}.json"
     if side.exists():
-        had = data.read_meta(side, MEGAMOE).get("params", {}).get("assignment", "static")
+        had_params = data.read_meta(side, MEGAMOE).get("params", {})
+        had = had_params.get("assignment", "static")
         if had != assignment:
             raise ValueError(f"{side.parent} holds a {had}-assignment sweep; record the {assignment} one in another "
                              f"folder (e.g. {Path(out) / assignment})")
-    env.require_gpus(world_size, "the MegaMoE sweep")
-    from .ranks import spawn
+        had_world = (had_params.get("world", "gpus"), had_params.get("link", "nvlink"))
+        if had_world != (world, link):
+            raise ValueError(f"{side.parent} holds a sweep of world {had_world[0]}, link {had_world[1]}; record the "
+                             f"{world} / {link} one in another folder")
+    env.require_gpus(1 if world == "one-gpu" else world_size, "the MegaMoE sweep")
+    from .ranks import OneGPUWorld, spawn
 
     prm = prm() if callable(prm) else prm
     params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
-                  zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment)
+                  zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment,
+                  world=world, link=link, observed_rank=0 if world == "one-gpu" else None)
     meta = env.provenance(command, params)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
-    spawn(megamoe_job, world_size, cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup,
-          prm.as_dict(), seed, deadline, assignment)
+    args = (cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup, prm.as_dict(), seed, deadline,
+            assignment)
+    if world == "one-gpu":
+        env.apply_safe_env()
+        megamoe_job(OneGPUWorld(world_size, link=link, observed=0), *args)
+    else:
+        spawn(megamoe_job, world_size, *args)
     return Path(out) / f"{MEGAMOE.name}.csv"

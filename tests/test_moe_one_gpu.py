@@ -1,0 +1,175 @@
+"""MegaMoE in a one-process world: every EP rank of the layer driven by one process, each rank with its own
+buffers and task list, the ranks run one after another (``xstage.ranks.EmulatedWorld`` on the CPU,
+``xstage.ranks.OneGPUWorld`` on one GPU, link ``local`` or ``host``): the same job and kernels as the real world.
+
+CPU (Triton interpreter): the sweep's one-process flow end to end (checks, every timing of the observed rank,
+rows, resume), the one-process unfused baseline against the fused layer, one rank's launches alone after a full
+layer, bad inputs. GPU (marker ``gpu``, one GPU): the fused layer against the float32 reference on fresh random
+inputs, combine buffers poisoned first, every schedule and assignment bit-identical, for link local and host
+(the peers' combine buffers in pinned host memory); a planted missing dependency named.
+"""
+import random
+import time
+import types
+
+import pytest
+import torch
+
+from xstage import data, env, studies
+from xstage import moe as M
+from xstage import moe_plan as MP
+from xstage import moe_sweep as MS
+from xstage.model import BurstGapParams
+from xstage.numeric import check_bit_identical, rel_l2
+from xstage.ranks import EmulatedWorld
+
+TILES = MP.TileConfig(16, 32, 32, 32, num_warps=4, num_stages=1)
+PRM = BurstGapParams.reference()
+
+
+def _problem(world, case, dtype="fp32", seed=0):
+    return M.make_problem(world, MP.as_case(case, seed), dtype, TILES, weight_seed=seed)
+
+
+def _buffers(world, prob, dtype="fp32"):
+    s = prob.case.shape
+    return M.moe_buffers(world, max(prob.cap_rows, 1), prob.case.tokens, s.hidden, s.intermediate, s.topk,
+                         s.experts // world.world_size, dtype, min_block_m=TILES.block_m)
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+def test_one_process_sweep_end_to_end_on_the_emulated_world(tmp_path, monkeypatch, cpu_timing):
+    """megamoe_job on EmulatedWorld(2) (one process, no collectives): every rank's layer checked (fused vs the
+    one-process unfused baseline, schedules bit-identical on every rank), the observed rank's kernels, controls,
+    layer, dispatch and unfused share timed, its rows written; resume appends nothing."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
+    monkeypatch.setattr(MS, "default_tiles", lambda *a, **k: TILES)
+    world = EmulatedWorld(2)
+    shape = MP.MoEShape("tiny", 64, 64, 4, 2)
+    cases = [MP.MoECase(shape, 24, "uniform", 1), MP.MoECase(shape, 16, "hot", 2)]
+    meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
+    prm = PRM.as_dict()
+    MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0, None)
+    df, _ = data.load(tmp_path, data.MEGAMOE)
+    assert len(df) == 8 and (df.P == 2).all() and set(df.routing) == {"uniform", "hot"}
+    assert (df.kernel_ms > 0).all() and (df.layer_ms > 0).all() and (df.unfused_ms > 0).all()
+    assert (df.compute_sched_ms > 0).all() and (df.dispatch_ms > 0).all() and (df.grouped_mm_ms > 0).all()
+    # the observed rank's own rows and remote bytes (rank 0 of 2: half its rows come from rank 1)
+    for c in cases:
+        lay = MP.routing_of(c, 2)[2][0]
+        got = df[(df.routing == c.routing)]
+        assert (got.rows == lay.rows).all() and (got.remote_bytes == MP.remote_combine_bytes(
+            lay.remote_rows, 64, 2)).all() and lay.remote_rows > 0
+    MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
+                   time.time() - 1)                  # past its deadline and all done: nothing appended
+    assert len(data.load(tmp_path, data.MEGAMOE)[0]) == 8
+    MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
+                   None, "dynamic")
+    assert len(data.load(tmp_path / "dynamic", data.MEGAMOE)[0]) == 4
+    summ = studies.megamoe_summary(df)
+    assert (summ.configs == 2).all() and summ.geomean_speedup.notna().all()
+
+
+def test_one_process_unfused_baseline_equals_the_fused_layer():
+    """The one-process unfused layer (every all_to_all as copies between the ranks' tensors, uneven splits, a hot
+    expert) computes every rank's output of the fused layer; its observed share alone returns the observed
+    rank's output again."""
+    P, seed = 3, random.randrange(2**20)
+    world = EmulatedWorld(P)
+    prob = _problem(world, (64, 64, 6, 3, 20, "hot"), seed=seed)
+    bufs = _buffers(world, prob)
+    tasks = {r: M.build_tasks(prob, "interleaved", 2, r) for r in range(P)}
+    want = M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
+    run = M.make_unfused_one_process(world, prob.inputs, {r: M.hi_weights(prob.inputs[r].weights)
+                                                          for r in range(P)}, observed=1)
+    got = run.full()
+    for r in range(P):
+        err = rel_l2(got[r], want[r])
+        assert err < MP.UNFUSED_REL_L2["fp32"], f"rank {r} (seed {seed}): unfused vs fused {err}"
+    assert rel_l2(run(), want[1]) < MP.UNFUSED_REL_L2["fp32"]
+    assert run.gemm().shape == (prob.layouts[1].rows, 64)
+
+
+def test_one_rank_alone_after_a_full_layer_keeps_every_bit():
+    """The sweep times the observed rank's launches alone (ranks=[0]); its kernel reads only its own receive rows
+    and counters and its barriers take every rank (signals before waits), so nothing waits on a rank that did not
+    run and its combine rows (its own and those it stores into its peer) come out bit-identical."""
+    P, seed = 2, random.randrange(2**20)
+    world = EmulatedWorld(P)
+    prob = _problem(world, (64, 64, 4, 2, 24, "zipf"), seed=seed)
+    bufs = _buffers(world, prob)
+    tasks = {r: M.build_tasks(prob, "lag", 2, r) for r in range(P)}
+    M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
+    full = {r: bufs.combine_view(r).clone() for r in range(P)}
+    M.poison_combine(world, bufs, prob.case.tokens)
+    outs = M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, ranks=[0])
+    assert list(outs) == [0]
+    comb = {r: bufs.combine_view(r) for r in range(P)}
+    # rank 0 wrote its own rows into every combine: exactly the rows whose expert lives on rank 0
+    for r in range(P):
+        mine = (prob.ids[r] // (prob.case.shape.experts // P) == 0).T              # [K, T]
+        check_bit_identical(comb[r][mine], full[r][mine], f"rank {r}'s rows from rank 0")
+        assert torch.isnan(comb[r][~mine]).all(), "rank 1 did not run: its rows stay poisoned"
+    M.run_experts(world, bufs, prob.inputs, tasks, TILES, ranks=[1])          # the other rank's kernel completes it
+    for r in range(P):
+        check_bit_identical(comb[r], full[r], f"rank {r} after both ranks")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: MS.run_megamoe("/nonexistent/x", PRM, world="one-host"), r"world must be one of gpus, one-gpu"),
+    (lambda: MS.run_megamoe("/nonexistent/x", PRM, world="one-gpu"), r"one-gpu world's link must be one of "
+                                                                     r"local, host, got None"),
+    (lambda: MS.run_megamoe("/nonexistent/x", PRM, world="one-gpu", link="nvlink"), r"must be one of local, host"),
+    (lambda: MS.run_megamoe("/nonexistent/x", PRM, world="gpus", link="host"), r"gpus world's link must be one of "
+                                                                               r"nvlink"),
+    (lambda: MS.run_megamoe("/nonexistent/x", PRM, world="one-gpu", link="host", world_size=1),
+     r"world_size must be >= 2"),
+    (lambda: M.run_experts(EmulatedWorld(2), None, {}, {}, TILES, ranks=[2]), r"ranks must be a non-empty subset"),
+    (lambda: M.dispatch(EmulatedWorld(2), None, {}, ranks=[]), r"ranks must be a non-empty subset"),
+])
+def test_bad_one_gpu_inputs_are_one_clear_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_a_folder_holds_one_world_and_link(tmp_path):
+    data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {"assignment": "static", "world": "one-gpu",
+                                                                     "link": "host"}))
+    with pytest.raises(ValueError, match=r"holds a sweep of world one-gpu, link host; record the one-gpu / local"):
+        MS.run_megamoe(tmp_path, PRM, world="one-gpu", link="local")
+    with pytest.raises(ValueError, match=r"holds a sweep of world one-gpu, link host; record the gpus / nvlink"):
+        MS.run_megamoe(tmp_path, PRM)
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+# small token counts of three shapes (as the 2-GPU test): few rows per expert, a hot expert, Zipf skew
+GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_fused_layer_against_reference_on_one_gpu(link, dtype):
+    """OneGPUWorld(2): the whole fused layer of both ranks on one GPU against the float32 reference (fresh
+    random inputs, combine buffers poisoned first), every schedule x assignment bit-identical on every rank, the
+    one-process unfused baseline close; with link host the peer's combine buffer is pinned host memory."""
+    from xstage.ranks import OneGPUWorld
+
+    world = OneGPUWorld(2, link=link)
+    seed = random.randrange(2**30)
+    res = M.check_job(world, MP.cases_by_name(GPU_CASES), seed, dtype, None, MP.SCHEDULES, None, M.MAX_POLLS,
+                      None, MP.ASSIGNMENTS)
+    print(f"one GPU, link {link}, {dtype}, seed {seed}: " + "; ".join(
+        f"{r['case']} rank {r['rank']}: rel_l2 {r['rel_l2']:.3g} ({r['runs']} runs bit-identical)" for r in res))
+    assert len(res) == 2 * len(GPU_CASES) and all(r["runs"] == len(MP.SCHEDULES) * len(MP.ASSIGNMENTS) for r in res)
+    bufs = M.moe_buffers(world, 64, 16, 256, 256, 2, 2, dtype)
+    assert bufs.combine.local(0).is_cuda and bufs.recv_x.local(1).is_cuda
+    assert bufs.combine.local(1).is_cuda == (link == "local")
+    assert link == "local" or bufs.combine.local(1).is_pinned()
+
+
+@pytest.mark.gpu
+def test_missing_dependency_times_out_with_report_on_one_gpu():
+    from xstage.ranks import OneGPUWorld
+
+    M.missing_dependency_job(OneGPUWorld(2, link="host"), rank=1, max_polls=100_000)
