@@ -2,7 +2,8 @@
 all_to_all_single bit for bit (outputs poisoned with NaN first), including tiles that straddle two ranks and a
 partial last key block, and stays within 2x PyTorch's own error of the float32 reference; a peer that never
 signals ends the barrier with an error naming waiter and peer; the sweep writes and resumes. Skipped without
-2 GPUs."""
+2 GPUs. On ONE GPU (``OneGPUWorld``, every rank in this process, link local or host: the peers' outputs in pinned
+host memory): the same checks for every rank, P = 2 and 4, straddling tiles included, and the one-GPU sweep."""
 import random
 
 import pytest
@@ -10,9 +11,7 @@ import pytest
 from xstage import data, studies
 from xstage import ulysses as U
 from xstage import ulysses_sweep as US
-from xstage.ranks import spawn
-
-pytestmark = pytest.mark.multigpu
+from xstage.ranks import OneGPUWorld, spawn
 
 CASES = [
     U.UlyssesShape("flux1_4608", 4_608, 24, 128),            # Sl = 2,304 = 18 x 128: no straddle, even keys
@@ -21,15 +20,18 @@ CASES = [
 ]
 
 
+@pytest.mark.multigpu
 @pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)], ids=["default", "tma"])
 def test_fused_bit_exact_and_close_on_two_gpus(config):
     spawn(U.check_job, 2, CASES, random.randrange(2**30), None, config)
 
 
+@pytest.mark.multigpu
 def test_missing_peer_times_out_with_report_on_two_gpus():
     spawn(U.barrier_timeout_job, 2, 1)   # rank 1 never signals: rank 0 must name itself and rank 1
 
 
+@pytest.mark.multigpu
 def test_sweep_writes_and_resumes(tmp_path):
     shapes = [U.UlyssesShape("tiny_d64", 4_096, 8, 64), U.UlyssesShape("tiny_d128_straddle", 4_200, 4, 128)]
     csv = US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False)
@@ -45,3 +47,46 @@ def test_sweep_writes_and_resumes(tmp_path):
     sp = studies.ulysses_speedups(df)
     print(sp.to_string(index=False))
     assert set(sp["shape"]) == {s.name for s in shapes} and (sp.speedup > 0).all()
+
+
+# ------------------------------------------------------------------------------------------------ one GPU
+ONE_GPU_CASES = [
+    U.UlyssesShape("cogvideox5b_17776", 17_776, 48, 64),     # P=2: Sl = 8,888 straddles, 48-key tail
+    U.UlyssesShape("straddle_d128", 9_000, 8, 128),           # P=2: Sl = 4,500 (straddles 20 rows); P=4: 2,250
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("P", [2, 4])
+@pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)], ids=["default", "tma"])
+def test_fused_bit_exact_and_close_on_one_gpu(P, link, config):
+    """Every rank's output poisoned, the fused layer == our attention + the all-to-all (by indexing and by
+    copies) bit for bit, error <= 2x PyTorch's; with link=host the peers' outputs are pinned host memory."""
+    world = OneGPUWorld(P, link)
+    res = U.check_job(world, ONE_GPU_CASES, random.randrange(2**30), None, config)
+    assert [r["rank"] for r in res] == [r for _ in ONE_GPU_CASES for r in range(P)]
+    assert any(r["straddles"] for r in res)
+
+
+@pytest.mark.gpu
+def test_missing_peer_times_out_with_report_on_one_gpu():
+    U.barrier_timeout_job(OneGPUWorld(3, "host"), silent_rank=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+def test_one_gpu_sweep_writes_and_resumes(tmp_path, link):
+    shapes = [U.UlyssesShape("tiny_d64", 4_096, 8, 64), U.UlyssesShape("tiny_d128_straddle", 4_200, 4, 128)]
+    csv = US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False, world="one-gpu",
+                         link=link)
+    df, meta = data.load(tmp_path, data.ULYSSES)
+    assert set(df.method) == set(U.METHODS) and len(df) == len(shapes) * len(U.METHODS) * 2
+    assert meta["params"]["world"] == "one-gpu" and meta["params"]["link"] == link
+    assert set(meta["bursts"]) == set(meta["overlap_chunks"]) == {f"{s.name}/P2" for s in shapes}
+    b = meta["bursts"]["tiny_d64/P2"]
+    assert b["remote"]["programs"] > 0 and b["local"]["programs"] > 0 and b["concurrent_max"] >= 1
+    assert (df["end_to_end_ms"] > 0).all() and (df["sender_visible_ms"] > 0).all()
+    US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False, world="one-gpu",
+                   link=link)
+    assert len(open(csv).readlines()) == 1 + len(df)

@@ -97,7 +97,7 @@ def epilogue_bursts(ts: torch.Tensor, S: int, Hl: int, D: int, P: int, rank: int
     issued, ns); and the most programs running at once, the tile's bytes (BLOCK_M x D), the kernel's span.
     None without device timers (the interpreter writes 0)."""
     t = ts.reshape(-1)[: 2 * n_programs(S, Hl, config)].view(-1, 2).cpu().numpy().astype(np.int64)
-    if not (t[:, 1] > t[:, 0]).all():
+    if not ((t[:, 1] >= t[:, 0]).all() and t[:, 1].max() > t[:, 0].min()):
         return None
     n_m = -(-S // config.block_m)
     m = np.arange(len(t)) % n_m                                         # program id = head * n_m + query block
