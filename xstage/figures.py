@@ -639,8 +639,8 @@ def explorer_title(prm: BurstGapParams, programs: int, burst_kib: float, gap_us:
 _ULYSSES_STYLE = {
     "fused_sv": ("fused: epilogue stores each tile to its owner (sender-visible)", "#d62728", "solid"),
     "fused_e2e": ("fused (end to end: output complete on every rank)", "#d62728", "dash"),
-    "serial_triton": ("serial: our attention, then NCCL all-to-all", "#7f7f7f", "solid"),
-    "serial_cudnn": ("serial with cuDNN SDPA, then NCCL all-to-all", "#1f77b4", "solid"),
+    "serial_triton": ("serial: our attention, then the all-to-all", "#7f7f7f", "solid"),
+    "serial_cudnn": ("serial with cuDNN SDPA, then the all-to-all", "#1f77b4", "solid"),
     "overlapped": ("overlapped: head chunks, all-to-all on a side stream", "#2ca02c", "solid"),
     "attention_only": ("our attention alone (no communication)", "#9467bd", "solid"),
     "sdpa_only": ("cuDNN SDPA alone (no communication)", "#17becf", "solid"),
@@ -648,7 +648,7 @@ _ULYSSES_STYLE = {
 _ULYSSES_RATIO_STYLE = {
     "fused_sv": ("fused, sender-visible", "#d62728", "solid"),
     "fused_e2e": ("fused, end to end", "#d62728", "dash"),
-    "serial": ("serial: attention, then NCCL all-to-all", "#7f7f7f", "solid"),
+    "serial": ("serial: attention, then the all-to-all", "#7f7f7f", "solid"),
 }
 
 
@@ -702,9 +702,10 @@ def _ulysses_groups(s: pd.DataFrame):
 
 
 def _ulysses_subtitle_shapes(df: pd.DataFrame) -> str:
-    """'lines: S sweep at 24×128 heads×dim; diamonds: DiT shapes' for what the data holds."""
+    """'<world and link>; lines: S sweep at 24×128 heads×dim; diamonds: DiT shapes' for what the data holds (the
+    world and link from ``df.attrs["world"]``, set by :func:`xstage.studies.ulysses_data`)."""
     fam = df["shape"].map(ulysses_family)
-    parts = []
+    parts = [df.attrs["world"]] if df.attrs.get("world") else []
     seq = df[fam == "sequence sweep"]
     if len(seq):
         hd = ", ".join(f"{h}×{d}" for h, d in sorted(set(zip(seq.H, seq.D))))
@@ -761,7 +762,7 @@ def ulysses_speedup(df: pd.DataFrame, paper: dict[str, float] | None = None) -> 
                     error_y=dict(type="data", symmetric=False, array=g.high - g.speedup,
                                  arrayminus=g.speedup - g.low, thickness=1, width=3),
                     hovertemplate=_ulysses_hover(name)), row=1, col=c)
-        _ref_line(fig, 1.0, "1 = serial (our attention, then NCCL all-to-all)", col=c, color="#555", dash="solid",
+        _ref_line(fig, 1.0, "1 = serial (our attention, then the all-to-all)", col=c, color="#555", dash="solid",
                   position="left", above=False)
         for i, (label, v) in enumerate(paper.items()):
             _ref_line(fig, v, f"{label}: {v:.2f}×", col=c, color="#8c564b", dash="dash",
@@ -863,7 +864,8 @@ def ulysses_tflops(df: pd.DataFrame, goal: float | None = None) -> go.Figure:
     fig.update_layout(barmode="group", height=height, margin=dict(l=220, t=130, b=110),
                       legend=dict(orientation="h", yanchor="top", y=-70 / (height - 240), x=0),
                       title=_title("Our FlashAttention forward against cuDNN SDPA",
-                                   "bf16, non-causal, one rank's heads over the full sequence; median over repeats"))
+                                   "bf16, non-causal, one rank's heads over the full sequence; median over repeats"
+                                   + (f"; {df.attrs['world']}" if df.attrs.get("world") else "")))
     return fig
 
 
@@ -912,8 +914,9 @@ def ulysses_times(df: pd.DataFrame, cols: int = 4) -> go.Figure:
         height=plot_px + 140 + 150, margin=dict(t=140, b=150),
         legend=dict(orientation="h", yanchor="top", y=-12 / plot_px, x=0),
         title=_title("Ulysses attention: time per layer by method",
-                     "median over repeats, max over ranks (bars: interquartile range); a baseline's time is end to "
-                     "end; each panel has its own scale"))
+                     (f"{df.attrs['world']}; " if df.attrs.get("world") else "")
+                     + "median over repeats, max over ranks (bars: interquartile range); a baseline's time is end "
+                     "to end; each panel has its own scale"))
     return fig
 
 

@@ -372,26 +372,102 @@ FUSED_OVER_ATTENTION_GOAL = 1.05   # fused sender-visible / our attention alone 
 ATTENTION_OVER_CUDNN_GOAL = 0.9    # our attention's TFLOP/s / cuDNN SDPA's, same shape
 
 
-def ulysses_data(source: str = "auto", machine: str = "h200x2",
-                 out: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
-    """Ulysses attention rows (schema xstage.data.ULYSSES: per shape, method, repeat) and provenance.
+ULYSSES_ONE_GPU_LINKS = ("local", "host")   # xstage.ranks.ONE_GPU_LINKS (not imported: this module needs no torch)
 
-    source:  recorded (data/<machine>/ulysses.csv), gpu (run or resume the sweep on every visible GPU into
-             ``out``), or auto (gpu when two GPUs are visible, else recorded). There is no simulated source.
+
+def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
+                 link: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Ulysses attention rows (schema xstage.data.ULYSSES: per shape, method, repeat) and provenance;
+    ``df.attrs["world"]`` says which world and link the rows come from (every Ulysses figure's title shows it).
+
+    source:  recorded (data/<machine>/ulysses.csv; with ``link``: data/<machine>/ulysses_<link>/), gpu (run or
+             resume the sweep into ``out``: on every visible GPU, or with ``link`` the one-GPU world), or auto
+             (gpu when the GPUs are visible, else recorded). There is no simulated source.
     machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
              machine's GPUs, see :func:`_default_out`).
     out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
+    link:    None: one process per GPU (NCCL, NVLink peers); "local" / "host": the one-GPU world
+             (xstage.ranks.OneGPUWorld: every rank on one GPU, the peers' outputs in device memory or in pinned
+             host memory, all-to-alls by copies).
     """
+    if link is not None and link not in ULYSSES_ONE_GPU_LINKS:
+        raise ValueError(f"link must be None (one process per GPU) or one of {', '.join(ULYSSES_ONE_GPU_LINKS)} "
+                         f"(the one-GPU world), got {link!r}")
+
     def run(folder: Path) -> None:
         import torch
 
         from .ulysses_sweep import run_ulysses
 
-        run_ulysses(folder, world_size=torch.cuda.device_count(), command="xstage.studies.ulysses_data('gpu')")
+        if link is None:
+            run_ulysses(folder, world_size=torch.cuda.device_count(), command="xstage.studies.ulysses_data('gpu')")
+        else:
+            run_ulysses(folder, world="one-gpu", link=link,
+                        command=f"xstage.studies.ulysses_data('gpu', link={link!r})")
 
-    df, meta, _ = _source_data(source, data.ULYSSES, "the Ulysses study",
-                               lambda: _check_machine(machine, data.ULYSSES), run, out)
+    def recorded() -> Path:
+        if link is None:
+            return _check_machine(machine, data.ULYSSES)
+        folder = data.machine_dir(machine) / f"ulysses_{link}"
+        if not data.paths(folder, data.ULYSSES)[0].is_file():
+            raise ValueError(f"machine {machine!r} has no recorded one-GPU Ulysses data for link {link!r} "
+                             f"({folder} has no ulysses.csv); record it: xstage sweep ulysses --world one-gpu "
+                             f"--link {link} --out {folder}")
+        return folder
+
+    def gpu_folder(folder: Path) -> Path:
+        return folder if link is None else folder / f"ulysses_{link}"
+
+    df, meta, _ = _source_data(source, data.ULYSSES, "the Ulysses study", recorded, run, out,
+                               gpu_folder=gpu_folder if out is None else (lambda f: f))
+    df.attrs["world"] = ulysses_world(meta)
     return df, meta
+
+
+def ulysses_world(meta: dict) -> str:
+    """Which world and link a Ulysses record was measured in, in words (from its sidecar's params)."""
+    p = meta.get("params", {})
+    n = int(p.get("world_size", meta.get("gpu_count", 0)) or 0)
+    if p.get("world") == "one-gpu":
+        where = {"host": "peers' outputs in pinned host memory (host link, PCIe)",
+                 "local": "every buffer in device memory (local control)"}.get(p.get("link"), p.get("link"))
+        return f"one GPU, {n} ranks one after another, rank 0 timed; {where}; all-to-all by copies"
+    return f"{n} GPUs, one process each (NVLink peers); all-to-all by NCCL"
+
+
+def ulysses_bursts(metas: dict[str, dict], model_link: str = "host", max_bursts: int = 64) -> pd.DataFrame:
+    """The fused epilogue's bursts, measured (the sidecar's ``bursts``: per-program time start -> last store
+    issued of one timed run, programs whose tile goes to a peer vs to rank 0's own rows) beside the stage model
+    of ``model_link`` (xstage.model.load_params of data/<its machine>, unchanged; ``predict_train``).
+
+    ``metas``: {label: a Ulysses sidecar} (e.g. the one-GPU records per link). Per (record, shape): ``extra_us``
+    = median remote program - median local program (what storing the tile to a peer costs the program; ~0 on
+    the local control) and ``predicted_us``: the model's median issue time per burst for a free-running train
+    of bursts of one tile (``tile_kib``) by the programs that store to peers at once (``concurrent_max`` x
+    (P-1)/P), the gap after each burst the median local program's time, as many bursts as remote tiles per such
+    program (at most ``max_bursts``); first order: the model's backpressure-free issue time is in it, a local
+    store's is not subtracted."""
+    from .model import load_params, predict_train
+
+    prm = load_params(data.machine_dir(LINK_MACHINES[model_link]), model_link)
+    rows = []
+    for label, meta in metas.items():
+        for key, b in (meta.get("bursts") or {}).items():
+            P = int(key.rsplit("/P", 1)[1])
+            rem, loc = b.get("remote", {}), b.get("local", {})
+            if not rem.get("programs") or not loc.get("programs"):
+                continue
+            storing = max(1, round(b["concurrent_max"] * (P - 1) / P))
+            n = int(min(max_bursts, max(1, round(rem["programs"] / storing))))
+            pred = predict_train(prm, storing, np.full(n, float(b["tile_bytes"])), np.full(n, loc["median_ns"]))
+            rows.append(dict(record=label, shape=key.rsplit("/P", 1)[0], P=P, programs=b["programs"],
+                             concurrent_max=b["concurrent_max"], storing_programs=storing, bursts=n,
+                             tile_kib=b["tile_bytes"] / KIB, local_us=loc["median_ns"] / 1e3,
+                             remote_us=rem["median_ns"] / 1e3, extra_us=(rem["median_ns"] - loc["median_ns"]) / 1e3,
+                             predicted_us=float(np.median(pred)) / 1e3))
+    cols = ["record", "shape", "P", "programs", "concurrent_max", "storing_programs", "bursts", "tile_kib",
+            "local_us", "remote_us", "extra_us", "predicted_us"]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def ulysses_family(shape: str) -> str:
