@@ -136,14 +136,16 @@ class AttnConfig:
 # H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 in a
 # reference run before this project's sweeps (docs/lab-notebook.md has ours). The tuner
 # (``tune_config``) times every candidate on the shape and keeps the fastest; the TMA ones load K/V with Hopper's
-# bulk tensor copies. The first candidate is the untuned default.
+# bulk tensor copies. The first candidate is the untuned default. The last (TMA, 4 stages, 8 warps) was added
+# for issue 14: a deeper K/V pipeline for the S >= 8K shapes (at D = 128 with 64-key blocks: four stages of
+# 128-key K/V blocks would need 256 KiB of shared memory).
 H200_CONFIGS = {
     64: (AttnConfig(128, 64, 4, 3), AttnConfig(128, 128, 4, 3), AttnConfig(128, 128, 8, 3), AttnConfig(128, 64, 4, 2),
          AttnConfig(128, 64, 4, 3, True), AttnConfig(128, 128, 4, 3, True), AttnConfig(128, 128, 8, 3, True),
-         AttnConfig(128, 64, 4, 4, True)),
+         AttnConfig(128, 64, 4, 4, True), AttnConfig(128, 128, 8, 4, True)),
     128: (AttnConfig(128, 64, 4, 2), AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(128, 64, 4, 3),
           AttnConfig(128, 64, 4, 3, True), AttnConfig(128, 64, 8, 3, True), AttnConfig(128, 128, 8, 2, True),
-          AttnConfig(128, 128, 8, 3, True)),
+          AttnConfig(128, 128, 8, 3, True), AttnConfig(128, 64, 8, 4, True)),
 }
 INTERPRETER_CONFIG = AttnConfig(64, 64, 4, 1)
 
