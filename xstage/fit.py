@@ -12,7 +12,7 @@ time, measured in the same sweep on the smallest bursts of each (programs, gap) 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -182,6 +182,21 @@ def fit_burst_gap(df: pd.DataFrame, target: str = "remote", store_bytes: int = 1
     heldout = kfold_heldout(cfgs, meas, sol.x, k=k_folds, seed=seed)
     return FitResult(best, dict(zip(PARAM_NAMES, lo)), dict(zip(PARAM_NAMES, hi)), uncertainty, cfgs, meas,
                      predict(cfgs, best, meas.shape[1]), heldout, target, store_bytes)
+
+
+def coverage(res: FitResult, truth: BurstGapParams | dict) -> pd.DataFrame:
+    """The self-test of a fit on simulated data: for each parameter the truth the data were made with, the
+    estimate, its 95 % interval, whether the interval ``covers`` the truth and the estimate's relative error.
+    (The simulated source's sidecar names its truth: ``meta["params"]["model"]``.) Nominal coverage is 95 % per
+    parameter; ``tests/test_fit.py`` measures it over seeds."""
+    t = truth if isinstance(truth, dict) else asdict(truth)
+    missing = [k for k in PARAM_NAMES if k not in t]
+    if missing:
+        raise ValueError(f"truth lacks {missing} (expected the fluid parameters {list(PARAM_NAMES)})")
+    p = asdict(res.params)
+    return pd.DataFrame([dict(parameter=k, truth=float(t[k]), value=p[k], ci95_low=res.ci_low[k],
+                              ci95_high=res.ci_high[k], covers=bool(res.ci_low[k] <= t[k] <= res.ci_high[k]),
+                              rel_error=p[k] / float(t[k]) - 1.0, unit=UNITS[k]) for k in PARAM_NAMES])
 
 
 def fluid_summary(res: FitResult) -> pd.DataFrame:

@@ -158,20 +158,25 @@ def sustained_rate(burst_bytes, programs, prm: BurstGapParams, n_bursts: int = 6
 
 # ------------------------------------------------------------------------------------ event simulation
 def simulate_train(burst_bytes: int, programs: int, gap_ns: float, n_bursts: int, prm: BurstGapParams,
-                   groups: int = 8, chunks: int | None = None, skew_ns: float = 0.0, rng=None) -> np.ndarray:
+                   groups: int = 8, chunks: int | None = None, skew_ns: float = 0.0, rng=None,
+                   sync: bool = False) -> np.ndarray:
     """Event simulation of the outstanding-store queue; per-burst issue times [groups, n_bursts]."""
-    start, end = simulate_train_times(burst_bytes, programs, gap_ns, n_bursts, prm, groups, chunks, skew_ns, rng)
+    start, end = simulate_train_times(burst_bytes, programs, gap_ns, n_bursts, prm, groups, chunks, skew_ns, rng,
+                                      sync)
     return end - start
 
 
 def simulate_train_times(burst_bytes: int, programs: int, gap_ns: float, n_bursts: int, prm: BurstGapParams,
-                         groups: int = 8, chunks: int | None = None, skew_ns: float = 0.0, rng=None):
+                         groups: int = 8, chunks: int | None = None, skew_ns: float = 0.0, rng=None,
+                         sync: bool = False):
     """Event simulation of the outstanding-store queue; (start, end) of every group's bursts [groups, n].
 
     The P programs are simulated as ``min(groups, P)`` groups (each issuing for P/groups programs, with a
     random start offset up to ``skew_ns``), each burst in ``chunks`` chunks. A chunk enters the stage when it
     is issued if the stage has room (else the group waits until enough earlier chunks have drained); the
     stage is a FIFO that drains at D. ``chunks=None``: 8, or more so that a chunk is at most C/4.
+    ``sync``: the benchmark's grid barrier: burst k + 1 starts for every group ``gap_ns`` after the LAST group
+    finished burst k (the fluid model's assumption; without it, groups that finish early start early).
     """
     rng = rng or np.random.default_rng(0)
     G = int(min(groups, programs))
@@ -215,16 +220,28 @@ def simulate_train_times(burst_bytes: int, programs: int, gap_ns: float, n_burst
             heapq.heappush(heap, (t_done, t_done, g, k, j + 1))
         else:
             end[g, k] = t_done
-            if k + 1 < n_bursts:
+            if k + 1 < n_bursts and not sync:
                 heapq.heappush(heap, (t_done + gap_ns, t_done + gap_ns, g, k + 1, 0))
+            elif k + 1 < n_bursts and np.isfinite(end[:, k]).all():   # the last group through the barrier
+                t_next = end[:, k].max() + gap_ns
+                for gg in range(G):
+                    heapq.heappush(heap, (t_next, t_next, gg, k + 1, 0))
     return start, end
 
 
 def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0, noise: float = 0.03,
-                   skew_ns: float = 200.0) -> pd.DataFrame:
-    """Rows in the recorded burst-gap schema, from the event simulation plus lognormal timing noise."""
+                   skew_ns: float = 200.0, engine: str = "auto") -> pd.DataFrame:
+    """Rows in the recorded burst-gap schema, from the model plus lognormal timing noise.
+
+    engine: ``fluid`` (:func:`train`, the model :func:`xstage.fit.fit_burst_gap` fits: a self-test of the fit,
+    whose intervals must then cover ``prm``), ``event`` (:func:`simulate_train_times`: chunks, groups, a FIFO
+    stage; an independent discretisation that agrees with the fluid model to ~1 % and has start skew), or
+    ``auto``: fluid for the synchronised points, event for free-running ones (the fluid model has no drift).
+    """
     from .data import BURST_GAP
 
+    if engine not in ("auto", "fluid", "event"):
+        raise ValueError(f"engine must be 'auto', 'fluid' or 'event', got {engine!r}")
     rng = np.random.default_rng(seed)
     out = []
     for p in grid.points(sm_count):
@@ -232,12 +249,21 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
             raise ValueError("the simulated source models issue times only (drain=False)")
         tgt = prm if p.target == "remote" else BurstGapParams(prm.issue_ns_per_kib, 10 * prm.drain_gbps,
                                                               prm.capacity_kib, prm.overhead_ns)
+        fluid = engine == "fluid" or (engine == "auto" and p.sync)
+        if fluid and not p.sync:
+            raise ValueError("the fluid engine models the synchronised benchmark only (sync=True)")
         for rep in range(grid.repeats):
-            start, end = simulate_train_times(p.burst_bytes, p.programs, p.gap_ns, p.n_bursts, tgt,
-                                              skew_ns=skew_ns, rng=rng)
+            if fluid:
+                T0 = train(p.burst_bytes, p.programs, p.gap_ns, p.n_bursts, tgt)[0]
+                start = np.zeros((1, p.n_bursts))
+                T0_span = T0
+            else:
+                start, end = simulate_train_times(p.burst_bytes, p.programs, p.gap_ns, p.n_bursts, tgt,
+                                                  skew_ns=skew_ns, rng=rng, sync=p.sync)
+                T0 = np.median(end - start, axis=0)
+                T0_span = end.max(axis=0) - start.min(axis=0)
             noise_k = rng.lognormal(0.0, noise, size=p.n_bursts)
-            T = np.median(end - start, axis=0) * noise_k
-            span = (end.max(axis=0) - start.min(axis=0)) * noise_k
+            T, span = T0 * noise_k, T0_span * noise_k
             row = {**asdict(p), "rank": 0, "repeat": rep, "burst": np.arange(p.n_bursts), "issue_ns": T,
                    "issue_ns_max": T, "issue_ns_min": T, "span_ns": span, "drain_ns": 0.0,
                    "drain_ns_max": 0.0, "gap_meas_ns": float(p.gap_ns), "barrier_ns": 0.0,
