@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The Ulysses study on ONE GPU (issue 14): every rank of the layer on this GPU, run one after another;
 # link local (every buffer in device memory) and host (the peers' outputs in pinned host memory: PCIe).
-#   OUT=... scripts/ulysses_one_gpu.sh [local_secs] [host_secs] [test_secs]
+#   OUT=... scripts/ulysses_one_gpu.sh [local_secs] [host_secs] [test_secs] [p4_secs]
 # Records into $OUT/h200x1/ulysses_<link>/ (copy them into data/h200x1/); logs in $OUT/logs/.
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 SHAPES=${SHAPES:-seq_4k,seq_8k,seq_16k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
+SHAPES4=${SHAPES4:-seq_8k,seq_32k}   # also at P = 4 (empty: none)
 RANKS=${RANKS:-2}
 mkdir -p "$OUT/logs" "$OUT/h200x1"
 nvidia-smi -L
@@ -16,6 +17,12 @@ for link in local host; do
   timeout --signal=INT --kill-after=15 "$secs" python3 -m xstage sweep ulysses --world one-gpu --ranks "$RANKS" \
     --link "$link" --shapes "$SHAPES" --out "$OUT/h200x1/ulysses_$link" >"$OUT/logs/ulysses_$link.log" 2>&1
   echo "== ulysses $link: rc=$? in $((SECONDS - t0))s"; grep -v "^ulysses: tune" "$OUT/logs/ulysses_$link.log" | tail -n 12
+  if [ -n "$SHAPES4" ]; then
+    t0=$SECONDS
+    timeout --signal=INT --kill-after=15 "${4:-60}" python3 -m xstage sweep ulysses --world one-gpu --ranks 4 \
+      --link "$link" --shapes "$SHAPES4" --out "$OUT/h200x1/ulysses_$link" >>"$OUT/logs/ulysses_$link.log" 2>&1
+    echo "== ulysses $link P=4: rc=$? in $((SECONDS - t0))s"; grep -v "^ulysses: tune" "$OUT/logs/ulysses_$link.log" | tail -n 3
+  fi
 done
 t0=$SECONDS
 timeout --signal=INT --kill-after=15 "${3:-120}" python3 -m pytest -q -x -p no:cacheprovider -m gpu \

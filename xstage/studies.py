@@ -420,14 +420,16 @@ def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
 
     df, meta, _ = _source_data(source, data.ULYSSES, "the Ulysses study", recorded, run, out,
                                gpu_folder=gpu_folder if out is None else (lambda f: f))
-    df.attrs["world"] = ulysses_world(meta)
+    df.attrs["world"] = ulysses_world(meta, sorted(int(p) for p in set(df.P)))
     return df, meta
 
 
-def ulysses_world(meta: dict) -> str:
-    """Which world and link a Ulysses record was measured in, in words (from its sidecar's params)."""
+def ulysses_world(meta: dict, ranks=None) -> str:
+    """Which world and link a Ulysses record was measured in, in words (from its sidecar's params; ``ranks``:
+    the rank counts its rows hold, default the first run's)."""
     p = meta.get("params", {})
-    n = int(p.get("world_size", meta.get("gpu_count", 0)) or 0)
+    ranks = list(ranks or [int(p.get("world_size", meta.get("gpu_count", 0)) or 0)])
+    n = " / ".join(str(r) for r in ranks)
     if p.get("world") == "one-gpu":
         where = {"host": "peers' outputs in pinned host memory (host link, PCIe)",
                  "local": "every buffer in device memory (local control)"}.get(p.get("link"), p.get("link"))
@@ -943,6 +945,86 @@ def megamoe_stage_model(df: pd.DataFrame, meta: dict, link: str = "nvlink") -> p
         "stage_model_within_10pct": g.model_error.apply(lambda e: float((e.abs() <= MODEL_TOLERANCE).mean())),
         "stage_model_median_abs_error": g.model_error.apply(lambda e: float(e.abs().median())),
     }).reset_index()
+
+
+# The recorded MegaMoE sweeps by world and link (``xstage sweep megamoe --world W --link L``): machine folder,
+# subfolder and the label every figure and table of it carries.
+MEGAMOE_WORLDS = {
+    ("gpus", "nvlink"): ("h200x2", "", "2 H200s, one rank per GPU, combine over NVLink"),
+    ("one-gpu", "host"): ("h200x1", "megamoe_host",
+                          "one H200, 2 ranks in one process, combine over PCIe to host memory"),
+    ("one-gpu", "local"): ("h200x1", "megamoe_local",
+                           "one H200, 2 ranks in one process, every combine store in GPU memory"),
+}
+
+
+def megamoe_world_label(meta: dict) -> str:
+    """The world and link a MegaMoE record was measured in, from its sidecar (records before the one-GPU world
+    were one process per GPU over NVLink): e.g. 'one H200, 2 ranks in one process, combine over PCIe to host
+    memory (rank 0's times)'."""
+    prm = meta.get("params", {})
+    world, link = prm.get("world", "gpus"), prm.get("link", "nvlink")
+    if (world, link) in MEGAMOE_WORLDS and (world != "gpus" or int(meta.get("gpu_count", 2)) == 2):
+        label = MEGAMOE_WORLDS[(world, link)][2]
+    else:
+        label = f"{meta.get('gpu_count', '?')}x {meta.get('gpu_name', 'GPU')}, world {world}, link {link}"
+    return label + (" (rank 0's times)" if world == "one-gpu" else "")
+
+
+def megamoe_world_data(world: str, link: str, dtypes=None, shapes=None) -> tuple[pd.DataFrame, dict]:
+    """The recorded MegaMoE sweep of ``world`` and ``link`` (:data:`MEGAMOE_WORLDS`): rows of the selection and
+    provenance (with ``label``: :func:`megamoe_world_label`). :class:`NoRecordedData` when it is not in data/."""
+    if (world, link) not in MEGAMOE_WORLDS:
+        raise ValueError(f"(world, link) must be one of {sorted(MEGAMOE_WORLDS)}, got {(world, link)!r}")
+    machine, sub, label = MEGAMOE_WORLDS[(world, link)]
+    sel = megamoe_selection(dtypes=dtypes, shapes=shapes)
+    folder = data.machine_dir(machine) / sub
+    if not data.paths(folder, data.MEGAMOE)[0].is_file():
+        raise NoRecordedData(f"no recorded MegaMoE data for {label} (data/{machine}/{sub}); run `xstage sweep megamoe"
+                             + (f" --world {world} --ranks 2 --link {link}" if world != "gpus" else "")
+                             + f" --out data/{machine}{'/' + sub if sub else ''}`")
+    df, meta = data.load(folder, data.MEGAMOE)
+    df = df[df.dtype.isin(sel["dtypes"]) & df["shape"].isin(sel["shapes"])].reset_index(drop=True)
+    if df.empty:
+        raise NoRecordedData(f"{folder} has no rows of dtypes {sel['dtypes']} and shapes {sel['shapes']}")
+    return df, {**meta, "source": "recorded", "label": megamoe_world_label(meta)}
+
+
+def megamoe_schedule_controls(df: pd.DataFrame) -> pd.DataFrame:
+    """The compute-only controls of one record, per dtype and schedule, over the configurations with both
+    (records of schema v2: ``compute_sched_ms``): ``compute_only_geomean`` / ``compute_only_worst`` = this
+    schedule's kernel with every combine store local / Expert-Wave's the same way (what its tile order costs,
+    > 1: slower), and ``combine_cost_geomean`` / ``combine_cost_max`` = the schedule's kernel / its own
+    compute-only control (what the remote combine adds to it)."""
+    sp = megamoe_speedups(df)
+    ew = sp[sp.schedule == MEGAMOE_BASELINE].set_index(MEGAMOE_KEYS).compute_sched_ms.rename("_ewc")
+    t = sp.join(ew, on=MEGAMOE_KEYS)
+    t = t.assign(order=t.compute_sched_ms / t._ewc, comb=t.kernel_ms / t.compute_sched_ms).dropna(
+        subset=["order", "comb"])
+    g = t.groupby(["dtype", "schedule"], sort=False)
+    return pd.DataFrame({"controls": g.order.count(), "compute_only_geomean": g.order.apply(geomean),
+                         "compute_only_worst": g.order.max(), "combine_cost_geomean": g.comb.apply(geomean),
+                         "combine_cost_max": g.comb.max()}).reset_index()
+
+
+def megamoe_links_table(records: dict) -> pd.DataFrame:
+    """Records side by side ({label: (df, meta)}): per record, dtype and schedule the measured geomean and max
+    speedup over Expert-Wave (:func:`megamoe_summary`, with the model the sweep predicted with: geomean predicted,
+    fraction within ±10 %, median |error| of the speedup) and the compute-only controls
+    (:func:`megamoe_schedule_controls`). Columns: record, dtype, schedule, configs, expected, geomean_speedup,
+    max_speedup, geomean_predicted, within_tolerance, median_abs_model_error, compute_only_geomean,
+    compute_only_worst, combine_cost_geomean, combine_cost_max."""
+    out = []
+    for label, (df, _) in records.items():
+        summ = megamoe_summary(df)
+        ctl = megamoe_schedule_controls(df)
+        t = summ.merge(ctl, on=["dtype", "schedule"], how="left").assign(record=label)
+        out.append(t[["record", "dtype", "schedule", "configs", "expected", "geomean_speedup", "max_speedup",
+                      "geomean_predicted", "within_tolerance", "median_abs_model_error", "compute_only_geomean",
+                      "compute_only_worst", "combine_cost_geomean", "combine_cost_max"]])
+    if not out:
+        raise ValueError("no records")
+    return pd.concat(out, ignore_index=True)
 
 
 def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> dict[str, str]:

@@ -259,12 +259,22 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
     }
     if any("cudnn" in m or "sdpa" in m for m in methods) and not _cudnn_ok(world, q, k, v, config, shape.name):
         methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
+    # every method warmed up (and compiled) first, then the repeats round-robin over the methods, so that a
+    # drift of the GPU's clocks over the run falls on every method alike (timing them one block after another
+    # gave later methods a different clock, docs/lab-notebook.md)
+    times = {m: [] for m in methods}
+    calls[0] = 0
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        for m in methods:
+            world.barrier()
+            bench.time_ms(fns[m], warmup=warmup, reps=0)
+        for _ in range(repeats):
+            for m in methods:
+                world.barrier()
+                times[m] += bench.time_ms(fns[m], warmup=0, reps=1)
     res = {}
     for m in methods:
-        world.barrier()
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            calls[0] = 0
-            e2e = bench.time_ms(fns[m], warmup=warmup, reps=repeats)
+        e2e = times[m]
         if m == "fused":
             for r in (range(P) if world.emulated else [rank]):
                 check_barrier_status(bufs, r)
@@ -368,7 +378,8 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     if len({s.key(world_size) for s in shapes}) != len(shapes):
         raise ValueError("shape names must be unique")
     params = dict(world=world, world_size=world_size, shapes=[asdict(s) for s in shapes], repeats=repeats,
-                  warmup=warmup, methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu")
+                  warmup=warmup, methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu",
+                  timing="every method warmed up, then each repeat round-robin over the methods")
     if world == "one-gpu":
         from .ranks import OneGPUWorld
 
