@@ -3,7 +3,7 @@
 #   make test          pytest tests/, then nbval over notebooks/
 #   make reproduce     run every notebook into runs/<UTC time>/ (ARGS="--only 02 -p n_boot 200 --source recorded")
 #   make figures       README gallery: reproduce from recorded data into runs/figures/, PNGs into docs/figures/
-#   make readme        README tables derived from data/ (the two links, the stage model)
+#   make readme        README tables derived from data/ (the two-GPU record, the two links, the stage model)
 #   make lab           JupyterLab on notebooks/
 #   make wheelhouse    offline wheels for a GPU node (Python 3.12, x86_64) without torch/triton
 #   make install-offline   on that node: venv from wheelhouse/ (keeps the node's CUDA torch)
@@ -91,7 +91,7 @@ figures: venv
 
 # The README's derived tables (the stage model per link) from data/ (what tests/test_stage_model.py checks)
 readme: venv
-	$(PY) -m xstage.studies readme README.md
+	$(PY) -m xstage.readme README.md
 
 lab: venv
 	$(PY) -m jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root)

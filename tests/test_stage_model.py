@@ -198,13 +198,3 @@ def test_recorded_fits_load_and_predict():
         assert set(on.columns) >= {"measured_onset_kib", "model_onset_kib", "ratio"} and len(on) >= 4
     err = studies.stage_errors(fits)
     assert set(err.kind) >= {"sync", "free", "train"} and (err.median_abs_error >= 0).all()
-
-
-def test_readme_stage_table_is_derived_from_the_data():
-    """The README's stage table is exactly what the recorded data and fits give now (`make readme`)."""
-    from xstage import studies
-    from xstage.env import REPO_ROOT
-
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    a, b = text.index(studies.README_STAGE_START), text.index(studies.README_STAGE_END)
-    assert text[a:b + len(studies.README_STAGE_END)] == studies.readme_stage_markdown(), "run `make readme`"

@@ -1217,20 +1217,3 @@ def readme_stage_markdown() -> str:
 
 
 _KIND_LABEL = {"sync": "synchronised", "free": "free-running regular", "train": "irregular trains"}
-
-
-def write_readme_stage(readme: Path) -> None:
-    """Rewrite the README's stage table between its markers (``make readme``)."""
-    text = readme.read_text(encoding="utf-8")
-    a, b = text.find(README_STAGE_START), text.find(README_STAGE_END)
-    if a < 0 or b < 0:
-        raise ValueError(f"{readme} has no stage-table markers {README_STAGE_START!r} ... {README_STAGE_END!r}")
-    readme.write_text(text[:a] + readme_stage_markdown() + text[b + len(README_STAGE_END):], encoding="utf-8")
-
-
-if __name__ == "__main__":   # python -m xstage.studies readme README.md
-    import sys
-
-    if sys.argv[1:2] != ["readme"] or len(sys.argv) != 3:
-        raise SystemExit("usage: python -m xstage.studies readme README.md")
-    write_readme_stage(Path(sys.argv[2]))
