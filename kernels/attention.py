@@ -19,6 +19,22 @@ Version ladder (each a figure's bar, each selected by constexprs of one kernel):
   +  TIMED (either variant): the global timer at each program's start and after its last store was issued
      (CTA barrier first); sender-visible time = max(last store) - min(start) over programs.
 
+Speed ladder of the attention itself (rung = launch configuration of the same kernel, picked per shape by
+``xstage.ulysses_sweep.tune_config``). Measured on one H200 (run U2 of docs/lab-ulysses-draft.md, 2026-12-01,
+``scripts/ulysses_one_gpu.sh``: the tuner's log; bf16, non-causal, S = 32,768, 12 heads x 128 = one rank's heads at
+P = 2, 6.60e12 FLOPs; TFLOP/s = FLOPs / median of 5 event-timed runs):
+  a. BM 128, BN 64, 4 warps, 2 stages, pointer loads (the untuned default)          13.99 ms   472 TFLOP/s
+  b. BM 128, BN 64, 8 warps, 3 stages, pointer loads                                13.10 ms   503 TFLOP/s
+  c. b with K/V through TMA tensor descriptors                                      12.77 ms   517 TFLOP/s
+  d. BM 128, BN 128, 8 warps, 3 stages, TMA (chosen at every S >= 8K, D = 128)      11.77 ms   561 TFLOP/s
+  e. c with 4 stages (issue 14: a deeper K/V pipeline; not chosen anywhere)         12.75 ms   517 TFLOP/s
+  d in the sweep's own timing (median of 10, round-robin with the other methods; attention_only):  544 TFLOP/s
+  cuDNN SDPA on the same shape, same run (data/h200x1/ulysses_local, sdpa_only):            643 TFLOP/s
+So ours is 0.84-0.87 of cuDNN at S >= 8K, D = 128 (and 1.04 at CogVideoX's 17,776 x 48 x 64) in the one-GPU
+records; the issue's goal (>= 0.95 of the FA3-class kernel) is not met. Levers not yet tried: warp
+specialisation / persistent scheduling (Triton 3.6's ``tl.range(..., warp_specialize=True)``), BM = 64 per
+warpgroup ping-pong, FA3's intra-warpgroup softmax/MMA overlap.
+
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
 everywhere" has a time and a failure to arrive has a report instead of a hang.
