@@ -22,6 +22,12 @@ the baselines, the same as end to end. ``end_to_end_ms``: CUDA events around the
 ending after the cross-rank barrier (fused) or after the all-to-all and its relayout (baselines): the output is
 complete everywhere. Both take the max over ranks per repeat. ``tflops`` = attention FLOPs per rank / end to end.
 
+One process driving every rank (``world.emulated``: ``EmulatedWorld`` on the CPU, ``OneGPUWorld`` on one GPU):
+there is no NCCL; the all-to-all is done by copies (``send_copies``: each rank copies the rows each peer owns into
+that peer's receive buffer, then ``relayout_received``; ``post_all_to_all_copies`` for every rank), the overlapped
+pipeline sends its chunks that way on a side stream, and ``ulysses_fused(..., ranks=[r])`` launches one rank's
+kernel (the barrier stays everyone's). The sweep times rank 0 only (``xstage.ulysses_sweep``).
+
 Dtypes: bf16 on GPUs. Under Triton's interpreter (CPU) bf16 ``tl.dot`` is wrong, so fp16/fp32 only there.
 """
 from __future__ import annotations
