@@ -54,12 +54,12 @@ def synthetic_rows(configs=CONFIGS, dtypes=("bf16", "fp8"), schedules=moe_plan.S
     return df[list(data.MEGAMOE.columns)].astype(data.MEGAMOE.columns)
 
 
-def record(root: Path, df: pd.DataFrame, machine: str = "h200x2") -> Path:
+def record(root: Path, df: pd.DataFrame, machine: str = "h200x2", params: dict | None = None) -> Path:
     """``df`` as a recorded sweep under ``root``/<machine> (a temporary data root), with a sidecar."""
     folder = root / machine
     meta = {"machine": machine, "gpu_name": "NVIDIA H200", "gpu_count": 2, "driver": "test", "torch": "test",
             "triton": "test", "git_commit": "test", "date_utc": "2026-01-01T00:00:00Z",
-            "command": "synthetic test rows", "params": {}}
+            "command": "synthetic test rows", "params": params or {}}
     csv = data.start_file(folder, data.MEGAMOE, meta)
     data.append_rows(csv, data.MEGAMOE, df)
     return folder
@@ -332,9 +332,10 @@ def test_notebook_parameters_are_typed_for_reproduce():
     assert got == {"source": "auto", "dtypes": ["fp8"], "shapes": ["qwen3_235b", "mixtral_8x7b"]}
     nb = json.loads(NOTEBOOK.read_text())
     assert not any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
-    # every cell after the loading one shows nothing without data
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert all("if have_data:" in "".join(c["source"]) for c in code[2:])
+    # every cell after the loading one shows nothing without data (the cell of the records by link loads its own:
+    # each record it lacks is a note)
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all("if have_data:" in c or "except studies.NoRecordedData" in c for c in code[2:])
 
 
 def run_notebook(monkeypatch, **params) -> dict:
@@ -357,6 +358,11 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
     ns = run_notebook(monkeypatch, source="recorded")
     out = capsys.readouterr().out.splitlines()
     assert out == ["no recorded MegaMoE data for machine h200x2; run `xstage sweep megamoe` on 2 GPUs",
+                   "note: no recorded MegaMoE data for 2 H200s, one rank per GPU, combine over NVLink (data/h200x2/); "
+                   "run `xstage sweep megamoe --out data/h200x2`",
+                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
+                   "memory (data/h200x1/megamoe_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
+                   "host --out data/h200x1/megamoe_host`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 
@@ -371,8 +377,18 @@ def test_notebook_with_data(rows, data_root, monkeypatch, capsys):
     assert "bf16: 6 of 84 configurations (6 with every schedule); fp8: 4 of 84 configurations" in out
     figs = [x for x in ns["_shown"] if isinstance(x, go.Figure)]
     tables = [x for x in ns["_shown"] if isinstance(x, pd.DataFrame)]
-    assert len(figs) == 6 and len(tables) == 3
+    assert len(figs) == 6 and len(tables) == 4          # the records by link: the NVLink one alone
     assert set(tables[0].schedule) == {"expert_wave", "interleaved", "model_guided"}
+    assert set(tables[3].record) == {"2 H200s, one rank per GPU, combine over NVLink"}
+    assert "combine over NVLink" in figs[0].layout.title.text and "note: no recorded MegaMoE data for one H200" in out
+    record(data_root, rows[rows["shape"] == "qwen3_235b"], machine="h200x1/megamoe_host", params=HOST_PARAMS)
+    ns = run_notebook(monkeypatch, source="recorded")
+    figs = [x for x in ns["_shown"] if isinstance(x, go.Figure)]
+    assert len(figs) == 8 and "combine over PCIe to host memory (rank 0's times)" in figs[6].layout.title.text
+    assert "host link's stage model" in figs[7].layout.title.text
+    assert set(ns["link_table"].record) == {"2 H200s, one rank per GPU, combine over NVLink",
+                                            "one H200, 2 ranks in one process, combine over PCIe to host memory "
+                                            "(rank 0's times)"}
     assert "fp8: interleaved" in ns["head"]["speedup"] and "(4/84 configs)" in ns["head"]["speedup"]
     with pytest.raises(ValueError, match="shapes: unknown 'gpt4'"):
         run_notebook(monkeypatch, source="recorded", shapes=["gpt4"])
@@ -461,3 +477,43 @@ def test_the_study_reads_only_the_planning_module():
     plan, both = (set(eval(line)) for line in out.splitlines())   # two printed lists of module names
     assert "xstage.moe_plan" in plan and not plan & {"xstage.studies", "xstage.moe", "xstage.moe_sweep"}
     assert not both & {"xstage.moe", "xstage.moe_sweep", "xstage.ulysses_sweep"}
+
+
+HOST_PARAMS = {"world": "one-gpu", "link": "host", "world_size": 2, "observed_rank": 0}
+
+
+def test_records_by_world_and_link(rows, data_root):
+    """The NVLink x2 and the one-GPU host-link records side by side: labels from the sidecars, the summary's
+    speedups, and the compute-only controls against a direct computation from the rows."""
+    with pytest.raises(studies.NoRecordedData, match=r"run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
+                                                     r"host --out data/h200x1/megamoe_host`"):
+        studies.megamoe_world_data("one-gpu", "host")
+    with pytest.raises(ValueError, match=r"\(world, link\) must be one of"):
+        studies.megamoe_world_data("one-gpu", "nvlink")
+    host = rows.copy()
+    host["compute_sched_ms"] = host.kernel_ms * np.random.default_rng(3).uniform(0.7, 1.0, len(host))
+    record(data_root, rows)
+    record(data_root, host, machine="h200x1/megamoe_host", params=HOST_PARAMS)
+    recs = {}
+    for w, lk in (("gpus", "nvlink"), ("one-gpu", "host")):
+        d, m = studies.megamoe_world_data(w, lk, dtypes=["fp8"])
+        assert set(d.dtype) == {"fp8"}
+        recs[m["label"]] = (d, m)
+    assert list(recs) == ["2 H200s, one rank per GPU, combine over NVLink",
+                          "one H200, 2 ranks in one process, combine over PCIe to host memory (rank 0's times)"]
+    t = studies.megamoe_links_table(recs).set_index(["record", "schedule"])
+    lab = list(recs)[1]
+    summ = studies.megamoe_summary(recs[lab][0]).set_index("schedule")
+    assert t.loc[(lab, "interleaved"), "geomean_speedup"] == pytest.approx(summ.loc["interleaved", "geomean_speedup"])
+    assert t.loc[(list(recs)[0], "interleaved")][["compute_only_geomean"]].isna().all()   # NaN: not recorded
+    h = host[host.dtype == "fp8"].assign(config=lambda x: x["shape"] + "_T" + x.tokens.astype(str) + x.routing)
+    ew = h[h.schedule == "expert_wave"].set_index("config")
+    for sched in ("interleaved", "lag"):
+        x = h[h.schedule == sched].set_index("config")
+        order = x.compute_sched_ms / ew.compute_sched_ms
+        comb = x.kernel_ms / x.compute_sched_ms
+        got = t.loc[(lab, sched)]
+        assert got.compute_only_geomean == pytest.approx(math.exp(np.log(order).mean()))
+        assert got.compute_only_worst == pytest.approx(order.max())
+        assert got.combine_cost_max == pytest.approx(comb.max())
+    assert t.loc[(lab, "expert_wave"), "compute_only_worst"] == 1.0

@@ -1054,7 +1054,8 @@ def _stats_text(v: pd.Series, which=("geomean", "max")) -> str:
     return " · ".join(part[w] for w in which) + f" ({len(v)} configs)"
 
 
-def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | None = None) -> go.Figure:
+def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | None = None,
+                    where: str | None = None) -> go.Figure:
     """Kernel speedup of each schedule over Expert-Wave (:func:`xstage.studies.megamoe_speedups`) for every
     configuration: one panel per (schedule, dtype), x = shape groups x tokens per rank, colour = routing;
     each panel's geomean (dashed, and in its corner with the maximum) and 1 = Expert-Wave.
@@ -1062,6 +1063,7 @@ def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | 
     schedules: the rows (default: every schedule but expert_wave in the data).
     paper:     reference lines {label: speedup}, dotted; None = the paper's 1.18x geomean and 1.62x maximum
                (data/paper/headline.csv); {} = none.
+    where:     the record's world and link for the title (:func:`xstage.studies.megamoe_world_label`).
     Traces: one per (panel, routing present)."""
     from .moe_plan import SCHEDULES
     from .studies import MEGAMOE_BASELINE, megamoe_speedups
@@ -1094,7 +1096,7 @@ def megamoe_speedup(df: pd.DataFrame, schedules=None, paper: dict[str, float] | 
         fig.update_yaxes(title_text="speedup (×)", row=r, col=1)
     paper_text = " and ".join(f"{k.removeprefix('paper ')} {v:.2f}×" for k, v in paper.items())
     fig.update_layout(title=_title(
-        "MegaMoE: kernel speedup of each schedule over Expert-Wave, per configuration",
+        "MegaMoE: kernel speedup of each schedule over Expert-Wave, per configuration" + (f"<br>{where}" if where else ""),
         "Expert-Wave kernel time ÷ the schedule's (median over repeats, max over ranks); colour: routing<br>"
         "dashed: the panel's geomean" + (f"; dotted: the paper's {paper_text} (8 GPUs)" if paper else "")))
     return fig
