@@ -486,3 +486,23 @@ def test_one_gpu_sweep_parameters_checked_before_anything_runs(tmp_path):
         with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
             US.run_ulysses(tmp_path, world="one-gpu", world_size=2)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--link", "host"], r"--link host is for --world one-gpu"),
+    (["--world", "one-gpu", "--link", "nvlink"], r"invalid choice: 'nvlink'"),
+    (["--world", "one-gpu", "--ranks", "1"], r"world_size must be >= 2"),
+    (["--world", "one-gpu", "--chunks", "0"], r"chunks must be >= 1"),
+    (["--world", "one-gpu", "--shapes", "nope"], r"unknown shape"),
+])
+def test_cli_one_gpu_bad_inputs_one_line_before_anything(tmp_path, capsys, argv, match):
+    from xstage import cli
+
+    try:
+        code = cli.main(["sweep", "ulysses", "--out", str(tmp_path / "x"), *argv])
+    except SystemExit as e:              # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert __import__("re").search(match, err, __import__("re").I), err
+    assert not (tmp_path / "x").exists()
