@@ -141,6 +141,28 @@ def test_a_folder_holds_one_world_and_link(tmp_path):
         MS.run_megamoe(tmp_path, PRM)
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["--world", "one-gpu"], r"^xstage: error: --world one-gpu needs --link local or --link host$"),
+    (["--link", "host"], r"^xstage: error: --link is for --world one-gpu"),
+    (["--world", "one-gpu", "--link", "pcie"], r"argument --link: invalid choice: 'pcie'"),
+    (["--world", "two-gpus", "--link", "host"], r"argument --world: invalid choice: 'two-gpus'"),
+    (["--world", "one-gpu", "--link", "host", "--ranks", "1"], r"world_size must be >= 2"),
+])
+def test_bad_one_gpu_cli_is_one_line_and_writes_nothing(tmp_path, capsys, argv, match):
+    import re
+
+    from xstage import cli
+
+    out = tmp_path / "sweep"
+    try:
+        rc = cli.main(["sweep", "megamoe", "--out", str(out), *argv])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and re.search(match, err), err
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 # small token counts of three shapes (as the 2-GPU test): few rows per expert, a hot expert, Zipf skew
 GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform"]
