@@ -10,7 +10,7 @@ from xstage.env import REPO_ROOT
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.mark.parametrize("start, end, make", readme.BLOCKS, ids=["two-gpu record", "links and stage model"])
+@pytest.mark.parametrize("start, end, make", readme.BLOCKS, ids=["two-gpu record", "one-gpu record", "links and stage model"])
 def test_readme_block_is_derived_from_the_data(start, end, make):
     text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     assert readme.block(text, start, end) == make(), "the README disagrees with data/: run `make readme`"
