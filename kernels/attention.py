@@ -100,46 +100,27 @@ def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, q
 
 
 @triton.jit
-def ulysses_attention_kernel(
-    Q, K, V,               # *T [S, Hl, D]
-    Kd, Vd,                # TMA: tensor descriptors over K, V viewed [S, Hl*D], block [BLOCK_N, D]; else None
-    out_ptr,               # FUSED=False: *T [S, Hc, D] (this launch's heads); FUSED=True: unused (pass q)
-    out_table,             # *int64 [P]: every rank's out[Sl, H, D] base address (FUSED); unused otherwise
-    ts_ptr,                # *int64 [n_programs, 2] global timer ns: start, after the last store (TIMED)
-    S,                     # sequence length
-    rows_per_rank,         # Sl = S / P (FUSED)
-    in_row_stride,         # Hl * D: elements between consecutive sequence rows of q, k, v
-    out_row_stride,        # Hc * D (plain) or H * D (fused)
-    h_start,               # this launch's first head within the rank's Hl (grid axis 1 covers Hc heads)
-    out_head0,             # output head of this launch's first head: 0 (plain), rank * Hl + h_start (fused)
-    qk_scale,              # sm_scale * log2(e)
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EVEN_N: tl.constexpr,  # S % BLOCK_N == 0: no key masking at all
-    FUSED: tl.constexpr,   # epilogue stores each row into its owner rank's buffer (peer pointers)
-    TIMED: tl.constexpr,   # record the program's start and last-store times
-    DEVICE: tl.constexpr,  # real GPU (timers are inline PTX); False under the interpreter
-    TMA: tl.constexpr = False,  # K/V through tensor descriptors (Hopper TMA loads) instead of pointers
-):
-    pid_m = tl.program_id(0)
-    pid_h = tl.program_id(1)
+def _tile(Q, K_h, V_h, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h, tile_id, S, rows_per_rank, in_row_stride,
+          out_row_stride, h, out_head0, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, FUSED: tl.constexpr, TIMED: tl.constexpr,
+          DEVICE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+    """One output tile [BLOCK_M query rows of head h]: the online softmax over every key block, then the
+    epilogue (this rank's layout, or row by row to the owner ranks); ``tile_id`` indexes the timestamps."""
     if TIMED:
         t_start = globaltimer(DEVICE)
-    h = h_start + pid_h
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                   # [BM] query rows
     offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
     row_ok = offs_m < S                                                # [BM]
     head_off = h * HEAD_DIM
     q = tl.load(Q + head_off + offs_m[:, None] * in_row_stride + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)                       # [BM, D]
-    K_h = K + head_off
-    V_h = V + head_off
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)                # [BM]
     l_i = tl.zeros([BLOCK_M], tl.float32)                              # [BM]
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)                    # [BM, D]
     n_full = S - S % BLOCK_N
-    for start_n in range(0, n_full, BLOCK_N):
+    # WS: Triton's warp specialisation of the key loop (loads in a producer partition, the MMAs and the
+    # softmax in consumer partitions); same arithmetic, so the same bits as without it
+    for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, Kd, Vd, head_off, start_n, S, in_row_stride,
                                       qk_scale, HEAD_DIM, BLOCK_N, False, TMA)
     if not EVEN_N:
@@ -162,6 +143,49 @@ def ulysses_attention_kernel(
     if TIMED:
         tl.debug_barrier()                                             # every warp has issued its stores
         t_end = globaltimer(DEVICE)
-        pid = pid_h * tl.num_programs(0) + pid_m
-        tl.store(ts_ptr + pid * 2, t_start)
-        tl.store(ts_ptr + pid * 2 + 1, t_end)
+        tl.store(ts_ptr + tile_id * 2, t_start)
+        tl.store(ts_ptr + tile_id * 2 + 1, t_end)
+
+
+@triton.jit
+def ulysses_attention_kernel(
+    Q, K, V,               # *T [S, Hl, D]
+    Kd, Vd,                # TMA: tensor descriptors over K, V viewed [S, Hl*D], block [BLOCK_N, D]; else None
+    out_ptr,               # FUSED=False: *T [S, Hc, D] (this launch's heads); FUSED=True: unused (pass q)
+    out_table,             # *int64 [P]: every rank's out[Sl, H, D] base address (FUSED); unused otherwise
+    ts_ptr,                # *int64 [n_tiles, 2] global timer ns: tile start, after its last store (TIMED)
+    S,                     # sequence length
+    rows_per_rank,         # Sl = S / P (FUSED)
+    in_row_stride,         # Hl * D: elements between consecutive sequence rows of q, k, v
+    out_row_stride,        # Hc * D (plain) or H * D (fused)
+    h_start,               # this launch's first head within the rank's Hl (grid axis 1 covers Hc heads)
+    out_head0,             # output head of this launch's first head: 0 (plain), rank * Hl + h_start (fused)
+    qk_scale,              # sm_scale * log2(e)
+    n_heads,               # Hc: heads of this launch (PERSISTENT: the tile count is cdiv(S, BM) * Hc)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr,  # S % BLOCK_N == 0: no key masking at all
+    FUSED: tl.constexpr,   # epilogue stores each row into its owner rank's buffer (peer pointers)
+    TIMED: tl.constexpr,   # record the tile's start and last-store times
+    DEVICE: tl.constexpr,  # real GPU (timers are inline PTX); False under the interpreter
+    TMA: tl.constexpr = False,  # K/V through tensor descriptors (Hopper TMA loads) instead of pointers
+    WS: tl.constexpr = False,   # warp-specialised key loop (tl.range(..., warp_specialize=True))
+    PERSISTENT: tl.constexpr = False,  # a 1-D grid of <= SMs programs, each looping over tiles t = pid, pid + grid..
+):
+    n_m = tl.cdiv(S, BLOCK_M)
+    if PERSISTENT:
+        for t in tl.range(tl.program_id(0), n_m * n_heads, tl.num_programs(0)):
+            pid_h = t // n_m
+            pid_m = t - pid_h * n_m
+            h = h_start + pid_h
+            _tile(Q, K + h * HEAD_DIM, V + h * HEAD_DIM, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h, t, S,
+                  rows_per_rank, in_row_stride, out_row_stride, h, out_head0, qk_scale, HEAD_DIM, BLOCK_M,
+                  BLOCK_N, EVEN_N, FUSED, TIMED, DEVICE, TMA, WS)
+    else:
+        pid_m = tl.program_id(0)
+        pid_h = tl.program_id(1)
+        h = h_start + pid_h
+        _tile(Q, K + h * HEAD_DIM, V + h * HEAD_DIM, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h,
+              pid_h * n_m + pid_m, S, rows_per_rank, in_row_stride, out_row_stride, h, out_head0, qk_scale,
+              HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_N, FUSED, TIMED, DEVICE, TMA, WS)

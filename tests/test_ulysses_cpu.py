@@ -342,10 +342,12 @@ for d, warps, stages, tma in ((64, 4, 3, False), (128, 4, 2, False), (128, 8, 3,
     desc = f'tensordesc<bf16[64,{d}]>' if tma else 'constexpr'
     sig = {'Q': '*bf16', 'K': '*bf16', 'V': '*bf16', 'Kd': desc, 'Vd': desc, 'out_ptr': '*bf16',
            'out_table': '*i64', 'ts_ptr': '*i64', 'S': 'i32', 'rows_per_rank': 'i32', 'in_row_stride': 'i32',
-           'out_row_stride': 'i32', 'h_start': 'i32', 'out_head0': 'i32', 'qk_scale': 'fp32',
+           'out_row_stride': 'i32', 'h_start': 'i32', 'out_head0': 'i32', 'qk_scale': 'fp32', 'n_heads': 'i32',
            'HEAD_DIM': 'constexpr', 'BLOCK_M': 'constexpr', 'BLOCK_N': 'constexpr', 'EVEN_N': 'constexpr',
-           'FUSED': 'constexpr', 'TIMED': 'constexpr', 'DEVICE': 'constexpr', 'TMA': 'constexpr'}
-    ce = dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64, EVEN_N=False, FUSED=True, TIMED=True, DEVICE=True, TMA=tma)
+           'FUSED': 'constexpr', 'TIMED': 'constexpr', 'DEVICE': 'constexpr', 'TMA': 'constexpr', 'WS': 'constexpr',
+           'PERSISTENT': 'constexpr'}
+    ce = dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64, EVEN_N=False, FUSED=True, TIMED=True, DEVICE=True, TMA=tma,
+              WS=False, PERSISTENT=False)
     if not tma:
         ce.update(Kd=None, Vd=None)
     src = triton.compiler.ASTSource(fn=k.ulysses_attention_kernel, signature=sig, constexprs=ce,

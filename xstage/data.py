@@ -135,6 +135,29 @@ MEGAMOE = Schema(
 #   predicted_speedup  predicted expert_wave / predicted this schedule
 #   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate
 
+MEGAMOE_GEMM = Schema(
+    "megamoe_gemm", 1,
+    {"study": "str", "shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64",
+     "topk": "int64", "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str",
+     "rank": "int64", "rows": "int64", "method": "str", "variant": "str", "tiles": "str", "block_m": "int64",
+     "block_n1": "int64", "block_n2": "int64", "block_k": "int64", "num_warps": "int64", "num_stages": "int64",
+     "schedule": "str", "assignment": "str", "is_default": "bool", "status": "str", "note": "str",
+     "rel_l2": "float64", "ms": "float64", "ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
+     "tflops": "float64"},
+    ("study", "shape", "tokens", "routing", "P", "dtype"),
+    row=("method", "variant", "schedule", "assignment"),
+    optional_times=("rel_l2", "ms", "ms_min", "tflops"),
+)
+# megamoe_gemm (xstage.moe_gemm), one GPU (link local), rank 0 of 2, per study, configuration, dtype, method:
+#   study      ladder: Expert-Wave compute-only per tile variant beside torch._grouped_mm / _scaled_grouped_mm;
+#              order: the default tiles' compute-only time per schedule x assignment
+#   method     ours (the experts kernel, every combine store local) | torch._grouped_mm | torch._scaled_grouped_mm
+#   variant    the tile variant's name (xstage.moe_gemm.VARIANTS); tiles: BM x BN1 x BN2 x BK, warps, stages
+#   status     ok | unavailable (the library call failed: note says why; times NaN, never 0)
+#   rel_l2     rank 0's combine vs the float32 reference (fp8: its quantisation emulated), checked before timing
+#   ms         median over n_timed round-robin runs of calls_per_run back-to-back calls (per call); tflops from it
+#   note       model_guided's chosen candidate (order), or why a library call is unavailable
+
 ULYSSES = Schema(
     "ulysses", 1,
     {"shape": "str", "S": "int64", "H": "int64", "D": "int64", "P": "int64", "method": "str",
@@ -148,7 +171,18 @@ ULYSSES = Schema(
 #   end_to_end_ms      CUDA events around the layer on each rank, output complete everywhere
 #   tflops             attention FLOPs per rank (attention_flops / P) / end_to_end
 
-SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, ULYSSES)}
+ATTENTION_LADDER = Schema(
+    "attention_ladder", 1,
+    {"variant": "str", "shape": "str", "S": "int64", "H": "int64", "D": "int64", "method": "str",
+     "repeat": "int64", "ms": "float64", "tflops": "float64"},
+    ("variant", "shape", "S", "H", "D"), row=("method", "repeat"), times=("ms", "tflops"),
+)
+# attention_ladder (xstage.ulysses_ladder), per launch variant of our attention, shape, method, repeat:
+#   variant  AttnConfig.label (its fields in the sidecar's ``configs``; its checks in ``checks``)
+#   method   triton (our attention) or cudnn (torch SDPA, cuDNN backend), timed round-robin in the same rounds
+#   ms       CUDA events around one launch; tflops = 4 S^2 H D / ms
+
+SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, MEGAMOE_GEMM, ULYSSES, ATTENTION_LADDER)}
 REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count", "driver", "torch", "triton",
                  "git_commit", "date_utc", "command", "params")
 

@@ -127,6 +127,14 @@ class AttnConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False      # K/V through Hopper tensor descriptors (TMA) instead of pointer loads
+    ws: bool = False       # warp-specialised key loop (Triton's tl.range(..., warp_specialize=True))
+    persistent: bool = False   # one program per SM (at most), each looping over tiles
+
+    @property
+    def label(self) -> str:
+        """A short name: BMxBN/warps/stages and the switches, e.g. ``128x128w8s3-tma-ws``."""
+        sw = "".join(f"-{n}" for n, on in (("tma", self.tma), ("ws", self.ws), ("pers", self.persistent)) if on)
+        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{sw}"
 
     def validate(self) -> None:
         for name in ("block_m", "block_n"):
@@ -224,14 +232,18 @@ def _scale(sm_scale: float | None, D: int) -> float:
 
 
 def n_programs(S: int, heads: int, config: AttnConfig) -> int:
-    """Programs of one launch over ``heads`` heads (rows of the timestamp buffer)."""
+    """Output tiles of one launch over ``heads`` heads (programs, unless persistent; rows of the timestamp
+    buffer)."""
     return -(-S // config.block_m) * heads
 
 
 def _launch(q, k, v, out_ptr, out_table, ts, S, Sl, out_row_stride, h_start, heads, out_head0, qk_scale,
             config: AttnConfig, fused: bool) -> None:
     D = q.shape[2]
+    n_tiles = -(-S // config.block_m) * heads
     grid = (-(-S // config.block_m), heads)
+    if config.persistent:   # at most one program per SM (a few under the interpreter, so the tile loop loops)
+        grid = (min(n_tiles, 3 if env.interpreted() else _sm_count(q.device)),)
     timed = ts is not None
     dummy = _dummy(q.device)
     kd = vd = None
@@ -241,13 +253,24 @@ def _launch(q, k, v, out_ptr, out_table, ts, S, Sl, out_row_stride, h_start, hea
         Hl = q.shape[1]
         kd = TensorDescriptor.from_tensor(k.view(S, Hl * D), [config.block_n, D])
         vd = TensorDescriptor.from_tensor(v.view(S, Hl * D), [config.block_n, D])
-    ulysses_attention_kernel[grid](
+    LAST_LAUNCH["kernel"] = ulysses_attention_kernel[grid](
         q, k, v, kd, vd, out_ptr if out_ptr is not None else q, out_table if out_table is not None else dummy,
-        ts if timed else dummy, S, Sl, q.shape[1] * D, out_row_stride, h_start, out_head0, qk_scale,
+        ts if timed else dummy, S, Sl, q.shape[1] * D, out_row_stride, h_start, out_head0, qk_scale, heads,
         HEAD_DIM=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n, EVEN_N=S % config.block_n == 0,
-        FUSED=fused, TIMED=timed, DEVICE=not env.interpreted(), TMA=config.tma,
+        FUSED=fused, TIMED=timed, DEVICE=not env.interpreted(), TMA=config.tma, WS=config.ws,
+        PERSISTENT=config.persistent,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+
+
+LAST_LAUNCH: dict = {}   # "kernel": the compiled kernel of the last launch (GPU: registers, spills, PTX)
+_SMS: dict[torch.device, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 _DUMMIES: dict[torch.device, torch.Tensor] = {}

@@ -1,0 +1,264 @@
+"""The attention speed ladder (issue 14, item 3): launch variants of our attention, each checked, then timed
+beside cuDNN SDPA in the same run.
+
+``run_attention_ladder`` is what ``scripts/attention_ladder.py`` calls on one GPU. For every variant (an
+:class:`xstage.ulysses.AttnConfig`: tile shape, warps, stages, TMA, warp specialisation, persistent tiles),
+before any timing:
+
+1. against a float32 reference (``attention_reference``, torch, upcast inputs) on fresh random inputs
+   (relative L2 below ``REF_TOL``);
+2. the fused layer bit for bit against this variant's attention + the all-to-all (every rank of a P = 2
+   one-process world, outputs poisoned with NaN first; a shape whose tiles straddle the two ranks), because the
+   fused kernel shares the variant's inner loop and tile schedule (``xstage.ulysses_sweep._check_fused``).
+
+A variant that fails to compile or fails a check is recorded as such in the sidecar (``failed``) and never
+timed. Then, per shape of ``LADDER_SHAPES`` (one head dim's variants on that head dim's shapes), our attention
+and cuDNN SDPA are warmed up and timed round-robin (``repeats`` rounds of one run each, CUDA events): the ratio
+of their medians is a same-clock ratio. Rows (schema ``attention_ladder``, xstage.data) are appended one
+(variant, shape) at a time, so a run cut short keeps what finished and a re-run resumes. Without a cuDNN that
+runs and agrees with our attention (or on the CPU) the cuDNN rows are absent (one line says why), never 0.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from . import bench, data, env
+from .bench import median
+from .data import ATTENTION_LADDER
+from .numeric import rel_l2
+from .ulysses import (AttnConfig, UlyssesShape, attention_flops, attention_forward, default_dtype,
+                      receive_buffers, sdpa_cudnn, ulysses_buffers, validate_shape)
+
+# one layer on one GPU (24 heads, as the issue's FA-class table), and one head-dim-64 shape whose S is not a
+# multiple of any key block (the masked last block)
+LADDER_SHAPES = (
+    UlyssesShape("seq_8k", 8_192, 24, 128),
+    UlyssesShape("seq_16k", 16_384, 24, 128),
+    UlyssesShape("seq_32k", 32_768, 24, 128),
+    UlyssesShape("s30000_d64", 30_000, 20, 64),
+)
+# per head dim: the U2 record's chosen configuration first (the ladder's base rung), then the levers
+LADDER_VARIANTS = {
+    128: (AttnConfig(128, 128, 8, 3, True),                      # d: chosen at every S >= 8K in run U2
+          AttnConfig(128, 128, 8, 3, True, ws=True),             # + warp-specialised key loop
+          AttnConfig(128, 128, 8, 2, True, ws=True),
+          AttnConfig(128, 64, 4, 3, True, ws=True),              # the tutorial's 4-warp tile, specialised
+          AttnConfig(128, 128, 8, 3, True, persistent=True),     # + persistent tiles (<= one program per SM)
+          AttnConfig(128, 128, 8, 3, True, ws=True, persistent=True),
+          AttnConfig(256, 64, 8, 3, True),                       # 128 query rows per warpgroup
+          AttnConfig(256, 64, 8, 2, True)),
+    64: (AttnConfig(128, 128, 4, 3, True),                       # chosen at CogVideoX (D = 64) in run U2
+         AttnConfig(128, 128, 4, 3, True, ws=True),
+         AttnConfig(128, 128, 8, 3, True, ws=True),
+         AttnConfig(128, 128, 4, 3, True, persistent=True),
+         AttnConfig(256, 128, 8, 3, True),
+         AttnConfig(256, 64, 8, 3, True)),
+}
+REF_TOL = 2e-2           # relative L2 of bf16 attention against float32 (fp16 under the interpreter: ~1e-3)
+CUDNN_TOL = 2e-2         # cuDNN SDPA against our attention, relative L2, before its times count
+CHECK_P = 2              # the fused check's world: P ranks of one process, tiles straddling the ranks
+CHECK_SHAPES = {128: UlyssesShape("check_d128", 3_968, 4, 128),   # Sl = 1984: not a multiple of 128 or 256
+                64: UlyssesShape("check_d64", 3_000, 4, 64)}      # Sl = 1500; S % 64 != 0 (masked keys)
+INTERPRETER_CHECK_SHAPES = {128: UlyssesShape("check_d128", 200, 4, 128),
+                            64: UlyssesShape("check_d64", 150, 4, 64)}
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None
+                        ) -> torch.Tensor:
+    """Non-causal attention in float32 (inputs upcast): [S, Hl, D] -> [S, Hl, D]."""
+    D = q.shape[-1]
+    scale = D ** -0.5 if sm_scale is None else sm_scale
+    qf, kf, vf = (t.float().transpose(0, 1) for t in (q, k, v))           # [Hl, S, D]
+    p = torch.softmax(qf @ kf.transpose(1, 2) * scale, dim=-1)
+    return (p @ vf).transpose(0, 1)
+
+
+def check_variant(config: AttnConfig, D: int, seed: int, world=None) -> dict:
+    """The checks before timing (module docstring) on fresh random inputs drawn from ``seed``; raises
+    AssertionError naming what failed. ``world``: the P-rank one-process world of the fused check (default
+    OneGPUWorld(CHECK_P) on a GPU, EmulatedWorld(CHECK_P) on the CPU). Returns what was checked."""
+    from .ranks import EmulatedWorld, OneGPUWorld
+    from .ulysses_sweep import _check_fused, _inputs
+
+    shape = (INTERPRETER_CHECK_SHAPES if env.interpreted() else CHECK_SHAPES)[D]
+    if world is None:
+        world = EmulatedWorld(CHECK_P) if env.interpreted() else OneGPUWorld(CHECK_P, "local")
+    dtype = default_dtype()
+    qkv = _inputs(world, shape, dtype, seed, range(CHECK_P))
+    q, k, v = qkv[0]
+    err = rel_l2(attention_forward(q, k, v, config=config), attention_reference(q, k, v))
+    facts = compiled_facts()
+    if not err < REF_TOL:
+        raise AssertionError(f"{config.label}: relative L2 {err:.3g} against the float32 reference "
+                             f"(limit {REF_TOL})")
+    bufs = ulysses_buffers(world, shape.S, shape.H, shape.D, dtype)
+    recv = receive_buffers(world, shape.S, shape.H // CHECK_P, shape.D, dtype)
+    _check_fused(world, shape, bufs, qkv, config, recv)
+    return {"rel_l2_vs_fp32": err, "reference_shape": [shape.S, shape.H // CHECK_P, shape.D],
+            "fused_bit_exact": True, "fused_shape": [shape.S, shape.H, shape.D], "fused_P": CHECK_P, "seed": seed,
+            **facts}
+
+
+def compiled_facts() -> dict:
+    """What the last attention launch compiled to (GPU; {} under the interpreter): registers, spills, shared
+    memory, and whether its PTX re-allocates registers between warp groups (``setmaxnreg``: the mark of
+    Hopper warp specialisation; without it ``ws`` compiled to the plain software pipeline)."""
+    from .ulysses import LAST_LAUNCH
+
+    kern = LAST_LAUNCH.get("kernel")
+    if kern is None or env.interpreted():
+        return {}
+    out = {}
+    for name in ("n_regs", "n_spills"):
+        if isinstance(getattr(kern, name, None), int):
+            out[name] = getattr(kern, name)
+    try:
+        ptx = kern.asm["ptx"]
+        out.update(shared_bytes=int(kern.metadata.shared), setmaxnreg="setmaxnreg" in ptx,
+                   ptx_sha256=__import__("hashlib").sha256(ptx.encode()).hexdigest()[:16])
+    except (AttributeError, KeyError, TypeError):
+        pass
+    return out
+
+
+def _cudnn_agrees(q, k, v, config: AttnConfig) -> str | None:
+    """None when cuDNN SDPA runs here and agrees with our attention; else why not (one line)."""
+    if q.device.type != "cuda":
+        return "no CUDA device (cuDNN SDPA needs one)"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            err = rel_l2(sdpa_cudnn(q, k, v), attention_forward(q, k, v, config=config))
+    except RuntimeError as e:
+        return f"cuDNN SDPA failed: {str(e).splitlines()[0]}"
+    return None if err < CUDNN_TOL else f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
+
+
+def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: bool) -> dict[str, list[float]]:
+    """{"triton": ms per repeat, "cudnn": ms per repeat (if ``cudnn``)}: both warmed up, then each repeat
+    round-robin over the two (one run each), so a clock drift falls on both alike."""
+    from contextlib import nullcontext
+
+    fns = {"triton": lambda: attention_forward(q, k, v, config=config)}
+    if cudnn:
+        fns["cudnn"] = lambda: sdpa_cudnn(q, k, v)
+    ctx = nullcontext()
+    if cudnn:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+    times = {m: [] for m in fns}
+    with ctx:
+        for fn in fns.values():
+            bench.time_ms(fn, warmup=warmup, reps=0)
+        for _ in range(repeats):
+            for m, fn in fns.items():
+                times[m] += bench.time_ms(fn, warmup=0, reps=1)
+    return times
+
+
+def validate_ladder(variants: Mapping[int, Sequence[AttnConfig]], shapes: Sequence[UlyssesShape], repeats: int,
+                    warmup: int) -> None:
+    """One clear error before anything runs."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    if not shapes:
+        raise ValueError("no shapes")
+    for s in shapes:
+        validate_shape(s.S, s.H, s.D, 1)
+        if not variants.get(s.D):
+            raise ValueError(f"shape {s.name} has head dim {s.D}, for which no variant is given")
+    for D, cfgs in variants.items():
+        for c in cfgs:
+            c.validate()
+        labels = [c.label for c in cfgs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"head dim {D}: variants repeat ({labels})")
+    if len({s.name for s in shapes}) != len(shapes):
+        raise ValueError("shape names must be unique")
+
+
+def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[AttnConfig]],
+               shapes: Sequence[UlyssesShape], repeats: int, warmup: int, seed: int,
+               deadline_s: float | None = None, world=None) -> Path:
+    """Check, then time, every variant on its head dim's shapes (module docstring); appends to
+    ``folder``/attention_ladder.csv (resumable). ``deadline_s``: no new variant starts after this many
+    seconds (what finished is kept). Returns the CSV path."""
+    t0 = time.monotonic()
+    csv = data.start_file(folder, ATTENTION_LADDER, meta)
+    done = data.done_keys(csv, ATTENTION_LADDER)
+    side = Path(folder) / f"{ATTENTION_LADDER.name}.json"
+    dtype = default_dtype()
+    cudnn_why: dict[str, str | None] = {}
+    for D in sorted({s.D for s in shapes}, reverse=True):
+        mine = [s for s in shapes if s.D == D]
+        for cfg in variants[D]:
+            todo = [s for s in mine if (cfg.label, s.name, s.S, s.H, s.D) not in done]
+            if not todo:
+                continue
+            if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+                print(f"ladder: {cfg.label} D={D} not started (past the {deadline_s:.0f} s deadline)",
+                      file=sys.stderr, flush=True)
+                continue
+            m = data.read_meta(side, ATTENTION_LADDER)
+            m.setdefault("configs", {})[cfg.label] = asdict(cfg)
+            try:
+                chk = check_variant(cfg, D, seed + 1000 * len(m["configs"]), world)
+            except Exception as e:  # noqa: BLE001 (compile errors, OutOfResources, failed checks: recorded)
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                m.setdefault("failed", {})[cfg.label] = why
+                data.write_json_atomic(side, m)
+                print(f"ladder: {cfg.label} D={D} FAILED before timing: {why}", file=sys.stderr, flush=True)
+                continue
+            m.setdefault("checks", {})[cfg.label] = chk
+            m.get("failed", {}).pop(cfg.label, None)
+            data.write_json_atomic(side, m)
+            for s in todo:
+                dev = torch.device("cpu") if env.interpreted() else torch.device("cuda")
+                g = torch.Generator(device=dev).manual_seed(seed + s.S + s.H)
+                q, k, v = (torch.randn(s.S, s.H, s.D, generator=g, device=dev).to(dtype) for _ in range(3))
+                if s.name not in cudnn_why:
+                    cudnn_why[s.name] = _cudnn_agrees(q, k, v, cfg)
+                    if cudnn_why[s.name]:
+                        print(f"ladder: {s.name}: no cuDNN rows ({cudnn_why[s.name]})", file=sys.stderr)
+                times = time_pair(q, k, v, cfg, repeats, warmup, cudnn_why[s.name] is None)
+                flops = attention_flops(s.S, s.H, s.D)
+                rows = [dict(variant=cfg.label, shape=s.name, S=s.S, H=s.H, D=s.D, method=meth, repeat=i, ms=ms,
+                             tflops=flops / (ms * 1e-3) / 1e12)
+                        for meth, ts in times.items() for i, ms in enumerate(ts)]
+                data.append_rows(csv, ATTENTION_LADDER, pd.DataFrame(rows))
+                med = {meth: median(ts) for meth, ts in times.items()}
+                ratio = f", ours/cuDNN {med['cudnn'] / med['triton']:.3f}" if "cudnn" in med else ""
+                print(f"ladder: {cfg.label} {s.name}: {flops / med['triton'] / 1e9:.0f} TFLOP/s{ratio}",
+                      file=sys.stderr, flush=True)
+                del q, k, v
+            m = data.read_meta(side, ATTENTION_LADDER)
+            m.setdefault("cudnn_absent", {}).update({k: v for k, v in cudnn_why.items() if v})
+            data.write_json_atomic(side, m)
+    return csv
+
+
+def run_attention_ladder(out: str | Path, variants: Mapping[int, Sequence[AttnConfig]] | None = None,
+                         shapes: Sequence[UlyssesShape] | None = None, repeats: int = 10, warmup: int = 3,
+                         seed: int = 0, deadline_s: float | None = None, command: str = "") -> Path:
+    """The ladder on one GPU into ``out``/attention_ladder.csv (validated, then the GPU checked)."""
+    variants = LADDER_VARIANTS if variants is None else variants
+    shapes = LADDER_SHAPES if shapes is None else list(shapes)
+    validate_ladder(variants, shapes, repeats, warmup)
+    env.require_gpus(1, "the attention ladder")
+    env.apply_safe_env()
+    params = dict(variants={str(D): [asdict(c) for c in cs] for D, cs in variants.items()},
+                  shapes=[asdict(s) for s in shapes], repeats=repeats, warmup=warmup, seed=seed,
+                  deadline_s=deadline_s, source="gpu", ref_tol=REF_TOL, cudnn_tol=CUDNN_TOL,
+                  check_shapes={str(D): asdict(s) for D, s in CHECK_SHAPES.items()}, check_P=CHECK_P,
+                  timing="both warmed up, then each repeat round-robin: ours, cuDNN SDPA (CUDA events)")
+    return ladder_job(out, env.provenance(command, params), variants, shapes, repeats, warmup, seed, deadline_s)
+
