@@ -1,0 +1,33 @@
+"""MegaMoE's GEMM ladder / order-cost study on one GPU (xstage.moe_gemm), or (--warm) compile its kernels only.
+
+  python3 scripts/megamoe_gemm.py --study ladder --out $OUT/h200x1/megamoe_gemm [--max-minutes 1.5]
+  python3 scripts/megamoe_gemm.py --study order  --out $OUT/h200x1/megamoe_gemm [--max-minutes 1]
+  python3 scripts/megamoe_gemm.py --warm          (Triton's cache: no kernel launched)
+"""
+import argparse
+import shlex
+import sys
+
+from xstage import moe_gemm
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", choices=moe_gemm.STUDIES, default="ladder")
+    ap.add_argument("--out", help="folder of megamoe_gemm.csv / .json")
+    ap.add_argument("--max-minutes", type=float, default=None)
+    ap.add_argument("--cases", default=",".join(moe_gemm.GEMM_CASES))
+    ap.add_argument("--dtypes", default="bf16,fp8")
+    ap.add_argument("--warm", action="store_true")
+    a = ap.parse_args(argv)
+    if a.warm:
+        print(f"warmed {moe_gemm.warm(a.dtypes.split(','))} kernel variants", file=sys.stderr)
+        return
+    if not a.out:
+        ap.error("--out is required")
+    cmd = "python3 scripts/megamoe_gemm.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    print(moe_gemm.run_megamoe_gemm(a.out, a.study, a.cases.split(","), a.dtypes.split(","), a.max_minutes, cmd))
+
+
+if __name__ == "__main__":
+    main()

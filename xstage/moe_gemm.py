@@ -1,0 +1,337 @@
+"""MegaMoE's GEMM phases against the library, and the schedules' order cost (issue 15, points 2 and 3).
+
+One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 timed, per (configuration, dtype):
+
+- study ``ladder``: the Expert-Wave kernel's compute-only time (every combine store local: Linear-1, SwiGLU,
+  Linear-2, the epilogue's stores into rank 0's own buffer) for each tile variant of :data:`VARIANTS` (BM x BN1 x
+  BN2 x BK, warps, stages; a version ladder), beside ``torch._grouped_mm`` (bf16: Linear-1, SwiGLU, Linear-2 on
+  the same rows) and, for fp8, ``torch._scaled_grouped_mm`` (rowwise scales, fast accumulation: x and each
+  weight's output channel scaled, Linear-1, SwiGLU, the intermediate quantised per row, Linear-2) on the same
+  rows. Before any timing every variant runs the whole layer (combine poisoned first) with each static schedule
+  (bit-identical required) and rank 0's combine is compared with the float32 reference (``rel_l2``, within the
+  layer's tolerance). A library call that fails is recorded with status ``unavailable`` and NaN times, never 0.
+- study ``order``: the default tiles' compute-only time of every schedule under static and dynamic assignment
+  (each bit-identical to Expert-Wave static first): the schedules' order cost per assignment.
+
+Every method of a configuration is timed round-robin (warm-up of all, then each round one run of each method):
+clock drift between method blocks cannot favour one. One row per method (schema ``megamoe_gemm``, xstage.data),
+appended per (study, configuration, dtype): resumable (``xstage.resume``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import bench, data, env
+from .data import MEGAMOE_GEMM
+from .moe import (MAX_POLLS, _unfused_gemms, _unfused_plan, build_tasks, check_close, dispatch, hi_weights, make_problem,
+                  megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights, reference_weights,
+                  run_experts)
+from .moe_plan import (ASSIGNMENTS, CASES, FP8_BLOCK, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
+                       cases_by_name, default_tiles, gemm_flops)
+from .numeric import check_bit_identical
+
+# The configurations of the GEMM study, fixed before the first run (every one with >= 2048 rows on rank 0 of 2).
+GEMM_CASES = ("deepseek_v4_flash_T4096_uniform", "mixtral_8x7b_T2048_uniform", "qwen3_235b_T1024_zipf",
+              "deepseek_v4_flash_T512_uniform")
+# Tile variants relative to the default (xstage.moe_plan.default_tiles): name -> change. sm_90 compiles on the
+# CPU (Triton 3.9, ptxas -v) fit shared memory without spills, except fp8 bm128 (32 B spilled; recorded anyway).
+VARIANTS = {
+    "bf16": {"default": {}, "bn2_256": dict(block_n2=256), "bn2_256_s4": dict(block_n2=256, num_stages=4),
+             "s4": dict(num_stages=4), "bm_alt": "bm_alt"},
+    "fp8": {"default": {}, "s3": dict(num_stages=3), "bm128": dict(block_m=128)},
+}
+ROUNDS = 10                  # timed rounds (each times every method once)
+CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
+CALLS_MAX = 16
+STUDIES = ("ladder", "order")
+
+
+def variant_tiles(dtype: str, default: TileConfig, change) -> TileConfig:
+    if change == "bm_alt":                        # the other row block of default_tiles' two
+        return dataclasses.replace(default, block_m=64 if default.block_m == 128 else 128)
+    return dataclasses.replace(default, **change)
+
+
+def tile_label(t: TileConfig) -> str:
+    return f"{t.block_m}x{t.block_n1}x{t.block_n2}x{t.block_k} w{t.num_warps} s{t.num_stages}"
+
+
+# ------------------------------------------------------------------------------------- the library's side
+def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [..., N, K] -> (e4m3 [..., N, K], float32 scales [..., N]): one scale per row (amax / 448)."""
+    s = t.float().abs().amax(-1).clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    return (t.float() / s[..., None]).to(torch.float8_e4m3fn), s
+
+
+def scaled_grouped_gemms(p, w_hi: tuple[torch.Tensor, torch.Tensor], rows: int, hidden: int, dev
+                         ) -> Callable[[], torch.Tensor]:
+    """torch._scaled_grouped_mm Linear-1 (x rowwise-quantised, w1 per output channel), SwiGLU in bf16, the
+    intermediate quantised per row, Linear-2, on ``rows`` expert-major rows; raises where torch cannot (the
+    caller records "unavailable")."""
+    fn = getattr(torch, "_scaled_grouped_mm", None)
+    if fn is None:
+        raise RuntimeError(f"torch {torch.__version__} has no torch._scaled_grouped_mm")
+    w1, w2 = w_hi                                                         # [El, 2I, Hd], [El, Hd, I] bf16
+    q1, s1 = _rowwise_fp8(w1)                                             # [El, 2I, Hd], [El, 2I]
+    q2, s2 = _rowwise_fp8(w2)                                             # [El, Hd, I], [El, Hd]
+    q1t, q2t = q1.transpose(1, 2), q2.transpose(1, 2)                    # column-major [El, Hd, 2I], [El, I, Hd]
+    xq, xs = _rowwise_fp8(torch.randn(rows, hidden, device=dev))
+    I = w2.shape[2]
+
+    def run() -> torch.Tensor:
+        gu = fn(xq, q1t, xs, s1, offs=p.offs, out_dtype=torch.bfloat16, use_fast_accum=True)   # [R, 2I]
+        h = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+        hq, hs = _rowwise_fp8(h)
+        return fn(hq, q2t, hs, s2, offs=p.offs, out_dtype=torch.bfloat16, use_fast_accum=True)
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ timing
+def _round_robin(methods: dict[str, Callable[[], None]], rounds: int) -> tuple[dict, int]:
+    """{name: [ms per call] * rounds}, calls per timed run: every method warmed, then round by round."""
+    for fn in methods.values():
+        fn()
+    torch.cuda.synchronize()
+    probe = min(bench.median(bench.time_ms(fn, warmup=1, reps=3)) for fn in methods.values())
+    inner = min(CALLS_MAX, max(1, math.ceil(CALLS_TARGET_MS / max(probe, 1e-3))))
+
+    def calls(fn):
+        def c():
+            for _ in range(inner):
+                fn()
+        return c
+    out = {n: [] for n in methods}
+    for _ in range(rounds):
+        for n, fn in methods.items():   # one untimed call first: the switch from the previous method (its
+            #                             counters reset, L2 contents) stays outside the timed run
+            out[n].append(bench.time_ms(calls(fn), warmup=1, reps=1)[0] / inner)
+    return out, inner
+
+
+# --------------------------------------------------------------------------------------------- the job
+def _row(prob, study, dtype, method, variant, tiles, schedule, assignment, is_default, status, note, rel, times,
+         inner, flops):
+    c, s = prob.case, prob.case.shape
+    ms = float(np.median(times)) if times else float("nan")
+    variant, schedule, assignment, note = (v or "-" for v in (variant, schedule, assignment, note))
+    return dict(study=study, shape=s.name, hidden=s.hidden, intermediate=s.intermediate, experts=s.experts,
+                topk=s.topk, tokens=c.tokens, routing=c.routing, seed=c.seed, P=len(prob.layouts), dtype=dtype,
+                rank=0, rows=prob.layouts[0].rows, method=method, variant=variant,
+                tiles=tile_label(tiles) if tiles is not None else "-", block_m=tiles.block_m if tiles else 0,
+                block_n1=tiles.block_n1 if tiles else 0, block_n2=tiles.block_n2 if tiles else 0,
+                block_k=tiles.block_k if tiles else 0, num_warps=tiles.num_warps if tiles else 0,
+                num_stages=tiles.num_stages if tiles else 0, schedule=schedule, assignment=assignment,
+                is_default=is_default, status=status, note=note[:200], rel_l2=rel, ms=ms,
+                ms_min=float(np.min(times)) if times else float("nan"), n_timed=len(times), calls_per_run=inner,
+                tflops=flops / (ms * 1e-3) / 1e12 if times else float("nan"))
+
+
+def _check_layer(world, bufs, prob, tiles, runs, ref, what) -> float:
+    """Whole layer per (schedule, assignment) of ``runs`` with ``tiles``, combine poisoned first; every run's
+    combine of every rank bit-identical to the first's; rank 0's first within tolerance of ``ref``."""
+    c = prob.case
+    p = dataclasses.replace(prob, tiles=tiles)
+    sms = torch.cuda.get_device_properties(world.device(0)).multi_processor_count
+    first, err = {}, float("nan")
+    for sched, assign in runs:
+        tasks = {r: build_tasks(p, sched, sms, r) for r in world.local_ranks}
+        poison_combine(world, bufs, c.tokens)
+        megamoe_layer(world, bufs, p.inputs, tasks, tiles, dynamic=assign == "dynamic")
+        torch.cuda.synchronize()
+        for r in world.local_ranks:
+            comb = bufs.combine_view(r, c.tokens)
+            if r in first:
+                check_bit_identical(comb, first[r], f"{what} {tile_label(tiles)} rank {r}: {sched} {assign} vs "
+                                                    f"{' '.join(runs[0])}")
+            else:
+                if r == 0:
+                    err = check_close(comb, ref[0], ref[1], prob.dtype, f"{what} {tile_label(tiles)}")[0]
+                first[r] = comb.clone()
+    return err
+
+
+def gemm_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: float | None,
+             rounds: int = ROUNDS) -> None:
+    """Rank 0 of ``world`` (one process): per (case, dtype) not yet in ``folder``, check, time, append."""
+    from .model import params_from_dict
+
+    P = world.world_size
+    items = [(c, d) for c in cases for d in dtypes]
+    from .resume import pending
+    csv, todo, _ = pending(world, folder, MEGAMOE_GEMM, meta, items, lambda cd: (study, *cd[0].key(P, cd[1])))
+    dev = world.device(0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for c, dtype in todo:
+        if deadline is not None and time.time() > deadline:
+            print(f"megamoe-gemm ({study}): time budget reached; run again to resume", file=sys.stderr, flush=True)
+            return
+        t0 = time.perf_counter()
+        s = c.shape
+        w = {r: rank_weights(s.hidden, s.intermediate, s.experts, P, r, 0, dev, dtype) for r in world.local_ranks}
+        d = default_tiles(dtype, c.tokens * P * s.topk / s.experts)
+        variants = ({n: variant_tiles(dtype, d, ch) for n, ch in VARIANTS[dtype].items()} if study == "ladder"
+                    else {"default": d})
+        prob = make_problem(world, c, dtype, d, weights=w, weight_seed=0)
+        bufs = moe_buffers(world, max(prob.cap_rows, 1), c.tokens, s.hidden, s.intermediate, s.topk,
+                           s.experts // P, dtype, min_block_m=min(t.block_m for t in variants.values()))
+        inp = prob.inputs[0]
+        ref_w = reference_weights(s.hidden, s.intermediate, 0, dev, dtype)
+        ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
+               None if dtype == "fp8" else moe_reference(inp.x, inp.ids, inp.wts, ref_w, dtype=OUT_DTYPES[dtype]))
+        what = f"{c.name} {dtype}"
+        flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
+        rows, methods, info = [], {}, {}
+        if study == "ladder":
+            runs = [(sch, "static") for sch in ("expert_wave", "interleaved", "lag")]
+            for name, t in variants.items():
+                err = _check_layer(world, bufs, prob, t, runs, ref, what)
+                p = dataclasses.replace(prob, tiles=t)
+                tasks = {0: build_tasks(p, "expert_wave", sms, 0)}
+                methods[f"ours:{name}"] = (lambda tasks=tasks, t=t: run_experts(
+                    world, bufs, prob.inputs, tasks, t, barrier=False, check=False, local_combine=True, ranks=[0]))
+                info[f"ours:{name}"] = ("ours", name, t, "expert_wave", "static", name == "default", err)
+            plan = _unfused_plan(inp, hi_weights(inp.weights))
+            xg = torch.randn(prob.layouts[0].rows, s.hidden, device=dev).to(inp.x.dtype)   # bf16 (also for fp8)
+            libs = {"torch._grouped_mm": lambda: _unfused_gemms(plan, xg)}
+            if dtype == "fp8":
+                try:
+                    libs["torch._scaled_grouped_mm"] = scaled_grouped_gemms(plan, hi_weights(inp.weights),
+                                                                            prob.layouts[0].rows, s.hidden, dev)
+                except Exception as e:  # noqa: BLE001 - recorded, never 0
+                    rows.append(_row(prob, study, dtype, "torch._scaled_grouped_mm", "", None, "", "", False, "unavailable", f"{type(e).__name__}: {e}", float("nan"), [],
+                                     0, flops))
+            for n, fn in libs.items():
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    methods[n] = fn
+                    info[n] = (n, "", None, "", "", False, float("nan"))
+                except Exception as e:  # noqa: BLE001 - recorded, never 0
+                    rows.append(_row(prob, study, dtype, n, "", None, "", "", False, "unavailable",
+                                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                     float("nan"), [], 0, flops))
+        else:
+            from .moe_plan import OUT_DTYPES as OD
+            ew = build_tasks(prob, "expert_wave", sms, 0)
+            dispatch(world, bufs, prob.inputs)
+            ms_ew = bench.median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, {0: ew}, d,
+                                                                   barrier=False, check=False, local_combine=True,
+                                                                   ranks=[0]), warmup=2, reps=5))
+            runs = [(sch, a) for a in ASSIGNMENTS for sch in SCHEDULES]
+            lists = {}
+            for sch, a in runs:
+                cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew,
+                                                                        a), sms, OD[dtype].itemsize, a)
+                lists[(sch, a)] = {r: build_tasks(prob, sch, sms, r, cost=cost) for r in world.local_ranks}
+            # bit-identical first (every schedule x assignment vs expert_wave static), with the lists timed below
+            first = {}
+            for (sch, a), tasks in lists.items():
+                poison_combine(world, bufs, c.tokens)
+                megamoe_layer(world, bufs, prob.inputs, tasks, d, dynamic=a == "dynamic")
+                torch.cuda.synchronize()
+                for r in world.local_ranks:
+                    comb = bufs.combine_view(r, c.tokens)
+                    if r in first:
+                        check_bit_identical(comb, first[r], f"{what} rank {r}: {sch} {a} vs expert_wave static")
+                    else:
+                        first[r] = comb.clone()
+            err = check_close(first[0], ref[0], ref[1], dtype, what)[0]
+            del first
+            for (sch, a), tasks in lists.items():
+                key = f"{sch}:{a}"
+                methods[key] = (lambda tl_={0: tasks[0]}, a=a: run_experts(
+                    world, bufs, prob.inputs, tl_, d, barrier=False, check=False, local_combine=True,
+                    dynamic=a == "dynamic", ranks=[0]))
+                info[key] = ("ours", "default", d, sch, a, True, err)
+        t_check = time.perf_counter() - t0
+        times, inner = _round_robin(methods, rounds)
+        for key, fn in methods.items():
+            method, variant, t, sch, a, is_def, err = info[key]
+            note = ""
+            if study == "order":
+                note = lists[(sch, a)][0].param or ""
+            rows.append(_row(prob, study, dtype, method, variant, t, sch, a, is_def, "ok", note, err, times[key],
+                             inner, flops))
+        data.append_rows(csv, MEGAMOE_GEMM, pd.DataFrame(rows))
+        summary = " ".join(f"{k} {np.median(v):.3f}" for k, v in times.items())
+        print(f"megamoe-gemm ({study}): {c.name} {dtype} in {time.perf_counter() - t0:.1f} s (checks "
+              f"{t_check:.1f}; inner {inner}): {summary}", file=sys.stderr, flush=True)
+        del prob, bufs, w, methods, ref
+        torch.cuda.empty_cache()
+
+
+def warm(dtypes: Sequence[str] = ("bf16", "fp8")) -> int:
+    """Compile (no launch) every experts-kernel variant the studies run (ladder static, order dynamic) into
+    Triton's cache, with arguments of the launch's dtypes and alignment; returns how many. Run beside another
+    job (the sweep) to take the compiles off the device's clock: no kernel is launched."""
+    from .kernels.moe import megamoe_kernel
+
+    dev = torch.device("cuda", 0)
+    n = 0
+    for dtype in dtypes:
+        fp8 = dtype == "fp8"
+        act = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        defaults = {default_tiles(dtype, rpe) for rpe in (32.0, 256.0)}
+        todo = {(variant_tiles(dtype, d, ch), False) for d in defaults for ch in VARIANTS[dtype].values()}
+        todo |= {(d, True) for d in defaults}
+        for t, dyn in sorted(todo, key=str):
+            a = torch.empty(64, device=dev, dtype=torch.uint8).view(act) if fp8 else torch.empty(64, device=dev,
+                                                                                                 dtype=act)
+            f32 = torch.empty(64, device=dev, dtype=torch.float32)
+            sc = f32 if fp8 else a
+            i32 = torch.empty(64, device=dev, dtype=torch.int32)
+            i64 = torch.empty(64, device=dev, dtype=torch.int64)
+            comb = torch.empty(64, device=dev, dtype=OUT_DTYPES[dtype])
+            try:
+                megamoe_kernel.warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
+                                      100, 0, 100, 4096, 2048, 7, MAX_POLLS, 0,
+                                      BLOCK_M=t.block_m, BLOCK_N1=t.block_n1, BLOCK_N2=t.block_n2,
+                                      BLOCK_K=t.block_k, FP8=fp8, TIMED=False, DEVICE=True, DYNAMIC=dyn,
+                                      num_warps=t.num_warps, num_stages=t.num_stages, grid=(1,))
+            except Exception as e:  # noqa: BLE001 - the study compiles it itself then
+                print(f"megamoe-gemm warm: {dtype} {tile_label(t)} failed: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
+                continue
+            n += 1
+            print(f"megamoe-gemm warm: {dtype} {tile_label(t)}{' dynamic' if dyn else ''}", file=sys.stderr,
+                  flush=True)
+    return n
+
+
+def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str] = GEMM_CASES,
+                     dtypes: Sequence[str] = ("bf16", "fp8"), max_minutes: float | None = None, command: str = "",
+                     rounds: int = ROUNDS) -> Path:
+    """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path."""
+    if study not in STUDIES:
+        raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
+    cs = cases_by_name(cases)
+    if not dtypes or any(d not in VARIANTS for d in dtypes):
+        raise ValueError(f"dtypes must be a non-empty subset of {tuple(VARIANTS)}, got {list(dtypes)}")
+    if rounds < 5:
+        raise ValueError(f"rounds must be >= 5, got {rounds}")
+    if max_minutes is not None and max_minutes <= 0:
+        raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
+    env.require_gpus(1, "the MegaMoE GEMM study")
+    from .ranks import OneGPUWorld
+    from .studies import recorded_params
+
+    prm = recorded_params("h200x1")
+    params = dict(study_cases=list(cases), dtypes=list(dtypes), rounds=rounds, world="one-gpu", world_size=2,
+                  link="local", observed_rank=0, variants={d: {n: str(ch) for n, ch in VARIANTS[d].items()}
+                                                           for d in dtypes},
+                  prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum")
+    meta = env.provenance(command, params)
+    env.apply_safe_env()
+    deadline = None if max_minutes is None else time.time() + 60 * max_minutes
+    gemm_job(OneGPUWorld(2, link="local", observed=0), cs, list(dtypes), str(out), meta, study, prm.as_dict(),
+             deadline, rounds)
+    return Path(out) / f"{MEGAMOE_GEMM.name}.csv"
