@@ -30,10 +30,30 @@ P = 2, 6.60e12 FLOPs; TFLOP/s = FLOPs / median of 5 event-timed runs):
   e. c with 4 stages (issue 14: a deeper K/V pipeline; not chosen anywhere)         12.75 ms   517 TFLOP/s
   d in the sweep's own timing (median of 10, round-robin with the other methods; attention_only):  544 TFLOP/s
   cuDNN SDPA on the same shape, same run (data/h200x1/ulysses_local, sdpa_only):            643 TFLOP/s
-So ours is 0.84-0.87 of cuDNN at S >= 8K, D = 128 (and 1.04 at CogVideoX's 17,776 x 48 x 64) in the one-GPU
-records; the issue's goal (>= 0.95 of the FA3-class kernel) is not met. Levers not yet tried: warp
-specialisation / persistent scheduling (Triton 3.6's ``tl.range(..., warp_specialize=True)``), BM = 64 per
-warpgroup ping-pong, FA3's intra-warpgroup softmax/MMA overlap.
+So ours was 0.84-0.87 of cuDNN at S >= 8K, D = 128 (and 1.04 at CogVideoX's 17,776 x 48 x 64) in run U2.
+
+Round 2 (run L1 of docs/lab-ulysses-draft.md, 2026-12-01, ``scripts/attention_ladder.py``, Triton 3.6; record
+data/h200x1/attention_ladder/; every variant first checked against float32 and the fused layer bit for bit, then
+timed round-robin with cuDNN SDPA, medians of 10; 24 heads x 128 = one layer on one GPU; TFLOP/s at S = 8K / 16K /
+32K, ours / cuDNN in brackets):
+  d. BM 128, BN 128, 8 warps, 3 stages, TMA (the U2 choice)          510 / 514 / 529   (0.86 / 0.85 / 0.84)
+  f. d + WS (key loop as tl.range(..., warp_specialize=True))       504 / 512 / 530   (0.86 / 0.85 / 0.85)
+  g. f with 2 stages                                                 432 / 438 / 418   (0.72 / 0.66 / 0.63)
+  h. d + PERSISTENT (132 programs looping over tiles)                546 / 519 / 542   (0.89 / 0.86 / 0.87)  <- kept
+  i. h + WS (PTX identical to h's: the spread is run noise)          514 / 521 / 538   (0.87 / 0.86 / 0.86)
+  j. BM 256, BN 64, 8 warps, 3 stages, TMA                           527 / 487 / 491   (0.84 / 0.79 / 0.76)
+  k. j with 2 stages                                                 391 / 428 / 414   (0.67 / 0.64 / 0.61)
+  -  BM 128, BN 64, 4 warps, 3 stages, TMA + WS: does not compile (NVGPUWarpSpecialization pass fails)
+  D = 64 at 30,000 x 20 x 64 (masked last key block): BM 128 / BN 128 / 4 warps / 3 stages / TMA 427 TFLOP/s
+  (1.05 x cuDNN) stays best; + PERSISTENT 305 (28 spilled registers), 8 warps + WS 363, BM 256 / BN 128 392,
+  BM 256 / BN 64 340; 4 warps + WS does not compile.
+h is a tuner candidate (``xstage.ulysses.H200_CONFIGS[128]``). The goal (>= 0.95 of the FA-class kernel) is still
+not met: ours is at most 0.89 of cuDNN SDPA at D = 128, and the issue measured the CuTe FA kernel above cuDNN.
+Warp specialisation as Triton 3.6 offers it on Hopper does nothing for this loop: i compiled to the same PTX as h
+(sidecar ``checks``: ptx_sha256), no variant has ``setmaxnreg`` (no register reallocation between warpgroups), and
+f times as d; h vs i (same code) shows the spread between timing blocks: up to 6 % at 8K, <= 1 % at 16K / 32K; FA3's ping-pong of two warpgroups and its intra-warpgroup softmax/MMA overlap are not expressible
+through it. Left: BM = 64 per warpgroup with explicit ping-pong (Gluon), a head-major (L2-friendlier) persistent
+tile order.
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
@@ -54,7 +74,8 @@ Layouts (row-major, contiguous, element strides):
              instructions in the inner loop). Same arithmetic either way.
   ts         [n_programs, 2] int64 global-timer ns (program start, after its last store), TIMED only
 Every program handles one (query block, head): program (m, h) has linear id h * cdiv(S, BM) + m, so
-consecutive programs share a head and its K/V stay in L2.
+consecutive programs share a head and its K/V stay in L2. PERSISTENT: a 1-D grid of min(tiles, SMs) programs;
+program p handles tiles p, p + grid, ... (tile t = that linear id), same tile body; ``ts`` is indexed by tile.
 
 Under Triton's interpreter (``DEVICE=False``) there are no timers (timestamps are 0) and no fences; the data
 path is the same. bf16 ``tl.dot`` is wrong in the interpreter: test there in fp16 or fp32.

@@ -52,7 +52,7 @@ def test_ladder_job_records_checks_rows_and_resumes(tmp_path, cpu_timing, capsys
     assert set(df.variant) == {c.label for c in CPU_VARIANTS[64]}
     assert set(df.method) == {"triton"} and len(df) == 4          # no cuDNN on the CPU: rows absent, not 0
     assert "no cuDNN rows" in capsys.readouterr().err
-    assert set(m["checks"]) == set(df.variant) and all(c["fused_bit_exact"] for c in m["checks"].values())
+    assert set(m["checks"]["64"]) == set(df.variant) and all(c["fused_bit_exact"] for c in m["checks"]["64"].values())
     assert m["cudnn_absent"]["tiny"].startswith("no CUDA device")
     ladder_job(tmp_path, meta, CPU_VARIANTS, shapes, repeats=2, warmup=0, seed=0)     # resumes: nothing new
     assert len(data.load(tmp_path, ATTENTION_LADDER)[0]) == 4
@@ -78,3 +78,55 @@ def test_run_attention_ladder_needs_a_gpu_after_validating(tmp_path):
     with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
         run_attention_ladder(tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_failing_variant_is_recorded_and_never_timed(tmp_path, cpu_timing, monkeypatch):
+    from xstage import studies
+    from xstage import ulysses_ladder as L
+
+    real, bad = L.check_variant, CPU_VARIANTS[64][1].label
+
+    def check(cfg, D, seed, world=None):
+        if cfg.label == bad:
+            raise RuntimeError("PassManager::run failed")
+        return real(cfg, D, seed, world)
+
+    monkeypatch.setattr(L, "check_variant", check)
+    meta = {k: "cpu" for k in data.REQUIRED_META if k not in ("schema", "schema_version")}
+    ladder_job(tmp_path, meta, CPU_VARIANTS, [UlyssesShape("tiny", 96, 2, 64)], 2, 0, seed=3)
+    df, m = data.load(tmp_path, ATTENTION_LADDER)
+    assert set(df.variant) == {CPU_VARIANTS[64][0].label}
+    assert m["failed"] == {"64": {bad: "RuntimeError: PassManager::run failed"}}
+    t = studies.attention_ladder_table(df, m)
+    assert t[t.variant == bad].failed.iloc[0].startswith("RuntimeError") and t[t.variant == bad].D.iloc[0] == 64
+
+
+def test_ladder_table_ratios_are_same_round_medians():
+    from xstage import studies
+
+    rng = random.Random()
+    rows = []
+    for v in ("base", "other"):
+        for meth in ("triton", "cudnn"):
+            for i in range(5):
+                rows.append(dict(variant=v, shape="s", S=1024, H=2, D=128, method=meth, repeat=i,
+                                 ms=rng.uniform(1, 2), tflops=1.0))
+    df = pd.DataFrame(rows)
+    t = studies.attention_ladder_table(df).set_index("variant")
+    med = df.groupby(["variant", "method"]).ms.median()
+    for v in ("base", "other"):
+        assert t.loc[v, "ours_over_cudnn"] == pytest.approx(med[v, "cudnn"] / med[v, "triton"])
+        assert t.loc[v, "ours_tflops"] == pytest.approx(4 * 1024**2 * 2 * 128 / med[v, "triton"] / 1e9)
+    assert t.loc["base", "vs_base"] == 1.0
+    assert t.loc["other", "vs_base"] == pytest.approx(med["base", "triton"] / med["other", "triton"])
+
+
+def test_recorded_ladder_loads_and_plots():
+    from xstage import figures, studies
+
+    try:
+        df, m = studies.attention_ladder_data("h200x1")
+    except ValueError:
+        pytest.skip("no recorded attention ladder")
+    t = studies.attention_ladder_table(df, m)
+    assert t.ours_over_cudnn.notna().any() and len(figures.attention_ladder(t).data) == t["shape"].nunique()

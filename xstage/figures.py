@@ -1444,3 +1444,39 @@ def train_prediction_figure(prm, programs: int, burst_kib, gap_us, link: str = "
     fig.update_layout(title=_title(f"Stage model ({_LINK_NAME.get(link, link)}), {programs} programs",
                                    "sizes per program and the gap after each burst as given"))
     return fig
+
+
+# ------------------------------------------------------------------------------ study 4: the attention ladder
+def attention_ladder(table: pd.DataFrame, world: str = "one GPU (H200), no communication") -> go.Figure:
+    """Our attention's TFLOP/s over cuDNN SDPA's (timed round-robin in the same rounds) per launch variant
+    (:func:`xstage.studies.attention_ladder_table`), one bar group per shape, horizontal; dotted: the issue's
+    goal (xstage.studies.ATTENTION_LADDER_GOAL, of the FA-class kernel, cuDNN standing in); solid: = cuDNN.
+    Variants that failed before timing have no bar. Traces: one bar trace per shape."""
+    from .studies import ATTENTION_LADDER_GOAL
+
+    t = table.dropna(subset=["ours_over_cudnn"])
+    fig = go.Figure()
+    shapes = list(dict.fromkeys(t["shape"]))
+    colors = sample_colorscale("Viridis", [i / max(1, len(shapes) - 1) * 0.85 for i in range(len(shapes))])
+    for shape, color in zip(shapes, colors):
+        g = t[t["shape"] == shape]
+        label = f"{shape}: {int(g.S.iloc[0]):,} × {int(g.H.iloc[0])} × {int(g.D.iloc[0])}"
+        fig.add_trace(go.Bar(y=[f"D={int(d)} · {v}" for d, v in zip(g.D, g.variant)], x=g.ours_over_cudnn,
+                             orientation="h", name=label, marker_color=color,
+                             text=[f"{r:.2f}× ({o:.0f} TF/s)" for r, o in zip(g.ours_over_cudnn, g.ours_tflops)],
+                             textposition="outside", textfont=dict(size=10),
+                             hovertemplate="%{y}<br>ours ÷ cuDNN = %{x:.3f}×<extra>" + label + "</extra>"))
+    for x, text, color, dash in ((ATTENTION_LADDER_GOAL, f"goal {ATTENTION_LADDER_GOAL:g}×", "#444", "dot"),
+                                 (1.0, "= cuDNN", "#17becf", "solid")):
+        fig.add_vline(x=x, line=dict(color=color, dash=dash, width=1.4))
+        fig.add_annotation(x=x, y=1.0, yref="paper", yanchor="bottom", text=text, showarrow=False,
+                           font=dict(size=11, color=color), xanchor="right" if x < 1 else "left")
+    n = len(set(zip(t.D, t.variant)))
+    height = max(HEIGHT, 200 + 22 * len(t))
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(barmode="group", height=height, margin=dict(l=260, t=120, b=80),
+                      xaxis=dict(title="our TFLOP/s ÷ cuDNN SDPA's (same rounds)", range=[0, 1.3]),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.08, x=0),
+                      title=_title(f"The attention speed ladder: {n} launch variants of our kernel",
+                                   f"bf16, non-causal, medians; {world}"))
+    return fig

@@ -547,6 +547,60 @@ def ulysses_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["P", "D", "H", "S"]).reset_index(drop=True)
 
 
+ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-class kernel's (cuDNN SDPA stands in)
+
+
+def attention_ladder_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
+    """The attention speed ladder's rows (schema xstage.data.ATTENTION_LADDER, data/<machine>/attention_ladder/:
+    ``scripts/attention_ladder.py``) and provenance, verified. Recorded only (the run needs a GPU)."""
+    folder = data.machine_dir(machine) / "attention_ladder"
+    if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
+        raise ValueError(f"machine {machine!r} has no recorded attention ladder ({folder} has no "
+                         f"attention_ladder.csv); record it: OUT=... python3 scripts/attention_ladder.py")
+    return data.load(folder, data.ATTENTION_LADDER)
+
+
+def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.DataFrame:
+    """Per head dim, shape and variant (in recorded order): median ms of ours and of cuDNN SDPA timed in the same
+    rounds, both TFLOP/s (4 S^2 H D / median), ``ours_over_cudnn`` (TFLOP/s ratio), ``vs_base`` (ours over the
+    head dim's first variant on the same shape) and, from ``meta``, the variants that failed before timing
+    (``failed``: one row each, times NaN)."""
+    keys = ["D", "shape", "S", "H", "variant"]
+    med = df.groupby(keys + ["method"], sort=False).ms.median().unstack("method").reset_index()
+    flops = 4.0 * med.S.astype(float) ** 2 * med.H * med.D
+    med["ours_ms"] = med["triton"]
+    med["cudnn_ms"] = med["cudnn"] if "cudnn" in med else np.nan
+    med["ours_tflops"] = flops / med.ours_ms / 1e9
+    med["cudnn_tflops"] = flops / med.cudnn_ms / 1e9
+    med["ours_over_cudnn"] = med.cudnn_ms / med.ours_ms
+    base = {D: df[df.D == D].variant.iloc[0] for D in df.D.unique()}
+    ref = med[med.variant == med.D.map(base)].set_index(["D", "shape"]).ours_tflops
+    med["vs_base"] = med.ours_tflops / [ref.get((d, s), np.nan) for d, s in zip(med.D, med["shape"])]
+    order = {(d, v): i for i, (d, v) in enumerate(df[["D", "variant"]].drop_duplicates().itertuples(index=False))}
+    med["_o"] = [order[(d, v)] for d, v in zip(med.D, med.variant)]
+    med = med.sort_values(["D", "S", "_o"], ascending=[False, True, True], kind="stable")
+    out = med[keys + ["ours_ms", "cudnn_ms", "ours_tflops", "cudnn_tflops", "ours_over_cudnn", "vs_base"]]
+    failed = (meta or {}).get("failed") or {}
+    if failed and not all(isinstance(v, dict) for v in failed.values()):
+        # run L1's sidecar: keyed by label alone; the head dim from the run's params
+        given = {label: D for D, cfgs in (meta.get("params", {}).get("variants") or {}).items()
+                 for label in _ladder_labels(cfgs)}
+        failed = {D: {v: why for v, why in failed.items() if given.get(v) == D} for D in set(given.values())}
+    rows = [(int(D), v, why) for D, fs in failed.items() for v, why in fs.items()]
+    if rows:
+        out = pd.concat([out, pd.DataFrame(rows, columns=["D", "variant", "failed"])], ignore_index=True)
+    return out.reset_index(drop=True)
+
+
+def _ladder_labels(cfgs: list[dict]) -> list[str]:
+    """xstage.ulysses.AttnConfig.label of each config dict (this module needs no torch)."""
+    out = []
+    for c in cfgs:
+        sw = "".join(f"-{n}" for n, k in (("tma", "tma"), ("ws", "ws"), ("pers", "persistent")) if c.get(k))
+        out.append(f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}{sw}")
+    return out
+
+
 def ulysses_headline(df: pd.DataFrame) -> dict:
     """The numbers the notebook's captions quote (each with the shape it comes from): the maximum fused
     sender-visible and end-to-end speedup over serial, the largest fused / attention-alone ratio, and the
@@ -1243,3 +1297,92 @@ def readme_stage_markdown() -> str:
 
 
 _KIND_LABEL = {"sync": "synchronised", "free": "free-running regular", "train": "irregular trains"}
+
+
+# ----------------------------------------------------------------- MegaMoE on one GPU: GEMMs and order cost
+MEGAMOE_GEMM_SUB = "megamoe_gemm"     # data/<machine>/megamoe_gemm/: xstage.moe_gemm's studies
+
+
+def megamoe_gemm_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
+    """The recorded GEMM ladder / order-cost study (schema ``megamoe_gemm``, xstage.moe_gemm) of ``machine``:
+    rows and provenance; :class:`NoRecordedData` when it is not in data/."""
+    folder = data.machine_dir(machine) / MEGAMOE_GEMM_SUB
+    if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
+        raise NoRecordedData(f"no recorded MegaMoE GEMM study for {machine} (data/{machine}/{MEGAMOE_GEMM_SUB}); "
+                             f"run `python3 scripts/megamoe_gemm.py --out data/{machine}/{MEGAMOE_GEMM_SUB}`")
+    df, meta = data.load(folder, data.MEGAMOE_GEMM)
+    return df, {**meta, "source": "recorded"}
+
+
+def _config(df: pd.DataFrame) -> pd.Series:
+    return df["shape"] + "_T" + df.tokens.astype(str) + "_" + df.routing
+
+
+def megamoe_gemm_ladder(df: pd.DataFrame) -> pd.DataFrame:
+    """The version ladder (study ``ladder``): per configuration, dtype and variant of our kernel its TFLOP/s and
+    its ratio to each library call of the same rounds (``vs_grouped_mm``, ``vs_scaled_grouped_mm``: ours / the
+    library's TFLOP/s, NaN where the library call was unavailable), rank 0's rows, the float32-reference error."""
+    d = df[df.study == "ladder"].assign(config=lambda x: _config(x))
+    lib = {m: d[d.method == m].set_index(["config", "dtype"]).tflops
+           for m in ("torch._grouped_mm", "torch._scaled_grouped_mm")}
+    ours = d[d.method == "ours"].copy()
+    idx = pd.MultiIndex.from_frame(ours[["config", "dtype"]])
+    for m, col in (("torch._grouped_mm", "vs_grouped_mm"), ("torch._scaled_grouped_mm", "vs_scaled_grouped_mm")):
+        ref = lib[m][~lib[m].index.duplicated()].reindex(idx).to_numpy(dtype=float)
+        ours[col] = ours.tflops.to_numpy() / ref
+        ours[m.replace("torch._", "") + "_tflops"] = ref
+    return ours[["config", "dtype", "rows", "variant", "tiles", "is_default", "tflops", "grouped_mm_tflops",
+                 "vs_grouped_mm", "scaled_grouped_mm_tflops", "vs_scaled_grouped_mm", "rel_l2"]].reset_index(
+        drop=True)
+
+
+def megamoe_gemm_summary(ladder: pd.DataFrame, min_rows: int = 2048) -> pd.DataFrame:
+    """Per dtype and variant over the ladder's configurations: geomean and minimum of ours / each library, the
+    minimum over configurations with >= ``min_rows`` rows on the rank, and the geomean TFLOP/s."""
+    out = []
+    for (dt, v), g in ladder.groupby(["dtype", "variant"], sort=False):
+        big = g[g.rows >= min_rows]
+        row = dict(dtype=dt, variant=v, tiles="; ".join(dict.fromkeys(g.tiles)), configs=len(g),
+                   geomean_tflops=geomean(g.tflops))
+        for col in ("vs_grouped_mm", "vs_scaled_grouped_mm"):
+            row[f"{col}_geomean"] = geomean(g[col])
+            row[f"{col}_min"] = float(g[col].min())
+            row[f"{col}_min_big"] = float(big[col].min()) if len(big) else float("nan")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def megamoe_order_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The order-cost study (study ``order``): per dtype, assignment and schedule the compute-only time over
+    Expert-Wave's under the same assignment (geomean and worst over the configurations, > 1: slower), and
+    Expert-Wave's own time over static Expert-Wave's (what the assignment does to it)."""
+    d = df[df.study == "order"].assign(config=lambda x: _config(x))
+    if d.empty:
+        return pd.DataFrame(columns=["dtype", "assignment", "schedule", "configs", "over_ew_geomean",
+                                     "over_ew_worst", "ew_over_static_ew_geomean"])
+    t = d.pivot_table(index=["config", "dtype"], columns=["schedule", "assignment"], values="ms", aggfunc="first")
+    out = []
+    for dt in dict.fromkeys(d.dtype):
+        td = t.xs(dt, level="dtype")
+        for a in dict.fromkeys(d.assignment):
+            for s in dict.fromkeys(d.schedule):
+                if (s, a) not in td.columns:
+                    continue
+                r = (td[(s, a)] / td[("expert_wave", a)]).dropna()
+                ew = (td[("expert_wave", a)] / td[("expert_wave", "static")]).dropna()
+                out.append(dict(dtype=dt, assignment=a, schedule=s, configs=len(r), over_ew_geomean=geomean(r),
+                                over_ew_worst=float(r.max()), ew_over_static_ew_geomean=geomean(ew)))
+    return pd.DataFrame(out)
+
+
+def megamoe_sweep_gemm_ratio(df: pd.DataFrame, min_rows: int = 2048) -> pd.DataFrame:
+    """A MegaMoE sweep's own GEMM comparison (``grouped_mm_ms`` / ``compute_ms``: ours / torch._grouped_mm
+    TFLOP/s, bf16 grouped_mm also for fp8 rows), per dtype over its configurations: geomean, minimum, and the
+    minimum over configurations with >= ``min_rows`` rows on the rank."""
+    ew = df[df.schedule == "expert_wave"]
+    out = []
+    for dt, g in ew.groupby("dtype", sort=False):
+        r = g.grouped_mm_ms / g.compute_ms
+        out.append(dict(dtype=dt, configs=len(g), geomean=geomean(r), min=float(r.min()),
+                        min_big=float(r[g.rows >= min_rows].min())))
+    return pd.DataFrame(out)

@@ -152,14 +152,17 @@ class AttnConfig:
 # (``tune_config``) times every candidate on the shape and keeps the fastest; the TMA ones load K/V with Hopper's
 # bulk tensor copies. The first candidate is the untuned default. The last (TMA, 4 stages, 8 warps) was added
 # for issue 14: a deeper K/V pipeline for the S >= 8K shapes (at D = 128 with 64-key blocks: four stages of
-# 128-key K/V blocks would need 256 KiB of shared memory).
+# 128-key K/V blocks would need 256 KiB of shared memory). The persistent 128 x 128 tile at D = 128 (one program
+# per SM looping over tiles) won in the attention ladder (run L1, data/h200x1/attention_ladder: +1-7 % over the
+# same tile launched one program per tile, checked bit for bit in the same run); at D = 64 it lost (spills).
 H200_CONFIGS = {
     64: (AttnConfig(128, 64, 4, 3), AttnConfig(128, 128, 4, 3), AttnConfig(128, 128, 8, 3), AttnConfig(128, 64, 4, 2),
          AttnConfig(128, 64, 4, 3, True), AttnConfig(128, 128, 4, 3, True), AttnConfig(128, 128, 8, 3, True),
          AttnConfig(128, 64, 4, 4, True), AttnConfig(128, 128, 8, 4, True)),
     128: (AttnConfig(128, 64, 4, 2), AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2), AttnConfig(128, 64, 4, 3),
           AttnConfig(128, 64, 4, 3, True), AttnConfig(128, 64, 8, 3, True), AttnConfig(128, 128, 8, 2, True),
-          AttnConfig(128, 128, 8, 3, True), AttnConfig(128, 64, 8, 4, True)),
+          AttnConfig(128, 128, 8, 3, True), AttnConfig(128, 64, 8, 4, True),
+          AttnConfig(128, 128, 8, 3, True, persistent=True)),
 }
 INTERPRETER_CONFIG = AttnConfig(64, 64, 4, 1)
 

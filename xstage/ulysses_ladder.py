@@ -12,7 +12,8 @@ before any timing:
    fused kernel shares the variant's inner loop and tile schedule (``xstage.ulysses_sweep._check_fused``).
 
 A variant that fails to compile or fails a check is recorded as such in the sidecar (``failed``) and never
-timed. Then, per shape of ``LADDER_SHAPES`` (one head dim's variants on that head dim's shapes), our attention
+timed. The sidecar's ``configs`` / ``checks`` / ``failed`` are keyed by head dim, then ``AttnConfig.label`` (run
+L1's record predates that: keyed by label alone, so a label given for both head dims kept the D = 64 check). Then, per shape of ``LADDER_SHAPES`` (one head dim's variants on that head dim's shapes), our attention
 and cuDNN SDPA are warmed up and timed round-robin (``repeats`` rounds of one run each, CUDA events): the ratio
 of their medians is a same-clock ratio. Rows (schema ``attention_ladder``, xstage.data) are appended one
 (variant, shape) at a time, so a run cut short keeps what finished and a re-run resumes. Without a cuDNN that
@@ -209,17 +210,17 @@ def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[A
                       file=sys.stderr, flush=True)
                 continue
             m = data.read_meta(side, ATTENTION_LADDER)
-            m.setdefault("configs", {})[cfg.label] = asdict(cfg)
+            m.setdefault("configs", {}).setdefault(str(D), {})[cfg.label] = asdict(cfg)
             try:
-                chk = check_variant(cfg, D, seed + 1000 * len(m["configs"]), world)
+                chk = check_variant(cfg, D, seed + 1000 * sum(map(len, m["configs"].values())), world)
             except Exception as e:  # noqa: BLE001 (compile errors, OutOfResources, failed checks: recorded)
                 why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                m.setdefault("failed", {})[cfg.label] = why
+                m.setdefault("failed", {}).setdefault(str(D), {})[cfg.label] = why
                 data.write_json_atomic(side, m)
                 print(f"ladder: {cfg.label} D={D} FAILED before timing: {why}", file=sys.stderr, flush=True)
                 continue
-            m.setdefault("checks", {})[cfg.label] = chk
-            m.get("failed", {}).pop(cfg.label, None)
+            m.setdefault("checks", {}).setdefault(str(D), {})[cfg.label] = chk
+            m.get("failed", {}).get(str(D), {}).pop(cfg.label, None)
             data.write_json_atomic(side, m)
             for s in todo:
                 dev = torch.device("cpu") if env.interpreted() else torch.device("cuda")
