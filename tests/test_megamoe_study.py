@@ -517,3 +517,65 @@ def test_records_by_world_and_link(rows, data_root):
         assert got.compute_only_worst == pytest.approx(order.max())
         assert got.combine_cost_max == pytest.approx(comb.max())
     assert t.loc[(lab, "expert_wave"), "compute_only_worst"] == 1.0
+
+
+# ------------------------------------------------------------- one H200: the GEMM ladder and the order study
+def test_recorded_one_gpu_gemm_study_is_coherent():
+    """data/h200x1/megamoe_gemm: every (study, configuration, dtype) complete (ladder: each variant of
+    xstage.moe_gemm.VARIANTS + torch._grouped_mm, fp8 also torch._scaled_grouped_mm, ok with a time or unavailable
+    with NaN; order: every schedule x assignment), each of our rows checked against the float32 reference, and
+    the tables' ratios recomputed from the recorded times."""
+    from xstage import moe_gemm
+    from xstage.numeric import geomean
+
+    try:
+        df, meta = studies.megamoe_gemm_data("h200x1")
+    except studies.NoRecordedData:
+        pytest.skip("no recorded one-GPU GEMM study")
+    assert meta["params"]["world"] == "one-gpu" and meta["params"]["link"] == "local"
+    for (study, dt), g in df.groupby(["study", "dtype"]):
+        for _, c in g.groupby(["shape", "tokens", "routing"]):
+            ours = c[c.method == "ours"]
+            if study == "ladder":
+                assert set(ours.variant) == set(moe_gemm.VARIANTS[dt]) and ours.is_default.sum() == 1
+                libs = {"torch._grouped_mm"} | ({"torch._scaled_grouped_mm"} if dt == "fp8" else set())
+                assert set(c.method) - {"ours"} == libs
+            else:
+                assert set(zip(ours.schedule, ours.assignment)) == {(s, a) for s in moe_plan.SCHEDULES
+                                                                    for a in moe_plan.ASSIGNMENTS}
+            lim = 2e-2 if dt == "fp8" else 1e-2
+            assert ((ours.rel_l2 > 0) & (ours.rel_l2 < lim)).all()
+            ok = c.status == "ok"
+            assert (c.ms[ok] > 0).all() and c.ms[~ok].isna().all() and set(c.status) <= {"ok", "unavailable"}
+    lad = studies.megamoe_gemm_ladder(df)
+    d = df[df.study == "ladder"].assign(config=lambda x: x["shape"] + "_T" + x.tokens.astype(str) + "_" + x.routing)
+    for _, r in lad.sample(5, random_state=np.random.randint(1 << 30)).iterrows():
+        lib = d[(d.config == r.config) & (d.dtype == r["dtype"]) & (d.method == "torch._grouped_mm")].ms.iloc[0]
+        mine = d[(d.config == r.config) & (d.dtype == r["dtype"]) & (d.variant == r.variant)].ms.iloc[0]
+        assert r.vs_grouped_mm == pytest.approx(lib / mine)
+    summ = studies.megamoe_gemm_summary(lad)
+    for _, s in summ.iterrows():
+        g = lad[(lad.dtype == s["dtype"]) & (lad.variant == s.variant)]
+        assert s.vs_grouped_mm_geomean == pytest.approx(geomean(g.vs_grouped_mm))
+        assert s.vs_grouped_mm_min_big == pytest.approx(g[g.rows >= 2048].vs_grouped_mm.min())
+    tab = studies.megamoe_order_table(df)
+    o = df[df.study == "order"]
+    for _, t in tab.sample(4, random_state=np.random.randint(1 << 30)).iterrows():
+        g = o[o.dtype == t["dtype"]].pivot_table(index=["shape", "tokens", "routing"], columns=["schedule", "assignment"],
+                                              values="ms")
+        want = g[(t.schedule, t.assignment)] / g[("expert_wave", t.assignment)]
+        assert t.over_ew_geomean == pytest.approx(geomean(want)) and t.over_ew_worst == pytest.approx(want.max())
+
+
+def test_recorded_host_link_sweep_has_all_84_configurations_per_dtype():
+    try:
+        df, meta = studies.megamoe_world_data("one-gpu", "host")
+    except studies.NoRecordedData:
+        pytest.skip("no recorded host-link sweep")
+    cov = studies.megamoe_coverage(df, **studies.megamoe_selection())
+    assert "84 of 84" in studies.megamoe_coverage_line(cov, show=0), studies.megamoe_coverage_line(cov, show=0)
+    r = studies.megamoe_sweep_gemm_ratio(df)
+    ew = df[df.schedule == "expert_wave"]
+    for _, row in r.iterrows():
+        g = ew[ew.dtype == row["dtype"]]
+        assert row.configs == 84 and row["min"] == pytest.approx((g.grouped_mm_ms / g.compute_ms).min())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from xstage import data, env
+from xstage import data, env, studies
 from xstage import moe_gemm as MG
 from xstage import moe_plan as MP
 from xstage.model import BurstGapParams
@@ -49,6 +49,17 @@ def test_ladder_and_order_studies_end_to_end(tmp_path, tiny):
     assert (order.ms > 0).all() and np.isfinite(order.rel_l2).all()
     MG.gemm_job(world, tiny, ["fp16"], str(tmp_path), meta, "order", prm, time.time() - 1, rounds=5)  # past deadline
     assert len(data.load(tmp_path, data.MEGAMOE_GEMM)[0]) == len(df)
+    lad = studies.megamoe_gemm_ladder(df)
+    assert len(lad) == 4 and lad.vs_grouped_mm.notna().all() and lad.vs_scaled_grouped_mm.isna().all()
+    g = df[(df.study == "ladder") & (df.method == "torch._grouped_mm")].set_index("routing").tflops
+    one = lad[(lad.variant == "default") & lad.config.str.endswith("zipf")].iloc[0]
+    assert one.vs_grouped_mm == pytest.approx(one.tflops / g["zipf"])
+    summ = studies.megamoe_gemm_summary(lad)
+    assert set(summ.variant) == {"default", "bn2_64"} and (summ.configs == 2).all()
+    tab = studies.megamoe_order_table(df)
+    ew = tab[tab.schedule == "expert_wave"]
+    assert len(tab) == 8 and (ew.over_ew_geomean == 1).all()
+    assert ew[ew.assignment == "static"].ew_over_static_ew_geomean.iloc[0] == 1
 
 
 def test_a_failing_library_call_is_recorded_unavailable_never_zero(tmp_path, tiny, monkeypatch):

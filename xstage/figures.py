@@ -1480,3 +1480,31 @@ def attention_ladder(table: pd.DataFrame, world: str = "one GPU (H200), no commu
                       title=_title(f"The attention speed ladder: {n} launch variants of our kernel",
                                    f"bf16, non-causal, medians; {world}"))
     return fig
+
+
+def megamoe_gemm_ladder_figure(ladder: pd.DataFrame, title: str = "") -> go.Figure:
+    """The GEMM version ladder (xstage.studies.megamoe_gemm_ladder): per configuration (x) and dtype (column),
+    TFLOP/s of each tile variant of our kernel (bars, compute only, Expert-Wave) and of the library calls of the
+    same rounds (markers: torch._grouped_mm; for fp8 also torch._scaled_grouped_mm). Traces: per dtype one per
+    variant + one per library with data."""
+    dtypes = list(dict.fromkeys(ladder.dtype))
+    fig = make_subplots(rows=1, cols=len(dtypes), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"TFLOP/s · {d}" for d in dtypes])
+    for c, d in enumerate(dtypes, 1):
+        g = ladder[ladder.dtype == d]
+        for v, h in g.groupby("variant", sort=False):
+            fig.add_trace(go.Bar(x=h.config, y=h.tflops, name=f"ours: {v}", legendgroup=f"{d}:{v}",
+                                 customdata=np.stack([h.tiles, h.rows], axis=-1),
+                                 hovertemplate="%{x}<br>" + f"ours {v} " + "(%{customdata[0]}, %{customdata[1]} rows)"
+                                 "<br>%{y:.0f} TFLOP/s<extra></extra>"), row=1, col=c)
+        first = g.drop_duplicates("config")
+        for col, name, sym in (("grouped_mm_tflops", "torch._grouped_mm", "diamond"),
+                               ("scaled_grouped_mm_tflops", "torch._scaled_grouped_mm", "star")):
+            if first[col].notna().any():
+                fig.add_trace(go.Scatter(x=first.config, y=first[col], mode="markers", name=name,
+                                         legendgroup=f"{d}:{name}", marker=dict(size=12, symbol=sym, color="black"),
+                                         hovertemplate="%{x}<br>" + name + " %{y:.0f} TFLOP/s<extra></extra>"),
+                              row=1, col=c)
+    fig.update_layout(barmode="group", title=title or "MegaMoE GEMM phases: tile variants against the library",
+                      height=460, legend=dict(orientation="h", y=-0.35))
+    return fig
