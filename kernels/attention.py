@@ -20,7 +20,7 @@ Version ladder (each a figure's bar, each selected by constexprs of one kernel):
      (CTA barrier first); sender-visible time = max(last store) - min(start) over programs.
 
 Speed ladder of the attention itself (rung = launch configuration of the same kernel, picked per shape by
-``xstage.ulysses_sweep.tune_config``). Measured on one H200 (run U2 of docs/lab-ulysses-draft.md, 2026-12-01,
+``xstage.ulysses_sweep.tune_config``). Measured on one H200 (run U2 of docs/lab-notebook.md, 2026-12-01,
 ``scripts/ulysses_one_gpu.sh``: the tuner's log; bf16, non-causal, S = 32,768, 12 heads x 128 = one rank's heads at
 P = 2, 6.60e12 FLOPs; TFLOP/s = FLOPs / median of 5 event-timed runs):
   a. BM 128, BN 64, 4 warps, 2 stages, pointer loads (the untuned default)          13.99 ms   472 TFLOP/s
@@ -32,7 +32,7 @@ P = 2, 6.60e12 FLOPs; TFLOP/s = FLOPs / median of 5 event-timed runs):
   cuDNN SDPA on the same shape, same run (data/h200x1/ulysses_local, sdpa_only):            643 TFLOP/s
 So ours was 0.84-0.87 of cuDNN at S >= 8K, D = 128 (and 1.04 at CogVideoX's 17,776 x 48 x 64) in run U2.
 
-Round 2 (run L1 of docs/lab-ulysses-draft.md, 2026-12-01, ``scripts/attention_ladder.py``, Triton 3.6; record
+Round 2 (run L1 of docs/lab-notebook.md, 2026-12-01, ``scripts/attention_ladder.py``, Triton 3.6; record
 data/h200x1/attention_ladder/; every variant first checked against float32 and the fused layer bit for bit, then
 timed round-robin with cuDNN SDPA, medians of 10; 24 heads x 128 = one layer on one GPU; TFLOP/s at S = 8K / 16K /
 32K, ours / cuDNN in brackets):
