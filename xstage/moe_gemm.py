@@ -135,28 +135,34 @@ def _row(prob, study, dtype, method, variant, tiles, schedule, assignment, is_de
                 tflops=flops / (ms * 1e-3) / 1e12 if times else float("nan"))
 
 
+def _runs_bit_identical(world, bufs, prob, tiles, lists, what) -> dict:
+    """Every task list of ``lists`` ({(schedule, assignment): {rank: tasks}}) run as the whole layer with
+    ``tiles``, combine poisoned first; every rank's combine bit-identical to the first list's. Returns the first
+    list's combine per rank."""
+    first, lead = {}, None
+    for (sched, assign), tasks in lists.items():
+        lead = lead or f"{sched} {assign}"
+        poison_combine(world, bufs, prob.case.tokens)
+        megamoe_layer(world, bufs, prob.inputs, tasks, tiles, dynamic=assign == "dynamic")
+        torch.cuda.synchronize()
+        for r in world.local_ranks:
+            comb = bufs.combine_view(r, prob.case.tokens)
+            if r in first:
+                check_bit_identical(comb, first[r], f"{what} rank {r}: {sched} {assign} vs {lead}")
+            else:
+                first[r] = comb.clone()
+    return first
+
+
 def _check_layer(world, bufs, prob, tiles, runs, ref, what) -> float:
     """Whole layer per (schedule, assignment) of ``runs`` with ``tiles``, combine poisoned first; every run's
     combine of every rank bit-identical to the first's; rank 0's first within tolerance of ``ref``."""
-    c = prob.case
     p = dataclasses.replace(prob, tiles=tiles)
     sms = torch.cuda.get_device_properties(world.device(0)).multi_processor_count
-    first, err = {}, float("nan")
-    for sched, assign in runs:
-        tasks = {r: build_tasks(p, sched, sms, r) for r in world.local_ranks}
-        poison_combine(world, bufs, c.tokens)
-        megamoe_layer(world, bufs, p.inputs, tasks, tiles, dynamic=assign == "dynamic")
-        torch.cuda.synchronize()
-        for r in world.local_ranks:
-            comb = bufs.combine_view(r, c.tokens)
-            if r in first:
-                check_bit_identical(comb, first[r], f"{what} {tile_label(tiles)} rank {r}: {sched} {assign} vs "
-                                                    f"{' '.join(runs[0])}")
-            else:
-                if r == 0:
-                    err = check_close(comb, ref[0], ref[1], prob.dtype, f"{what} {tile_label(tiles)}")[0]
-                first[r] = comb.clone()
-    return err
+    lists = {(sched, assign): {r: build_tasks(p, sched, sms, r) for r in world.local_ranks} for sched, assign in runs}
+    what = f"{what} {tile_label(tiles)}"
+    first = _runs_bit_identical(world, bufs, p, tiles, lists, what)
+    return check_close(first[0], ref[0], ref[1], prob.dtype, what)[0]
 
 
 def gemm_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: float | None,
@@ -233,17 +239,7 @@ def gemm_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: floa
                                                                         a), sms, OD[dtype].itemsize, a)
                 lists[(sch, a)] = {r: build_tasks(prob, sch, sms, r, cost=cost) for r in world.local_ranks}
             # bit-identical first (every schedule x assignment vs expert_wave static), with the lists timed below
-            first = {}
-            for (sch, a), tasks in lists.items():
-                poison_combine(world, bufs, c.tokens)
-                megamoe_layer(world, bufs, prob.inputs, tasks, d, dynamic=a == "dynamic")
-                torch.cuda.synchronize()
-                for r in world.local_ranks:
-                    comb = bufs.combine_view(r, c.tokens)
-                    if r in first:
-                        check_bit_identical(comb, first[r], f"{what} rank {r}: {sch} {a} vs expert_wave static")
-                    else:
-                        first[r] = comb.clone()
+            first = _runs_bit_identical(world, bufs, prob, d, lists, what)
             err = check_close(first[0], ref[0], ref[1], dtype, what)[0]
             del first
             for (sch, a), tasks in lists.items():
