@@ -35,7 +35,7 @@ from .data import MEGAMOE_GEMM
 from .moe import (MAX_POLLS, _unfused_gemms, _unfused_plan, build_tasks, check_close, dispatch, hi_weights, make_problem,
                   megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights, reference_weights,
                   run_experts)
-from .moe_plan import (ASSIGNMENTS, CASES, FP8_BLOCK, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
+from .moe_plan import (ASSIGNMENTS, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
                        cases_by_name, default_tiles, gemm_flops)
 from .numeric import check_bit_identical
 

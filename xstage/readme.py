@@ -68,7 +68,7 @@ def _megamoe_rows() -> list[str]:
         f"| MegaMoE ({n} configurations, {tag}): interleaved / Expert-Wave kernel time | geomean "
         f"**{pair('geomean_speedup', '.2f')}x**; max {pair('max_speedup', '.2f')}x (paper, 8 GPUs: "
         f"{paper[0]:.2f}x / {paper[1]:.2f}x) | {cmd} |",
-        f"| MegaMoE: the model's predicted speedup within ±10 % (interleaved) | recorded model "
+        "| MegaMoE: the model's predicted speedup within ±10 % (interleaved) | recorded model "
         + " / ".join(f"{m.loc[d, 'recorded_model_within_10pct']:.0%}" for d in dt)
         + "; revised (busiest program) " + " / ".join(f"{m.loc[d, 'revised_model_within_10pct']:.0%}" for d in dt)
         + " of configurations | notebook 03 |",
