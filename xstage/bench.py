@@ -9,7 +9,7 @@ stores as a control.
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Callable, Mapping
 
 import pandas as pd
 import torch
@@ -29,6 +29,24 @@ def time_ms(fn: Callable[[], None], warmup: int = 3, reps: int = 10, device: tor
         end.record()
         end.synchronize()
         out.append(start.elapsed_time(end))
+    return out
+
+
+def round_robin_ms(fns: Mapping[str, Callable[[], None]], repeats: int, warmup: int = 1, settle: int = 0,
+                   before: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Several methods timed side by side: each warmed up (``warmup`` runs, compiling it), then ``repeats`` rounds
+    of one timed run of each method (after ``settle`` untimed runs of it), so that a drift of the GPU's clocks
+    over the run falls on every method alike. ``before`` runs before every warm-up and timed run (a barrier).
+    Returns {method: [ms per round]}."""
+    before = before or (lambda: None)
+    for fn in fns.values():
+        before()
+        time_ms(fn, warmup=warmup, reps=0)
+    out = {m: [] for m in fns}
+    for _ in range(repeats):
+        for m, fn in fns.items():
+            before()
+            out[m] += time_ms(fn, warmup=settle, reps=1)
     return out
 
 

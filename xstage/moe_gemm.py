@@ -109,12 +109,10 @@ def _round_robin(methods: dict[str, Callable[[], None]], rounds: int) -> tuple[d
             for _ in range(inner):
                 fn()
         return c
-    out = {n: [] for n in methods}
-    for _ in range(rounds):
-        for n, fn in methods.items():   # one untimed call first: the switch from the previous method (its
-            #                             counters reset, L2 contents) stays outside the timed run
-            out[n].append(bench.time_ms(calls(fn), warmup=1, reps=1)[0] / inner)
-    return out, inner
+    # settle=1: one untimed call first, so the switch from the previous method (its counters reset, L2
+    # contents) stays outside the timed run
+    ms = bench.round_robin_ms({n: calls(fn) for n, fn in methods.items()}, rounds, warmup=0, settle=1)
+    return {n: [t / inner for t in v] for n, v in ms.items()}, inner
 
 
 # --------------------------------------------------------------------------------------------- the job

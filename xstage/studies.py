@@ -567,7 +567,9 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
     (``failed``: one row each, times NaN)."""
     keys = ["D", "shape", "S", "H", "variant"]
     med = df.groupby(keys + ["method"], sort=False).ms.median().unstack("method").reset_index()
-    flops = 4.0 * med.S.astype(float) ** 2 * med.H * med.D
+    from .ulysses import attention_flops
+
+    flops = attention_flops(med.S.astype(float), med.H, med.D)
     med["ours_ms"] = med["triton"]
     med["cudnn_ms"] = med["cudnn"] if "cudnn" in med else np.nan
     med["ours_tflops"] = flops / med.ours_ms / 1e9

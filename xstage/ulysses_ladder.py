@@ -156,14 +156,8 @@ def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: boo
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
-    times = {m: [] for m in fns}
     with ctx:
-        for fn in fns.values():
-            bench.time_ms(fn, warmup=warmup, reps=0)
-        for _ in range(repeats):
-            for m, fn in fns.items():
-                times[m] += bench.time_ms(fn, warmup=0, reps=1)
-    return times
+        return bench.round_robin_ms(fns, repeats, warmup=warmup)
 
 
 def validate_ladder(variants: Mapping[int, Sequence[AttnConfig]], shapes: Sequence[UlyssesShape], repeats: int,

@@ -262,16 +262,9 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
     # every method warmed up (and compiled) first, then the repeats round-robin over the methods, so that a
     # drift of the GPU's clocks over the run falls on every method alike (timing them one block after another
     # gave later methods a different clock, docs/lab-notebook.md)
-    times = {m: [] for m in methods}
     calls[0] = 0
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        for m in methods:
-            world.barrier()
-            bench.time_ms(fns[m], warmup=warmup, reps=0)
-        for _ in range(repeats):
-            for m in methods:
-                world.barrier()
-                times[m] += bench.time_ms(fns[m], warmup=0, reps=1)
+        times = bench.round_robin_ms({m: fns[m] for m in methods}, repeats, warmup=warmup, before=world.barrier)
     res = {}
     for m in methods:
         e2e = times[m]
