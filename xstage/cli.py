@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     ul.add_argument("--chunks", type=int, default=None,
                     help="head chunks of the overlapped baseline (default: timed per shape over 1, 2, 3, 4, 6, 8, "
                          "12 and the fastest kept)")
+    ul.add_argument("--methods", type=_strs, default=(),
+                    help="methods to time (default: all; FA4's fa, fa_serial, fa_fused are skipped, recorded as absent, "
+                         "where the extra fa4 or a Hopper GPU is missing)")
 
     from .moe_plan import ASSIGNMENT_REGISTRY, DTYPE_REGISTRY, DTYPES_GPU, SCHEDULE_REGISTRY, SCHEDULES
 
@@ -283,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--link {args.link} is for --world one-gpu (the gpus world's peers are NVLink peers)")
             print(run_ulysses(args.out, world_size=args.ranks if one else args.world_size, repeats=args.repeats,
                               shapes=shapes, tune=not args.no_tune, command=command, chunks=args.chunks,
-                              world=args.world, link=args.link))
+                              world=args.world, link=args.link,
+                              **({"methods": list(args.methods)} if args.methods else {})))
         elif args.cmd == "sweep" and args.study == "megamoe":
             from .moe_plan import cases_by_name
             from .moe_sweep import run_megamoe

@@ -20,6 +20,13 @@ times every method of ``xstage.ulysses.METHODS`` and appends its rows (schema ``
 resumable: shapes already recorded are skipped). With device timers the sidecar also gets the fused epilogue's
 per-program times split by where the tile goes (``bursts``: tiles stored to a peer vs to this rank's own rows),
 which ``xstage.studies.ulysses_bursts`` sets beside the stage model of the link.
+
+FA-class methods (``xstage.fa4.METHODS``, the optional extra ``fa4``, Hopper only): ``fa`` (FA4 alone),
+``fa_serial`` (FA4, then the post-attention all-to-all as ``serial_*`` does it) and ``fa_fused`` (the all-to-all
+fused into FA4's kernel, ``xstage.fa4.ulysses_fused_fa``, then the end-of-layer barrier; its sender-visible time
+is CUDA events around the kernel alone, its end to end includes the barrier), timed round-robin beside ours and
+cuDNN. Where FA4 is missing they are dropped with one line and the sidecar's ``params.fa4`` says so (``absent``);
+a shape where an FA check fails keeps its other methods and names the error (``fa4_failed``).
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import bench, data, env
+from . import bench, data, env, fa4
 from .bench import median
 from .data import ULYSSES
 from .numeric import check_bit_identical, rel_l2
@@ -205,6 +212,72 @@ def _cudnn_ok(world, q, k, v, config: AttnConfig, name: str) -> bool:
     return all(oks)
 
 
+def _fa_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, config: AttnConfig, rank: int,
+                serial, n_calls: int) -> tuple[dict, list, dict]:
+    """FA4's methods (``xstage.fa4.METHODS``), checked before any timing: FA alone against our attention
+    (relative L2 below 2e-2, as for cuDNN), then the fused FA layer bit for bit against FA alone + the all-to-all,
+    every output poisoned with NaN first (one process driving every rank: every rank's output, the all-to-all by
+    indexing; one process per GPU: this rank's, NCCL). Returns ({method: fn}, events, failed): ``events[i]`` = (start,
+    end) CUDA events around ``fa_fused``'s kernel in its i-th call (warm-ups included), the sender's view, and
+    {method: error} for the FA methods that failed their check (not timed; all three when FA alone fails)."""
+    P, S, H = world.world_size, shape.S, shape.H
+    q, k, v = qkv[rank]
+    what = f"{shape.name} P={P}"
+    failed = {}
+    try:
+        err = rel_l2(fa4.attention(q, k, v), attention_forward(q, k, v, config=config))
+        if not err < 2e-2:
+            raise AssertionError(f"{what}: FA4 differs from our attention by {err:.3g} (relative L2)")
+    except Exception as e:  # noqa: BLE001 (recorded: FA4 cannot run or is wrong here; nothing of it is timed)
+        why = f"{type(e).__name__}: {e}"
+        print(f"ulysses: {what}: FA4 methods not timed: {why}", file=sys.stderr, flush=True)
+        return {}, [], {m: why for m in fa4.METHODS}
+    try:
+        _check_fa_fused(world, shape, bufs, qkv, rank, what)
+    except Exception as e:  # noqa: BLE001 (the fused kernel failed or differs: not timed, FA alone still is)
+        why = f"{type(e).__name__}: {e}"
+        print(f"ulysses: {what}: fa_fused not timed: {why}", file=sys.stderr, flush=True)
+        failed["fa_fused"] = why
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n_calls)]
+    calls = [0]
+
+    def fused():
+        i = calls[0] % n_calls
+        calls[0] += 1
+        fa4.ulysses_fused_fa(world, {rank: q}, {rank: k}, {rank: v}, bufs, check=False, ranks=[rank],
+                             events=events[i])
+
+    fns = {"fa": lambda: fa4.attention(q, k, v), "fa_serial": lambda: serial(lambda: fa4.attention(q, k, v))}
+    if not failed:
+        fns["fa_fused"] = fused
+    return fns, events, failed
+
+
+def _check_fa_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, rank: int, what: str) -> None:
+    """The fused FA layer bit for bit against FA alone + the all-to-all, every output poisoned with NaN first."""
+    P, S, H = world.world_size, shape.S, shape.H
+    q, k, v = qkv[rank]
+    qd, kd, vd = ({r: t[i] for r, t in qkv.items()} for i in range(3))
+    if world.emulated:
+        for r in range(P):
+            bufs.out_view(r, S, H, shape.D).fill_(float("nan"))
+        world.barrier()
+        outs = fa4.ulysses_fused_fa(world, qd, kd, vd, bufs)
+        world.barrier()
+        want = post_all_to_all([fa4.attention(*qkv[r]) for r in range(P)])
+        for r in range(P):
+            check_bit_identical(outs[r].to(want[r].device), want[r], f"{what} rank {r}: FA fused vs FA + all-to-all")
+    else:
+        fa4.ulysses_fused_fa(world, qd, kd, vd, bufs, barrier=False)    # compiled before any rank waits
+        world.barrier()
+        bufs.out_view(rank, S, H, shape.D).fill_(float("nan"))
+        world.barrier()
+        out = fa4.ulysses_fused_fa(world, qd, kd, vd, bufs)[rank]
+        torch.cuda.synchronize()
+        check_bit_identical(out, post_all_to_all_nccl(fa4.attention(q, k, v), world),
+                            f"{what} rank {rank}: FA fused vs FA + NCCL all-to-all")
+
+
 def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, repeats: int, warmup: int,
                    config: AttnConfig, chunks: int | None, seed: int) -> tuple[dict, dict]:
     """({method: [(sender-visible ms, end-to-end ms)] per repeat} of the measured rank (this process's rank;
@@ -257,6 +330,13 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
         "attention_only": lambda: attention_forward(q, k, v, config=config),
         "sdpa_only": lambda: sdpa_cudnn(q, k, v),
     }
+    fa_events = []
+    if any(m in fa4.METHODS for m in methods):
+        fa_fns, fa_events, failed = _fa_methods(world, shape, bufs, qkv, config, rank, serial, warmup + repeats)
+        fns.update(fa_fns)
+        if failed:   # recorded as absent with the error (no rows), the other methods still timed
+            extras["fa4_failed"] = failed
+            methods = [m for m in methods if m not in failed]
     if any("cudnn" in m or "sdpa" in m for m in methods) and not _cudnn_ok(world, q, k, v, config, shape.name):
         methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
     # every method warmed up (and compiled) first, then the repeats round-robin over the methods, so that a
@@ -276,6 +356,9 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
                                 bufs.out.local(rank).element_size())
             if b is not None:
                 extras["bursts"] = b
+        elif m == "fa_fused":   # the sender's view: CUDA events around the kernel (before the barrier), same clock
+            check_barrier_status(bufs, rank)
+            sv = [fa_events[warmup + i][0].elapsed_time(fa_events[warmup + i][1]) for i in range(repeats)]
         else:
             sv = e2e
         res[m] = list(zip(sv, e2e))
@@ -334,8 +417,22 @@ def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, 
             torch.cuda.empty_cache()
 
 
+def fa4_methods(methods: Sequence[str]) -> tuple[list[str], dict]:
+    """The methods that run here and the sidecar's ``fa4`` entry: FA4's methods are dropped, with one line on
+    stderr, where ``xstage.fa4.available()`` says no (recorded as ``absent``: no rows, never a 0 time)."""
+    ok, why = fa4.available()
+    asked = [m for m in methods if m in fa4.METHODS]
+    if ok:
+        return list(methods), {"available": True, "why": why, "versions": fa4.versions(), "absent": []}
+    print(f"ulysses: skipping {', '.join(asked)}: {why}", file=sys.stderr)
+    kept = [m for m in methods if m not in fa4.METHODS]
+    if not kept:
+        raise RuntimeError(f"nothing to run: {why}")
+    return kept, {"available": False, "why": why, "absent": asked}
+
+
 def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesShape] | None = None,
-                repeats: int = 10, warmup: int = 3, methods: Sequence[str] = METHODS, tune: bool = True,
+                repeats: int = 10, warmup: int = 3, methods: Sequence[str] = METHODS + fa4.METHODS, tune: bool = True,
                 chunks: int | None = None, seed: int = 0, command: str = "", world: str = "gpus",
                 link: str | None = None) -> Path:
     """Run (or resume) the Ulysses sweep into ``out``/ulysses.csv; returns its path. ``world``: ``gpus`` (one
@@ -357,9 +454,9 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         raise ValueError(f"world_size must be >= 2 (the all-to-all needs peers), got {world_size}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in METHODS + fa4.METHODS]
     if bad or not methods:
-        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {list(methods)}")
+        raise ValueError(f"methods must be a non-empty subset of {METHODS + fa4.METHODS}, got {list(methods)}")
     if chunks is not None and chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     # the default table is fitted to P (rounded, filtered, said on stderr); shapes given explicitly must fit
@@ -373,6 +470,9 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     params = dict(world=world, world_size=world_size, shapes=[asdict(s) for s in shapes], repeats=repeats,
                   warmup=warmup, methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu",
                   timing="every method warmed up, then each repeat round-robin over the methods")
+    methods = list(methods)
+    if any(m in fa4.METHODS for m in methods):
+        methods, params["fa4"] = fa4_methods(methods)
     if world == "one-gpu":
         from .ranks import OneGPUWorld
 

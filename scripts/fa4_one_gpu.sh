@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# FA4 (flash-attn-4's CuTe DSL Hopper kernel) in the Ulysses study on ONE GPU (issue 14, items 1, 2 and 6).
+# The GPU machine reaches no registry: the extra fa4 travels as one xz tarball of `pip install --target` of the
+# pinned wheels (pyproject.toml's [fa4]), split in two parts (a call carries at most 64 MiB with the tree):
+#   here, once:  pip download the pinned wheels (cp312, manylinux) into .whl/, pip install --no-deps --target
+#                <site> --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: .whl/*.whl,
+#                tar -C <site> -cf - . | xz -9 > fa4site312.tar.xz, split -b 36200000 -d ... .whl/fa4site312.tar.xz.part-
+#   call 1:      scripts/fa4_one_gpu.sh stash              (carry .whl/fa4site312.tar.xz.part-00)
+#   call 2:      (within 30 s of call 1's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
+#                  sweep:<local_s>:<host_s> test:<s>        (carry .whl/fa4site312.tar.xz.part-01)
+# Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+SITE=/root/fa4site
+PARTS=/root/fa4parts
+SHA=1442127dc9ca7f401da205a8d814964adadea2e160e9d20a553d7ffbdb5b9179
+SHAPES=${SHAPES:-seq_4k,seq_8k,seq_16k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
+METHODS=${METHODS:-fused,serial_triton,serial_cudnn,attention_only,sdpa_only,fa,fa_serial,fa_fused}
+export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
+FUSED_OK=1
+for s in "$@"; do
+  case $s in
+    stash)
+      mkdir -p $PARTS && cp .whl/fa4site312.tar.xz.part-00 $PARTS/ && ls -la $PARTS && nvidia-smi -L ;;
+    install)
+      : "${OUT:?set OUT}"; mkdir -p "$OUT/logs" "$OUT/h200x1"
+      t0=$SECONDS
+      cat $PARTS/fa4site312.tar.xz.part-00 .whl/fa4site312.tar.xz.part-01 >/root/fa4site312.tar.xz || exit 3
+      echo "$SHA  /root/fa4site312.tar.xz" | sha256sum -c - || exit 3
+      mkdir -p $SITE && xz -dc /root/fa4site312.tar.xz | tar -x -C $SITE || exit 3
+      python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1 || { tail "$OUT/logs/install.log"; exit 3; }
+      timeout 120 python3 -c "import xstage.fa4 as f; print('fa4.available:', f.available()); print(f.versions())" 2>&1 | tail -5
+      echo "== install: $((SECONDS - t0))s" ;;
+    gate)   # the fused kernel bit for bit on small shapes first; a failure drops fa_fused from the sweep
+      t0=$SECONDS
+      timeout --signal=INT --kill-after=10 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_fa4_gpu.py \
+        -k "bit_exact or close" >"$OUT/logs/gate.log" 2>&1
+      rc=$?; echo "== gate (fused bit-exact, P=2/4, local/host): rc=$rc in $((SECONDS - t0))s"; tail -n 25 "$OUT/logs/gate.log"
+      [ $rc -ne 0 ] && FUSED_OK=0 ;;
+    sweep:*)
+      secs=${s#sweep:}; lsec=${secs%%:*}; hsec=${secs##*:}
+      m=$METHODS; [ $FUSED_OK = 0 ] && m=${METHODS/,fa_fused/}
+      for link in local host; do
+        t0=$SECONDS; lim=$lsec; [ $link = host ] && lim=$hsec
+        timeout --signal=INT --kill-after=15 "$lim" python3 -m xstage sweep ulysses --world one-gpu --ranks 2 \
+          --link $link --shapes "$SHAPES" --methods "$m" --out "$OUT/h200x1/ulysses_fa_$link" \
+          >"$OUT/logs/ulysses_fa_$link.log" 2>&1
+        echo "== ulysses fa $link ($m): rc=$? in $((SECONDS - t0))s"
+        grep -v "^ulysses: tune" "$OUT/logs/ulysses_fa_$link.log" | tail -n 10
+      done ;;
+    test:*)
+      t0=$SECONDS
+      timeout --signal=INT --kill-after=10 "${s#test:}" python3 -m pytest -q -p no:cacheprovider tests/test_fa4_gpu.py \
+        >"$OUT/logs/test_fa4_gpu.log" 2>&1
+      echo "== pytest tests/test_fa4_gpu.py: rc=$? in $((SECONDS - t0))s"; tail -n 15 "$OUT/logs/test_fa4_gpu.log" ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
