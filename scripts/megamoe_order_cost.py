@@ -11,8 +11,8 @@ import pandas as pd
 
 from xstage import studies
 from xstage.model import BurstGapParams
-from xstage.moe_plan import (CASES, OUT_DTYPES, CostModel, TileGrid, build_schedule, calibrate_rate, gpu_tiles,
-                             predict_kernel_ns, routing_of)
+from xstage.moe_plan import (CASES, OUT_DTYPES, CostModel, TileGrid, build_schedule, calibrate_rate,
+                             predict_kernel_ns, routing_of, schedule_of_param, tiles_of_row)
 from xstage.numeric import geomean
 
 d, m = studies.megamoe_world_data("one-gpu", "host")
@@ -23,11 +23,11 @@ for (name, T, routing, P, dtype), g in d.groupby(["shape", "tokens", "routing", 
     c = cases[(name, T, routing)]
     s = c.shape
     rows = g.set_index("schedule")
-    tiles = gpu_tiles(dtype, int(rows.block_m.iloc[0]))
+    tiles = tiles_of_row(rows.iloc[0])                     # the tiles the record ran with (version 1)
     lay = routing_of(c, int(P))[2][0]                      # rank 0: the observed rank
     grid = TileGrid.of(lay, s.hidden, s.intermediate, tiles)
     ew = build_schedule("expert_wave", grid, n_sms)
-    il = build_schedule("interleaved", grid, n_sms)
+    il = schedule_of_param("interleaved", rows.schedule_param["interleaved"], grid, n_sms)   # its recorded order
     rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_sched_ms["expert_wave"]))
     zero = np.zeros(grid.n_pool)
     res = {}

@@ -418,7 +418,8 @@ def test_burst_gap_prediction_of_schedules():
     prm = BurstGapParams(issue_ns_per_kib=18.8, drain_gbps=360.0, capacity_kib=976.0)
     cost = MP.CostModel.from_tflops(prm, 500.0, n)
     remote = np.full(grid.n_pool, 64)                     # half of every row block comes from the other rank
-    pred = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n), remote, cost, hidden, inter, tiles)
+    # order version 1 (group=1: single Linear-2 tiles spread among Linear-1 tiles), as recorded on 2 H200s
+    pred = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, group=1), remote, cost, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     assert pred["expert_wave"]["stall_ns"] > 1.3 * pred["interleaved"]["stall_ns"]
     # ... but interleaving two Linear-2 tiles per Linear-1 tile (period 3, which divides 132) gives a third of the
@@ -428,14 +429,14 @@ def test_burst_gap_prediction_of_schedules():
     # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again
     dyn = MP.CostModel.from_tflops(prm, 500.0, n)
     dyn = MP.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic")
-    pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n), remote, dyn, hidden, inter, tiles)
+    pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, group=1), remote, dyn, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     assert pdyn["interleaved"]["imbalance"] < 1.1 and pdyn["interleaved"]["total_ns"] < pdyn["expert_wave"]["total_ns"]
     with pytest.raises(ValueError, match="assignment must be one of"):
         MP.predict_kernel_ns(MP.build_schedule("lag", grid, n), remote, MP.CostModel(prm, 1.0, n, assignment="x"),
                             hidden, inter, tiles)
-    none = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n), np.zeros(grid.n_pool), cost, hidden, inter, tiles)
-            for s in ("expert_wave", "interleaved")}
+    none = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, group=1), np.zeros(grid.n_pool), cost, hidden,
+                                    inter, tiles) for s in ("expert_wave", "interleaved")}
     for p in none.values():
         assert p["stall_ns"] == 0 and p["drain_ns"] == 0
         assert p["total_ns"] == pytest.approx(p["compute_ns"] + p["wait_ns"])
@@ -616,8 +617,11 @@ def ptxas_info(ptx):
         return regs, spill
     except Exception as e:
         return -1, -1
-for fp8, bm, bk, stages, dyn in ((False, 128, 64, 3, False), (False, 64, 64, 3, False), (True, 64, 128, 2, False),
-                                 (False, 128, 64, 3, True)):
+# the default tiles (xstage.moe_plan.default_tiles, tiles version 2): bf16 BM x 128 / BM x 256, BK 64, 4 stages;
+# fp8 64 x 128 x 128 x 128 with 3 stages, 128 x ... with 2 stages
+for fp8, bm, bn2, bk, stages, dyn in ((False, 128, 256, 64, 4, False), (False, 64, 256, 64, 4, False),
+                                      (True, 64, 128, 128, 3, False), (False, 128, 256, 64, 4, True),
+                                      (True, 128, 128, 128, 2, True)):
     a = '*fp8e4nv' if fp8 else '*bf16'
     sc = '*fp32' if fp8 else a
     sig = {'x_ptr': a, 'xs_ptr': sc, 'w1_ptr': a, 'w1s_ptr': sc, 'w2_ptr': a, 'w2s_ptr': sc, 'h_ptr': a,
@@ -630,12 +634,12 @@ for fp8, bm, bk, stages, dyn in ((False, 128, 64, 3, False), (False, 64, 64, 3, 
     names = list(sig)
     div = [i for i, n in enumerate(names) if sig[n].startswith('*')] + [names.index('Hd'), names.index('I')]
     src = triton.compiler.ASTSource(fn=k.megamoe_kernel, signature=sig, constexprs=dict(
-        BLOCK_M=bm, BLOCK_N1=128, BLOCK_N2=128, BLOCK_K=bk, FP8=fp8, TIMED=True, DEVICE=True, DYNAMIC=dyn),
+        BLOCK_M=bm, BLOCK_N1=128, BLOCK_N2=bn2, BLOCK_K=bk, FP8=fp8, TIMED=True, DEVICE=True, DYNAMIC=dyn),
         attrs={(i,): [['tt.divisibility', 16]] for i in div})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=8, num_stages=stages))
     ptx = c.asm['ptx']
     regs, spill = ptxas_info(ptx)
-    print('fp8' if fp8 else 'bf16', bm, 'dynamic' if dyn else 'static', sorted(set(re.findall(r'wgmma\.mma_async[\w.]*', ptx))),
+    print('fp8' if fp8 else 'bf16', bm, bn2, 'dynamic' if dyn else 'static', sorted(set(re.findall(r'wgmma\.mma_async[\w.]*', ptx))),
           'v4' if 'st.global.v4.b32' in ptx else 'no-v4',
           sorted(set(re.findall(r'(?<![\w.])(?:atom|red)\.global[\w.]*', ptx))),
           sorted(set(re.findall(r'ld\.global\.[\w.]*acquire[\w.]*', ptx))), 'globaltimer' in ptx,
@@ -657,7 +661,9 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
     """sm_90 compile on the CPU (TRITON_INTERPRET=0): the bf16 variant issues bf16 wgmma, the fp8 variant e4m3
     wgmma; Linear-1 tiles release their counter (red.release.gpu), Linear-2 tiles acquire it at system scope; the
     dynamic assignment draws tickets with an acq_rel atomic add;
-    combine and dispatch stores are 16 bytes wide; the default H200 tiles fit shared memory without spills."""
+    combine and dispatch stores are 16 bytes wide; the default H200 tiles fit shared memory, without spills
+    at BM = 64; at BM = 128 (bf16 with BN2 = 256, fp8) these TIMED compiles spill a few bytes (Triton 3.9 here: 8 B
+    bf16, 36 B fp8; at most 40 B allowed), the tiles the GEMM ladder measured fastest anyway."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     out = subprocess.run([sys.executable, "-c", PTX_CHECK], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
@@ -666,8 +672,8 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
     lines = out.stdout.strip().splitlines()
     print(out.stdout)
     want_mma = {"bf16": "f32.bf16.bf16", "fp8": "f32.e4m3.e4m3"}
-    for line in lines[:4]:
-        dt = line.split()[0]
+    for line in lines[:5]:
+        dt, bm = line.split()[0], int(line.split()[1])
         assert want_mma[dt] in line and " v4 " in line, line
         assert "red.global.gpu.release.add.u32" in line and "ld.global.sys.acquire.b32" in line, line
         assert ("atom.global.gpu.acq_rel.add.u32" in line) == (" dynamic " in line), line   # the ticket
@@ -675,8 +681,9 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
         f = line.split()
         regs, spill, shared = int(f[f.index("regs") + 1]), int(f[f.index("spill") + 1]), int(f[-1])
         assert shared <= 227 * 1024, line
-        assert regs == -1 or (regs <= 255 and spill == 0), line                    # -1: ptxas -v unavailable
-    assert lines[4:] == ["dispatch bf16 v4", "dispatch fp8 v4"], lines[4:]
+        allowed = 40 if bm == 128 else 0
+        assert regs == -1 or (regs <= 255 and spill <= allowed), line               # -1: ptxas -v unavailable
+    assert lines[5:] == ["dispatch bf16 v4", "dispatch fp8 v4"], lines[5:]
 
 
 def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
@@ -685,14 +692,16 @@ def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
     from xstage import env
 
     meta = {**env.provenance("test", {}), "schema": "megamoe", "schema_version": 1, "runs": []}
-    cols = [c for c in data.MEGAMOE.columns if c != "compute_sched_ms"]
+    cols = [c for c in data.MEGAMOE.columns if c != "compute_sched_ms" and c not in data.MEGAMOE_TILE_COLUMNS]
     (tmp_path / "megamoe.csv").write_text(",".join(cols) + "\n")
     data.write_json_atomic(tmp_path / "megamoe.json", meta)
     df, got = data.load(tmp_path, data.MEGAMOE)
     assert got["schema_version"] == 1 and list(df.columns) == list(data.MEGAMOE.columns) and df.empty
     with open(tmp_path / "megamoe.csv", "a") as f:
-        f.write(",".join("1" if data.MEGAMOE.columns[c] != "str" else "x" for c in cols) + "\n")
+        f.write(",".join("bf16" if c == "dtype" else "1" if data.MEGAMOE.columns[c] != "str" else "x"
+                         for c in cols) + "\n")
     df, _ = data.load(tmp_path, data.MEGAMOE)
     assert len(df) == 1 and df.compute_sched_ms.isna().all()
-    with pytest.raises(data.DataError, match="holds schema v1; record v2 elsewhere"):
+    assert (df.block_n2 == 128).all() and (df.num_stages == 3).all()     # tiles version 1, explicitly
+    with pytest.raises(data.DataError, match="holds schema v1; record v3 elsewhere"):
         data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {}))

@@ -164,8 +164,10 @@ def test_bad_one_gpu_cli_is_one_line_and_writes_nothing(tmp_path, capsys, argv, 
 
 
 # ------------------------------------------------------------------------------------------------ GPU
-# small token counts of three shapes (as the 2-GPU test): few rows per expert, a hot expert, Zipf skew
-GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform"]
+# small token counts of three shapes (as the 2-GPU test): few rows per expert, a hot expert, Zipf skew; and one
+# with 512 rows per expert, so that both row-block classes of the default tiles run (bf16 and fp8 BM = 128)
+GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform",
+             "mixtral_8x7b_T1024_uniform"]
 
 
 @pytest.mark.gpu
@@ -174,8 +176,13 @@ GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash
 def test_fused_layer_against_reference_on_one_gpu(link, dtype):
     """OneGPUWorld(2): the whole fused layer of both ranks on one GPU against the float32 reference (fresh
     random inputs, combine buffers poisoned first), every schedule x assignment bit-identical on every rank, the
-    one-process unfused baseline close; with link host the peer's combine buffer is pinned host memory."""
+    one-process unfused baseline close; with link host the peer's combine buffer is pinned host memory. The
+    default tiles (tiles version 2) and orders (order version 2), both row-block classes."""
     from xstage.ranks import OneGPUWorld
+
+    rpe = {c: MP.default_tiles(dtype, c.tokens * 2 * c.shape.topk / c.shape.experts).block_m
+           for c in MP.cases_by_name(GPU_CASES)}
+    assert set(rpe.values()) == {64, 128}, rpe
 
     world = OneGPUWorld(2, link=link)
     seed = random.randrange(2**30)

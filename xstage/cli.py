@@ -213,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--repeats", type=int, default=20, help="timed repeats per configuration")
     mo.add_argument("--max-minutes", type=_minutes, default=None,
                     help="start no new configuration after this long (run again to resume; default: no limit)")
-    mo.add_argument("--assignment", choices=ASSIGNMENT_REGISTRY.names, default="static",
-                    help=f"tasks to programs: {ASSIGNMENT_REGISTRY.help()}; one folder per assignment, e.g. "
-                         "--out data/h200x2/dynamic")
+    mo.add_argument("--assignment", choices=ASSIGNMENT_REGISTRY.names, default="dynamic",
+                    help=f"tasks to programs: {ASSIGNMENT_REGISTRY.help()}; one folder per assignment (the "
+                         "records before MegaMoE round 3 are static: resume them with --assignment static)")
 
     be = sub.add_parser("bench", help="benchmarks")
     besub = be.add_subparsers(dest="bench", required=True)

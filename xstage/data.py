@@ -71,9 +71,31 @@ BURST_GAP = Schema(
 #   burst_gap v1 had no grid barrier between bursts, so every v1 row is sync=False.
 #   burst_gap v2 did not record barrier_ns / idle_ns (NaN).
 #   megamoe v1 timed the compute-only control for expert_wave only (compute_ms); compute_sched_ms is NaN.
+#   megamoe v1 and v2 rows name only block_m of their tiles: they ran with MegaMoE's tiles version 1, whose other
+#   fields are MEGAMOE_TILES_V1[dtype] (xstage.moe_plan.gpu_tiles(dtype, block_m, version=1)); read so, explicitly,
+#   so that a later default never reinterprets them.
+#   megamoe_gemm v1 had no per-task timings (task_* columns NaN).
+# MegaMoE tiles version 1 per dtype, after block_m: (block_n1, block_n2, block_k, num_warps, num_stages).
+MEGAMOE_TILES_V1 = {"bf16": (128, 128, 64, 8, 3), "fp8": (128, 128, 128, 8, 2)}
+MEGAMOE_TILE_COLUMNS = ("block_n1", "block_n2", "block_k", "num_warps", "num_stages")
+MEGAMOE_TASK_COLUMNS = ("task_l1_us", "task_l2_us", "task_busy", "task_span_us", "task_waited")
+
+
+def _megamoe_tiles_v1(df):
+    """Old megamoe rows: the tiles version 1 of their dtype (a dtype without one is an error, never a guess)."""
+    bad = sorted(set(df["dtype"]) - set(MEGAMOE_TILES_V1))
+    if bad:
+        raise DataError(f"megamoe rows of dtype {bad} predate schema v3 and have no recorded tiles version 1")
+    cols = {c: df["dtype"].map({d: v[i] for d, v in MEGAMOE_TILES_V1.items()})
+            for i, c in enumerate(MEGAMOE_TILE_COLUMNS)}
+    return df.assign(**cols)
+
+
 MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False, barrier_ns=float("nan"), idle_ns=float("nan")),
               ("burst_gap", 2): lambda df: df.assign(barrier_ns=float("nan"), idle_ns=float("nan")),
-              ("megamoe", 1): lambda df: df.assign(compute_sched_ms=float("nan"))}
+              ("megamoe", 1): lambda df: _megamoe_tiles_v1(df.assign(compute_sched_ms=float("nan"))),
+              ("megamoe", 2): _megamoe_tiles_v1,
+              ("megamoe_gemm", 1): lambda df: df.assign(**{c: float("nan") for c in MEGAMOE_TASK_COLUMNS})}
 
 BANDWIDTH = Schema(
     "bandwidth", 1,
@@ -101,10 +123,11 @@ BURST_TRAIN = Schema(
 # after it; issue_* are statistics over the P programs of (issue end - issue start); start_ns is the median
 # program's issue start after the launch's earliest program start; *_skew_ns are max - min over programs.
 MEGAMOE = Schema(
-    "megamoe", 2,
+    "megamoe", 3,
     {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",
      "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str", "schedule": "str",
-     "schedule_param": "str", "block_m": "int64", "n_tasks": "int64", "rows": "int64", "remote_bytes": "int64",
+     "schedule_param": "str", "block_m": "int64", "block_n1": "int64", "block_n2": "int64", "block_k": "int64",
+     "num_warps": "int64", "num_stages": "int64", "n_tasks": "int64", "rows": "int64", "remote_bytes": "int64",
      "kernel_ms": "float64", "kernel_ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
      "tflops": "float64",
      "compute_ms": "float64", "dispatch_ms": "float64", "layer_ms": "float64", "unfused_ms": "float64",
@@ -133,20 +156,25 @@ MEGAMOE = Schema(
 #                      what the remote combine costs this schedule, compute_sched_ms - compute_ms its tile order
 #   predicted_ms       the Burst-Gap prediction of kernel_ms (xstage.moe_plan; max over ranks)
 #   predicted_speedup  predicted expert_wave / predicted this schedule
-#   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate
+#   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate; the order's version where it has
+#                      one (xstage.moe_plan: chunk=<row blocks> for interleaved, group=<row blocks> for lag; absent =
+#                      version 1, one tile at a time)
+#   block_m .. num_stages  the tiles the kernel ran with (v3; older rows: tiles version 1, MEGAMOE_TILES_V1)
 
 MEGAMOE_GEMM = Schema(
-    "megamoe_gemm", 1,
+    "megamoe_gemm", 2,
     {"study": "str", "shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64",
      "topk": "int64", "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str",
      "rank": "int64", "rows": "int64", "method": "str", "variant": "str", "tiles": "str", "block_m": "int64",
      "block_n1": "int64", "block_n2": "int64", "block_k": "int64", "num_warps": "int64", "num_stages": "int64",
      "schedule": "str", "assignment": "str", "is_default": "bool", "status": "str", "note": "str",
      "rel_l2": "float64", "ms": "float64", "ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
-     "tflops": "float64"},
+     "tflops": "float64", "task_l1_us": "float64", "task_l2_us": "float64", "task_busy": "float64",
+     "task_span_us": "float64", "task_waited": "float64"},
     ("study", "shape", "tokens", "routing", "P", "dtype"),
     row=("method", "variant", "schedule", "assignment"),
-    optional_times=("rel_l2", "ms", "ms_min", "tflops"),
+    optional_times=("rel_l2", "ms", "ms_min", "tflops", "task_l1_us", "task_l2_us", "task_busy", "task_span_us",
+                    "task_waited"),
 )
 # megamoe_gemm (xstage.moe_gemm), one GPU (link local), rank 0 of 2, per study, configuration, dtype, method:
 #   study      ladder: Expert-Wave compute-only per tile variant beside torch._grouped_mm / _scaled_grouped_mm;
@@ -157,6 +185,10 @@ MEGAMOE_GEMM = Schema(
 #   rel_l2     rank 0's combine vs the float32 reference (fp8: its quantisation emulated), checked before timing
 #   ms         median over n_timed round-robin runs of calls_per_run back-to-back calls (per call); tflops from it
 #   note       model_guided's chosen candidate (order), or why a library call is unavailable
+#   task_*     (v2; study controls, NaN elsewhere) one extra launch with per-task device timestamps: median
+#              Linear-1 / Linear-2 tile time (start -> last store issued, us), task_busy = sum of task times /
+#              (programs x span), task_span_us = first start -> last end, task_waited = share of Linear-2 tasks
+#              whose dependency wait polled at least once (the kernel's wait status)
 
 ULYSSES = Schema(
     "ulysses", 1,

@@ -599,8 +599,9 @@ def make_problem(world, case: MoECase, dtype: str, tiles: TileConfig | None = No
 
 
 def build_tasks(problem: Problem, schedule: str, n_sms: int, rank: int, cost: CostModel | None = None,
-                lag: int | None = None) -> TaskList:
-    """One rank's task list of ``schedule`` (model_guided: with ``cost``, else a default rate)."""
+                lag: int | None = None, group: int | None = None) -> TaskList:
+    """One rank's task list of ``schedule`` (model_guided: with ``cost``, else a default rate); ``group``: row
+    blocks per chunk of the mixing schedules (None: the current order version's, 1: version 1)."""
     s = problem.case.shape
     grid = problem.grid(rank)
     model = None
@@ -608,7 +609,7 @@ def build_tasks(problem: Problem, schedule: str, n_sms: int, rank: int, cost: Co
         cost = cost or CostModel.from_tflops(BurstGapParams.reference(), 500.0, n_sms,
                                              OUT_DTYPES[problem.dtype].itemsize)
         model = (cost, grid.remote_rows_per_block(problem.layouts[rank]), s.hidden, s.intermediate, problem.tiles)
-    return build_schedule(schedule, grid, n_sms, lag=lag, model=model)
+    return build_schedule(schedule, grid, n_sms, lag=lag, model=model, group=group)
 
 
 # ------------------------------------------------------------------------------------ unfused baseline (GPU)

@@ -12,6 +12,15 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   layer's tolerance). A library call that fails is recorded with status ``unavailable`` and NaN times, never 0.
 - study ``order``: the default tiles' compute-only time of every schedule under static and dynamic assignment
   (each bit-identical to Expert-Wave static first): the schedules' order cost per assignment.
+- study ``gemm`` (round 3, all 84 configurations in table order): the default tiles' Expert-Wave compute-only
+  time under the default assignment (dynamic) beside the tiles version 1 (what the earlier records ran, static),
+  fp8 where BM = 128 is the default also BM = 64 with 3 stages, and the library (as the ladder), same rounds.
+  Checked first: every variant's whole layer (combine poisoned) within tolerance of the float32 reference on
+  rank 0; the default's static and dynamic runs bit-identical on every rank.
+- study ``controls`` (round 3, same order): the default tiles' compute-only time of every schedule x static /
+  dynamic (order version 2) and, under dynamic, interleaved and lag in order version 1 (variant ``order_v1``),
+  every list bit-identical to Expert-Wave static first (combine poisoned); then, under dynamic, one launch per
+  list with per-task device timestamps (the task_* columns: what the order costs, tile by tile).
 
 Every method of a configuration is timed round-robin (warm-up of all, then each round one run of each method):
 clock drift between method blocks cannot favour one. One row per method (schema ``megamoe_gemm``, xstage.data),
@@ -35,7 +44,7 @@ from .data import MEGAMOE_GEMM
 from .moe import (MAX_POLLS, _unfused_gemms, _unfused_plan, build_tasks, check_close, dispatch, hi_weights, make_problem,
                   megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights, reference_weights,
                   run_experts)
-from .moe_plan import (ASSIGNMENTS, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
+from .moe_plan import (ASSIGNMENTS, CASES, KIND_L1, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
                        cases_by_name, default_tiles, gemm_flops)
 from .numeric import check_bit_identical
 
@@ -52,7 +61,9 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order")
+STUDIES = ("ladder", "order", "gemm", "controls")
+ROUND3 = ("gemm", "controls")   # every configuration of the table in order, weights generated once per shape
+CONTROL_ROUNDS = 6           # controls: rounds (10 methods a configuration)
 
 
 def variant_tiles(dtype: str, default: TileConfig, change) -> TileConfig:
@@ -72,20 +83,32 @@ def _rowwise_fp8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / s[..., None]).to(torch.float8_e4m3fn), s
 
 
-def scaled_grouped_gemms(p, w_hi: tuple[torch.Tensor, torch.Tensor], rows: int, hidden: int, dev
-                         ) -> Callable[[], torch.Tensor]:
+def rowwise_weights(w_hi: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(w1 [El, 2I, Hd], w2 [El, Hd, I]) bf16 -> the library's fp8 operands (q1t [El, Hd, 2I] column-major, s1
+    [El, 2I], q2t [El, I, Hd], s2 [El, Hd]), quantised expert by expert (a float32 copy of every expert at once
+    would not fit: DeepSeek-V4-Pro)."""
+    w1, w2 = w_hi
+    q1 = torch.empty(w1.shape, dtype=torch.float8_e4m3fn, device=w1.device)
+    q2 = torch.empty(w2.shape, dtype=torch.float8_e4m3fn, device=w2.device)
+    s1 = torch.empty(w1.shape[:2], dtype=torch.float32, device=w1.device)
+    s2 = torch.empty(w2.shape[:2], dtype=torch.float32, device=w2.device)
+    for e in range(w1.shape[0]):
+        q1[e], s1[e] = _rowwise_fp8(w1[e])
+        q2[e], s2[e] = _rowwise_fp8(w2[e])
+    return q1.transpose(1, 2), s1, q2.transpose(1, 2), s2
+
+
+def scaled_grouped_gemms(p, w_hi: tuple[torch.Tensor, torch.Tensor], rows: int, hidden: int, dev,
+                         wq: tuple[torch.Tensor, ...] | None = None) -> Callable[[], torch.Tensor]:
     """torch._scaled_grouped_mm Linear-1 (x rowwise-quantised, w1 per output channel), SwiGLU in bf16, the
     intermediate quantised per row, Linear-2, on ``rows`` expert-major rows; raises where torch cannot (the
-    caller records "unavailable")."""
+    caller records "unavailable"). ``wq``: the weights already quantised (:func:`rowwise_weights`)."""
     fn = getattr(torch, "_scaled_grouped_mm", None)
     if fn is None:
         raise RuntimeError(f"torch {torch.__version__} has no torch._scaled_grouped_mm")
-    w1, w2 = w_hi                                                         # [El, 2I, Hd], [El, Hd, I] bf16
-    q1, s1 = _rowwise_fp8(w1)                                             # [El, 2I, Hd], [El, 2I]
-    q2, s2 = _rowwise_fp8(w2)                                             # [El, Hd, I], [El, Hd]
-    q1t, q2t = q1.transpose(1, 2), q2.transpose(1, 2)                    # column-major [El, Hd, 2I], [El, I, Hd]
+    q1t, s1, q2t, s2 = wq if wq is not None else rowwise_weights(w_hi)
     xq, xs = _rowwise_fp8(torch.randn(rows, hidden, device=dev))
-    I = w2.shape[2]
+    I = w_hi[1].shape[2]
 
     def run() -> torch.Tensor:
         gu = fn(xq, q1t, xs, s1, offs=p.offs, out_dtype=torch.bfloat16, use_fast_accum=True)   # [R, 2I]
@@ -117,7 +140,7 @@ def _round_robin(methods: dict[str, Callable[[], None]], rounds: int) -> tuple[d
 
 # --------------------------------------------------------------------------------------------- the job
 def _row(prob, study, dtype, method, variant, tiles, schedule, assignment, is_default, status, note, rel, times,
-         inner, flops):
+         inner, flops, task: dict | None = None):
     c, s = prob.case, prob.case.shape
     ms = float(np.median(times)) if times else float("nan")
     variant, schedule, assignment, note = (v or "-" for v in (variant, schedule, assignment, note))
@@ -130,7 +153,8 @@ def _row(prob, study, dtype, method, variant, tiles, schedule, assignment, is_de
                 num_stages=tiles.num_stages if tiles else 0, schedule=schedule, assignment=assignment,
                 is_default=is_default, status=status, note=note[:200], rel_l2=rel, ms=ms,
                 ms_min=float(np.min(times)) if times else float("nan"), n_timed=len(times), calls_per_run=inner,
-                tflops=flops / (ms * 1e-3) / 1e12 if times else float("nan"))
+                tflops=flops / (ms * 1e-3) / 1e12 if times else float("nan"),
+                **{c: float((task or {}).get(c, float("nan"))) for c in data.MEGAMOE_TASK_COLUMNS})
 
 
 def _runs_bit_identical(world, bufs, prob, tiles, lists, what) -> dict:
@@ -263,54 +287,260 @@ def gemm_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: floa
         torch.cuda.empty_cache()
 
 
-def warm(dtypes: Sequence[str] = ("bf16", "fp8")) -> int:
-    """Compile (no launch) every experts-kernel variant the studies run (ladder static, order dynamic) into
-    Triton's cache, with arguments of the launch's dtypes and alignment; returns how many. Run beside another
-    job (the sweep) to take the compiles off the device's clock: no kernel is launched."""
+# ------------------------------------------------------------------------------------- round 3: all 84
+def task_stats(tl_, ts: torch.Tensor, n_programs: int) -> dict:
+    """Per-task device timestamps of one launch (``ts`` [n_tasks, 2] ns: start, after the last store) and the
+    launch's wait status -> the task_* columns (xstage.data.MEGAMOE_GEMM)."""
+    t = ts.view(-1, 2)[: tl_.n_tasks].cpu().numpy().astype(np.float64)
+    dur = t[:, 1] - t[:, 0]
+    span = float(t[:, 1].max() - t[:, 0].min())
+    l1 = tl_.tasks[:, 0] == KIND_L1
+    polls = tl_.on(ts.device)[1][:, 4].cpu().numpy()[: tl_.n_tasks]
+    return dict(task_l1_us=float(np.median(dur[l1])) / 1e3 if l1.any() else float("nan"),
+                task_l2_us=float(np.median(dur[~l1])) / 1e3 if (~l1).any() else float("nan"),
+                task_busy=float(dur.sum() / (n_programs * span)) if span > 0 else float("nan"),
+                task_span_us=span / 1e3, task_waited=float((polls[~l1] > 0).mean()) if (~l1).any() else 0.0)
+
+
+def _pairs(cases, dtypes) -> list[tuple]:
+    """The fixed order of round 3: shape by shape (the table's), each dtype, the shape's configurations in table
+    order (weights are generated once per shape and dtype)."""
+    shapes = list(dict.fromkeys(c.shape for c in cases))
+    return [(c, d) for sh in shapes for d in dtypes for c in cases if c.shape == sh]
+
+
+def round3_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: float | None,
+               rounds: int | None = None) -> None:
+    """Study ``gemm`` or ``controls`` (module docstring) on rank 0 of ``world`` (one process): per (case, dtype)
+    not yet in ``folder``, in :func:`_pairs` order, check, time, append; stops starting pairs after
+    ``deadline``."""
+    from .model import params_from_dict
+    from .resume import pending
+
+    P = world.world_size
+    csv, todo, _ = pending(world, folder, MEGAMOE_GEMM, meta, _pairs(cases, dtypes),
+                           lambda cd: (study, *cd[0].key(P, cd[1])))
+    dev = world.device(0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rounds = rounds or (ROUNDS if study == "gemm" else CONTROL_ROUNDS)
+    groups = list(dict.fromkeys((c.shape, d) for c, d in todo))
+    for shape, dtype in groups:
+        mine = [c for c, d in todo if c.shape == shape and d == dtype]
+        if deadline is not None and time.time() > deadline:
+            break
+        t0 = time.perf_counter()
+        s = shape
+        w = {r: rank_weights(s.hidden, s.intermediate, s.experts, P, r, 0, dev, dtype) for r in world.local_ranks}
+        wq = rowwise_weights(hi_weights(w[0])) if study == "gemm" and dtype == "fp8" else None
+        print(f"megamoe-gemm ({study}): {s.name} {dtype} weights in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
+        for c in mine:
+            if deadline is not None and time.time() > deadline:
+                print(f"megamoe-gemm ({study}): time budget reached; run again to resume", file=sys.stderr,
+                      flush=True)
+                return
+            t0 = time.perf_counter()
+            rows = _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds)
+            data.append_rows(csv, MEGAMOE_GEMM, pd.DataFrame(rows))
+            summary = " ".join(f"{r['method'].replace('torch.', '')}:{r['variant']}:{r['schedule']}:"
+                               f"{r['assignment'][:3]} {r['ms']:.3f}" for r in rows)
+            print(f"megamoe-gemm ({study}): {c.name} {dtype} in {time.perf_counter() - t0:.1f} s: {summary}",
+                  file=sys.stderr, flush=True)
+            torch.cuda.empty_cache()
+        del w, wq
+        torch.cuda.empty_cache()
+    if deadline is not None and time.time() > deadline and todo:
+        print(f"megamoe-gemm ({study}): time budget reached; run again to resume", file=sys.stderr, flush=True)
+
+
+def _layer_weights_f32(prob) -> Callable:
+    """e -> (w1, w2) in float32 from the weights the layer holds (every rank's, one process): what
+    ``xstage.moe.reference_weights`` regenerates from the seed (the same generator; for fp8 the same 128 x 128
+    quantisation, dequantised), without generating every expert again per configuration."""
+    from .moe import dequantize_fp8
+    from .moe_plan import FP8_BLOCK
+
+    El = prob.case.shape.experts // len(prob.layouts)
+
+    def get(e: int):
+        w = prob.inputs[e // El].weights
+        le = e % El
+        if prob.dtype == "fp8":
+            return (dequantize_fp8(w.w1[le], w.w1s[le], FP8_BLOCK), dequantize_fp8(w.w2[le], w.w2s[le], FP8_BLOCK))
+        return w.w1[le].float(), w.w2[le].float()
+    return get
+
+
+def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
+    from .model import params_from_dict
+
+    P = world.world_size
+    s = c.shape
+    dev = world.device(0)
+    rpe = c.tokens * P * s.topk / s.experts
+    d = default_tiles(dtype, rpe)
+    variants = {"default": d}
+    if study == "gemm":
+        variants["v1"] = default_tiles(dtype, rpe, version=1)
+        if dtype == "fp8" and d.block_m == 128:
+            variants["bm64_s3"] = default_tiles(dtype, 0.0)
+    prob = make_problem(world, c, dtype, d, weights=w, weight_seed=0)
+    bufs = moe_buffers(world, max(prob.cap_rows, 1), c.tokens, s.hidden, s.intermediate, s.topk, s.experts // P,
+                       dtype, min_block_m=min(t.block_m for t in variants.values()))
+    inp = prob.inputs[0]
+    what = f"{c.name} {dtype}"
+    flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
+    rows, methods, info, lists = [], {}, {}, {}
+    if study == "gemm":
+        ref_w = _layer_weights_f32(prob)
+        ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
+               None if dtype == "fp8" else moe_reference(inp.x, inp.ids, inp.wts, ref_w, dtype=OUT_DTYPES[dtype]))
+        for name, t in variants.items():
+            assign = "static" if name == "v1" else "dynamic"
+            runs = [("expert_wave", "dynamic"), ("expert_wave", "static")] if name == "default" else \
+                [("expert_wave", assign)]
+            p = dataclasses.replace(prob, tiles=t)
+            ls = {(sch, a): {r: build_tasks(p, sch, sms, r) for r in world.local_ranks} for sch, a in runs}
+            first = _runs_bit_identical(world, bufs, p, t, ls, f"{what} {tile_label(t)}")
+            err = check_close(first[0], ref[0], ref[1], dtype, f"{what} {tile_label(t)}")[0]
+            del first
+            tasks = {0: ls[("expert_wave", assign)][0]}
+            methods[f"ours:{name}"] = (lambda tasks=tasks, t=t, dyn=assign == "dynamic": run_experts(
+                world, bufs, prob.inputs, tasks, t, barrier=False, check=False, local_combine=True, dynamic=dyn,
+                ranks=[0]))
+            info[f"ours:{name}"] = ("ours", name, t, "expert_wave", assign, name == "default", err, None)
+        del ref
+        plan = _unfused_plan(inp, hi_weights(inp.weights))
+        xg = torch.randn(prob.layouts[0].rows, s.hidden, device=dev).to(inp.x.dtype)   # bf16 (also for fp8)
+        libs = {"torch._grouped_mm": lambda: _unfused_gemms(plan, xg)}
+        if dtype == "fp8":
+            try:
+                libs["torch._scaled_grouped_mm"] = scaled_grouped_gemms(plan, hi_weights(inp.weights),
+                                                                        prob.layouts[0].rows, s.hidden, dev, wq)
+            except Exception as e:  # noqa: BLE001 - recorded, never 0
+                rows.append(_row(prob, study, dtype, "torch._scaled_grouped_mm", "", None, "", "", False,
+                                 "unavailable", f"{type(e).__name__}: {e}", float("nan"), [], 0, flops))
+        for n, fn in libs.items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+                methods[n] = fn
+                info[n] = (n, "", None, "", "", False, float("nan"), None)
+            except Exception as e:  # noqa: BLE001 - recorded, never 0
+                rows.append(_row(prob, study, dtype, n, "", None, "", "", False, "unavailable",
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", float("nan"),
+                                 [], 0, flops))
+    else:
+        ew = build_tasks(prob, "expert_wave", sms, 0)
+        dispatch(world, bufs, prob.inputs)
+        ms_ew = bench.median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, {0: ew}, d, barrier=False,
+                                                               check=False, local_combine=True, dynamic=True,
+                                                               ranks=[0]), warmup=2, reps=3))
+        runs = [(sch, a, "default") for a in ASSIGNMENTS for sch in SCHEDULES]
+        runs += [(sch, "dynamic", "order_v1") for sch in ("interleaved", "lag")]
+        for sch, a, var in runs:
+            cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew, a),
+                             sms, OUT_DTYPES[dtype].itemsize, a)
+            lists[(sch, a, var)] = {r: build_tasks(prob, sch, sms, r, cost=cost,
+                                                   group=1 if var == "order_v1" else None)
+                                    for r in world.local_ranks}
+        # bit-identical first: every list vs expert_wave static (combine poisoned before each layer)
+        first = _runs_bit_identical(world, bufs, prob, d, {(f"{sch}[{var}]", a): ls
+                                                           for (sch, a, var), ls in lists.items()}, what)
+        del first
+        for (sch, a, var), ls in lists.items():
+            key = f"{sch}:{a}:{var}"
+            methods[key] = (lambda tl_={0: ls[0]}, a=a: run_experts(
+                world, bufs, prob.inputs, tl_, d, barrier=False, check=False, local_combine=True,
+                dynamic=a == "dynamic", ranks=[0]))
+            task = None
+            if a == "dynamic":   # one launch with per-task timestamps (not timed; the timings below have none)
+                ts = torch.zeros(2 * max(ls[0].n_tasks, 1), dtype=torch.int64, device=dev)
+                run_experts(world, bufs, prob.inputs, {0: ls[0]}, d, barrier=False, check=True, local_combine=True,
+                            dynamic=True, ranks=[0], ts={0: ts})
+                task = task_stats(ls[0], ts, min(sms, ls[0].n_tasks))
+            info[key] = ("ours", var, d, sch, a, var == "default", float("nan"), task)
+    times, inner = _round_robin(methods, rounds)
+    for key in methods:
+        method, variant, t, sch, a, is_def, err, task = info[key]
+        note = ""
+        if study == "controls":
+            sch_, a_, var_ = key.split(":")
+            note = lists[(sch_, a_, var_)][0].param or ""
+        rows.append(_row(prob, study, dtype, method, variant, t, sch, a, is_def, "ok", note, err, times[key], inner,
+                         flops, task))
+    del prob, bufs, methods
+    return rows
+
+
+def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) -> list[tuple]:
+    """(dtype, tiles, dynamic, timed) of every experts-kernel launch the studies make: round 3 (``round3``: the
+    default tiles of both row-block classes static / dynamic, dynamic with timestamps, tiles version 1 static)
+    or the ladder and order studies."""
+    todo = set()
+    for dtype in dtypes:
+        if round3:
+            defaults = {default_tiles(dtype, rpe) for rpe in (32.0, 256.0, 1024.0)}
+            todo |= {(dtype, t, dyn, timed) for t in defaults for dyn, timed in ((False, False), (True, False),
+                                                                                  (True, True))}
+            todo |= {(dtype, default_tiles(dtype, rpe, version=1), False, False) for rpe in (32.0, 256.0)}
+        else:
+            defaults = {default_tiles(dtype, rpe, version=1) for rpe in (32.0, 256.0)}
+            todo |= {(dtype, variant_tiles(dtype, d, ch), False, False) for d in defaults
+                     for ch in VARIANTS[dtype].values()}
+            todo |= {(dtype, d, True, False) for d in defaults}
+    return sorted(todo, key=str)
+
+
+def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1, round3: bool = True) -> int:
+    """Compile (no launch) the kernel variants of :func:`warm_variants` (every ``parts``-th from ``part``: run
+    several processes side by side) into Triton's cache, with arguments of the launch's dtypes and alignment;
+    returns how many. Run beside another job to take the compiles off the device's clock."""
     from .kernels.moe import megamoe_kernel
 
     dev = torch.device("cuda", 0)
     n = 0
-    for dtype in dtypes:
+    for dtype, t, dyn, timed in warm_variants(dtypes, round3)[part::parts]:
         fp8 = dtype == "fp8"
         act = torch.float8_e4m3fn if fp8 else torch.bfloat16
-        defaults = {default_tiles(dtype, rpe) for rpe in (32.0, 256.0)}
-        todo = {(variant_tiles(dtype, d, ch), False) for d in defaults for ch in VARIANTS[dtype].values()}
-        todo |= {(d, True) for d in defaults}
-        for t, dyn in sorted(todo, key=str):
-            a = torch.empty(64, device=dev, dtype=torch.uint8).view(act) if fp8 else torch.empty(64, device=dev,
-                                                                                                 dtype=act)
-            f32 = torch.empty(64, device=dev, dtype=torch.float32)
-            sc = f32 if fp8 else a
-            i32 = torch.empty(64, device=dev, dtype=torch.int32)
-            i64 = torch.empty(64, device=dev, dtype=torch.int64)
-            comb = torch.empty(64, device=dev, dtype=OUT_DTYPES[dtype])
-            try:
-                megamoe_kernel.warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
-                                      100, 0, 100, 4096, 2048, 7, MAX_POLLS, 0,
-                                      BLOCK_M=t.block_m, BLOCK_N1=t.block_n1, BLOCK_N2=t.block_n2,
-                                      BLOCK_K=t.block_k, FP8=fp8, TIMED=False, DEVICE=True, DYNAMIC=dyn,
-                                      num_warps=t.num_warps, num_stages=t.num_stages, grid=(1,))
-            except Exception as e:  # noqa: BLE001 - the study compiles it itself then
-                print(f"megamoe-gemm warm: {dtype} {tile_label(t)} failed: {type(e).__name__}: {e}",
-                      file=sys.stderr, flush=True)
-                continue
-            n += 1
-            print(f"megamoe-gemm warm: {dtype} {tile_label(t)}{' dynamic' if dyn else ''}", file=sys.stderr,
-                  flush=True)
+        a = torch.empty(64, device=dev, dtype=torch.uint8).view(act) if fp8 else torch.empty(64, device=dev,
+                                                                                             dtype=act)
+        f32 = torch.empty(64, device=dev, dtype=torch.float32)
+        sc = f32 if fp8 else a
+        i32 = torch.empty(64, device=dev, dtype=torch.int32)
+        i64 = torch.empty(64, device=dev, dtype=torch.int64)
+        comb = torch.empty(64, device=dev, dtype=OUT_DTYPES[dtype])
+        try:
+            megamoe_kernel.warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
+                                  100, 0, 100, 4096, 2048, 7, MAX_POLLS, 0,
+                                  BLOCK_M=t.block_m, BLOCK_N1=t.block_n1, BLOCK_N2=t.block_n2,
+                                  BLOCK_K=t.block_k, FP8=fp8, TIMED=timed, DEVICE=True, DYNAMIC=dyn,
+                                  num_warps=t.num_warps, num_stages=t.num_stages, grid=(1,))
+        except Exception as e:  # noqa: BLE001 - the study compiles it itself then
+            print(f"megamoe-gemm warm: {dtype} {tile_label(t)} failed: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+            continue
+        n += 1
+        print(f"megamoe-gemm warm: {dtype} {tile_label(t)}{' dynamic' if dyn else ''}{' timed' if timed else ''}",
+              file=sys.stderr, flush=True)
     return n
 
 
-def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str] = GEMM_CASES,
+def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str] | None = None,
                      dtypes: Sequence[str] = ("bf16", "fp8"), max_minutes: float | None = None, command: str = "",
-                     rounds: int = ROUNDS) -> Path:
-    """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path."""
+                     rounds: int | None = None) -> Path:
+    """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path.
+    ``cases``: default GEMM_CASES (ladder, order) or all 84 in table order (gemm, controls)."""
+    from .moe_plan import ORDER_VERSION, TILES_VERSION
+
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
+    if cases is None:
+        cases = [c.name for c in CASES] if study in ROUND3 else GEMM_CASES
     cs = cases_by_name(cases)
     if not dtypes or any(d not in VARIANTS for d in dtypes):
         raise ValueError(f"dtypes must be a non-empty subset of {tuple(VARIANTS)}, got {list(dtypes)}")
-    if rounds < 5:
+    if rounds is not None and rounds < 5:
         raise ValueError(f"rounds must be >= 5, got {rounds}")
     if max_minutes is not None and max_minutes <= 0:
         raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
@@ -322,10 +552,14 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     params = dict(study_cases=list(cases), dtypes=list(dtypes), rounds=rounds, world="one-gpu", world_size=2,
                   link="local", observed_rank=0, variants={d: {n: str(ch) for n, ch in VARIANTS[d].items()}
                                                            for d in dtypes},
-                  prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum")
+                  prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
+                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION)
     meta = env.provenance(command, params)
     env.apply_safe_env()
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
-    gemm_job(OneGPUWorld(2, link="local", observed=0), cs, list(dtypes), str(out), meta, study, prm.as_dict(),
-             deadline, rounds)
+    world = OneGPUWorld(2, link="local", observed=0)
+    if study in ROUND3:
+        round3_job(world, cs, list(dtypes), str(out), meta, study, prm.as_dict(), deadline, rounds)
+    else:
+        gemm_job(world, cs, list(dtypes), str(out), meta, study, prm.as_dict(), deadline, rounds or ROUNDS)
     return Path(out) / f"{MEGAMOE_GEMM.name}.csv"

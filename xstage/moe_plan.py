@@ -254,22 +254,51 @@ class TileConfig:
 INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 
 
-def default_tiles(dtype: str, rows_per_expert: float | None = None) -> TileConfig:
-    """H200 (sm_90), 8 warps, BN1 = BN2 = 128. bf16: BK = 64, 3 stages, BM = 64 when experts get few rows (< 96
-    on average), else 128 (ptxas: 243 registers, 144 KiB shared memory, no spills). fp8: BK = 128 (the scale
-    block), 2 stages, BM = 64 always (BM = 128 needs 255 registers and spills: the gate and up accumulators plus
-    each K block's unscaled MMA results). Small tiles under the interpreter."""
+# Tile versions (the tiles a recorded MegaMoE row ran with are in the row: block_m .. num_stages, schema megamoe
+# v3; rows of older records read as TILES_V1, xstage.data.MEGAMOE_TILES_V1). v2 = the GEMM ladder's winners
+# (data/h200x1/megamoe_gemm, study ladder): bf16 Linear-2 tiles BM x 256 with 4 stages (bn2_256_s4, 1.044 of
+# torch._grouped_mm on its 4 configurations against 0.898), fp8 3 stages (s3, 0.946 of _scaled_grouped_mm
+# against 0.685) with BM = 128 (2 stages, the ladder's bm128) where experts get >= FP8_BM128_ROWS rows on average
+# (the one ladder configuration of that class, Mixtral T2048 with 1024 rows per expert: 468 TFLOP/s against s3's
+# 405; the three with 24-192 rows per expert were faster with s3).
+TILES_VERSION = 2
+FP8_BM128_ROWS = 512        # fp8: average rows per expert from which BM = 128 (else 64)
+BF16_BM64_ROWS = 96         # bf16: average rows per expert below which BM = 64 (else 128)
+
+
+def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int = TILES_VERSION) -> TileConfig:
+    """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION). bf16: BN1 = 128, BN2 = 256, BK =
+    64, 4 stages, BM = 64 when experts get few rows (< BF16_BM64_ROWS on average), else 128. fp8: BN1 = BN2 = BK
+    = 128 (the scale block); BM = 64 with 3 stages, or BM = 128 with 2 stages (ptxas: 32 B spilled) where experts
+    get >= FP8_BM128_ROWS rows on average. Version 1 (every record before schema megamoe v3): bf16 BN2 = 128 with
+    3 stages (same BM rule), fp8 BM = 64 with 2 stages always. Small tiles under the interpreter."""
     if env.interpreted():
         return INTERPRETER_TILES
-    return gpu_tiles(dtype, 64 if dtype == "fp8" or (rows_per_expert is not None and rows_per_expert < 96) else 128)
-
-
-def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
-    """The H200 tiles of ``dtype`` with row blocks of ``block_m`` (``default_tiles`` picks ``block_m``; a recorded
-    row's ``block_m`` gives back the whole configuration it ran with)."""
+    rpe = rows_per_expert
     if dtype == "fp8":
-        return TileConfig(block_m, 128, 128, 128, 8, 2)
-    return TileConfig(block_m, 128, 128, 64, 8, 3)
+        big = version != 1 and rpe is not None and rpe >= FP8_BM128_ROWS
+        return gpu_tiles(dtype, 128 if big else 64, version)
+    return gpu_tiles(dtype, 64 if rpe is not None and rpe < BF16_BM64_ROWS else 128, version)
+
+
+def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileConfig:
+    """The H200 tiles of ``dtype`` with row blocks of ``block_m`` in tiles version ``version`` (1: what every
+    MegaMoE record before schema megamoe v3 ran with; 2: the current default)."""
+    if version == 1:
+        from .data import MEGAMOE_TILES_V1
+        return TileConfig(block_m, *MEGAMOE_TILES_V1[dtype])
+    if version != TILES_VERSION:
+        raise ValueError(f"tiles version must be 1 or {TILES_VERSION}, got {version}")
+    if dtype == "fp8":
+        return TileConfig(block_m, 128, 128, 128, 8, 2 if block_m == 128 else 3)
+    return TileConfig(block_m, 128, 256, 64, 8, 4)
+
+
+def tiles_of_row(row) -> TileConfig:
+    """The tiles a recorded MegaMoE row (schema megamoe v3, or an older one read through its migration) ran
+    with."""
+    return TileConfig(int(row.block_m), int(row.block_n1), int(row.block_n2), int(row.block_k), int(row.num_warps),
+                      int(row.num_stages))
 
 
 def default_dtype() -> str:
@@ -489,30 +518,87 @@ def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
     return out
 
 
-def schedule_interleaved(grid: TileGrid, n_sms: int) -> list[tuple]:
+# Order versions of the schedules that mix Linear-1 and Linear-2 tiles (recorded in schedule_param: absent = 1).
+# 1: one tile at a time (interleaved spreads single Linear-2 tiles among the next wave's Linear-1 tiles; lag lists
+#    a row block's Linear-2 tiles as soon as it is ready). 2: in chunks of ``order_group`` row blocks, so that the
+#    tiles running at the same time share operands as Expert-Wave's do (a chunk's Linear-2 tiles read the same
+#    intermediate rows and the same weight columns; spread one by one, each concurrent Linear-2 tile streams its
+#    own W2 columns from memory, as DeepGEMM's scheduler avoids by claiming Linear-2 tiles in pool-block order).
+ORDER_VERSION = 2
+
+
+def order_group(grid: TileGrid, n_sms: int) -> int:
+    """Row blocks per chunk (order version 2): about half the programs' worth of Linear-2 tiles
+    (n_sms / (2 x N2)), at least one row block."""
+    return max(1, int(round(n_sms / (2 * max(grid.n2, 1)))))
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def schedule_interleaved(grid: TileGrid, n_sms: int, group: int = 1) -> list[tuple]:
+    """``group`` row blocks of Linear-2 tiles per chunk (1: version 1, single tiles); the next wave's Linear-1
+    tiles cut into as many chunks, and the two chunk lists spread evenly (``_spread``)."""
     waves = expert_waves(grid, n_sms)
     if not waves:
         return []
     out = _tiles_of(grid, KIND_L1, waves[0])
     for prev, w in zip(waves, waves[1:]):
-        out += _spread(_tiles_of(grid, KIND_L2, prev), _tiles_of(grid, KIND_L1, w))
+        l2, l1 = _tiles_of(grid, KIND_L2, prev), _tiles_of(grid, KIND_L1, w)
+        if group <= 1:
+            out += _spread(l2, l1)
+            continue
+        c2 = _chunks(l2, group * grid.n2)
+        k = min(len(c2), len(l1))
+        c1 = [list(c) for c in np.array_split(np.arange(len(l1)), k)]
+        c1 = [[l1[i] for i in c] for c in c1]
+        out += [t for chunk in _spread(c2, c1) for t in chunk]
     return out + _tiles_of(grid, KIND_L2, waves[-1])
 
 
-def schedule_lag(grid: TileGrid, lag: int) -> list[tuple]:
+def schedule_lag(grid: TileGrid, lag: int, group: int = 1) -> list[tuple]:
+    """One Linear-1 stream; a row block's Linear-2 tiles are listed once ``lag`` Linear-1 tiles follow its last
+    producer, ``group`` ready row blocks at a time (1: version 1, each as soon as it is ready)."""
     experts = range(len(grid.expert_rows))
     l1 = _tiles_of(grid, KIND_L1, experts)
     last = {}                                                          # pool block -> position of its last L1
     for j, t in enumerate(l1):
         last[t[4]] = j
     l2 = sorted(_tiles_of(grid, KIND_L2, experts), key=lambda t: (last[t[4]], t[3]))
-    out, qi = [], 0
+    pools = list(dict.fromkeys(t[4] for t in l2))                      # row blocks in readiness order
+    by_pool: dict[int, list] = {}
+    for t in l2:
+        by_pool.setdefault(t[4], []).append(t)
+    out, ready, done = [], 0, 0
     for j, t in enumerate(l1):
         out.append(t)
-        while qi < len(l2) and last[l2[qi][4]] + lag <= j:
-            out.append(l2[qi])
-            qi += 1
-    return out + l2[qi:]
+        while ready < len(pools) and last[pools[ready]] + lag <= j:
+            ready += 1
+        if ready - done >= max(group, 1):
+            for p in pools[done:ready]:
+                out += by_pool[p]
+            done = ready
+    for p in pools[done:]:
+        out += by_pool[p]
+    return out
+
+
+def parse_schedule_param(param: str) -> dict:
+    """A recorded schedule_param -> {'choice': schedule name or None, 'lag': int or None, 'group': int}
+    (``group`` 1 where the param names none: order version 1)."""
+    out = {"choice": None, "lag": None, "group": 1}
+    for tok in [t for t in str(param).split(",") if t and t != "nan"]:
+        k, _, v = tok.partition("=")
+        if not _:
+            out["choice"] = k
+        elif k == "lag":
+            out["lag"], out["choice"] = int(v), out["choice"] or "lag"
+        elif k in ("chunk", "group"):
+            out["group"] = int(v)
+        else:
+            raise ValueError(f"schedule_param {param!r}: unknown field {k!r}")
+    return out
 
 
 @dataclass
@@ -682,34 +768,45 @@ def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_
     return predict_kernel_ns(tl_, none, unit, hidden, inter, tiles)["total_ns"] / (compute_ms * 1e6)
 
 
-def _expert_wave(grid: TileGrid, n_sms: int, lag, model) -> TaskList:
+def _expert_wave(grid: TileGrid, n_sms: int, lag, model, group) -> TaskList:
     return _task_list("expert_wave", "", schedule_expert_wave(grid, n_sms), grid)
 
 
-def _interleaved(grid: TileGrid, n_sms: int, lag, model) -> TaskList:
-    return _task_list("interleaved", "", schedule_interleaved(grid, n_sms), grid)
+def _group(grid: TileGrid, n_sms: int, group: int | None) -> int:
+    g = order_group(grid, n_sms) if group is None else group
+    if g < 1:
+        raise ValueError(f"group must be >= 1 row block, got {g}")
+    return g
 
 
-def _lag(grid: TileGrid, n_sms: int, lag: int | None, model) -> TaskList:
+def _interleaved(grid: TileGrid, n_sms: int, lag, model, group: int | None) -> TaskList:
+    g = _group(grid, n_sms, group)
+    return _task_list("interleaved", f"chunk={g}" if g > 1 else "", schedule_interleaved(grid, n_sms, g), grid)
+
+
+def _lag(grid: TileGrid, n_sms: int, lag: int | None, model, group: int | None) -> TaskList:
     lag = n_sms if lag is None else lag
     if lag < 0:
         raise ValueError(f"lag must be >= 0, got {lag}")
-    return _task_list("lag", f"lag={lag}", schedule_lag(grid, lag), grid)
+    g = _group(grid, n_sms, group)
+    return _task_list("lag", f"lag={lag}" + (f",group={g}" if g > 1 else ""), schedule_lag(grid, lag, g), grid)
 
 
-def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None) -> TaskList:
+def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None, group: int | None) -> TaskList:
     if model is None:
         raise ValueError("model_guided needs model=(CostModel, remote rows per block, hidden, inter, tiles)")
-    cands = [build_schedule("expert_wave", grid, n_sms), build_schedule("interleaved", grid, n_sms)]
-    cands += [build_schedule("lag", grid, n_sms, lag=int(round(f * n_sms))) for f in LAG_CANDIDATES]
+    cands = [build_schedule("expert_wave", grid, n_sms), build_schedule("interleaved", grid, n_sms, group=group)]
+    cands += [build_schedule("lag", grid, n_sms, lag=int(round(f * n_sms)), group=group) for f in LAG_CANDIDATES]
     cost, remote, hidden, inter, tiles = model
     pred = [predict_kernel_ns(c, remote, cost, hidden, inter, tiles)["total_ns"] for c in cands]
     best = cands[int(np.argmin(pred))]
-    return TaskList("model_guided", best.param or best.schedule, best.tasks, grid, checked=True)
+    # the choice as a schedule_param: lag's own ("lag=N[,group=G]"), else the name (and its chunk)
+    param = best.param if best.schedule == "lag" else ",".join(x for x in (best.schedule, best.param) if x)
+    return TaskList("model_guided", param, best.tasks, grid, checked=True)
 
 
 # The schedules, in table order (the first is the baseline every speedup divides); the module docstring says
-# what each does. impl(grid, n_sms, lag, model) -> TaskList.
+# what each does. impl(grid, n_sms, lag, model, group) -> TaskList.
 SCHEDULE_REGISTRY = Registry("schedule", (
     Choice("expert_wave", "per wave of experts all Linear-1 tiles, then all Linear-2 tiles (DeepGEMM)", _expert_wave),
     Choice("interleaved", "Linear-2 tiles of wave w spread among the Linear-1 tiles of wave w+1", _interleaved),
@@ -720,15 +817,27 @@ SCHEDULES = SCHEDULE_REGISTRY.names
 
 
 def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None,
-                   model: tuple | None = None) -> TaskList:
+                   model: tuple | None = None, group: int | None = None) -> TaskList:
     """The task list of schedule ``name`` (SCHEDULE_REGISTRY) for one rank's tiles; checked by ``check_tasks``.
 
     ``lag`` (schedule ``lag``): Linear-1 tiles between a row block's last producer and its Linear-2 tiles
     (default n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
-    intermediate, TileConfig); the candidate with the least predicted time wins."""
+    intermediate, TileConfig); the candidate with the least predicted time wins. ``group`` (interleaved, lag and
+    model_guided's candidates): row blocks per chunk; None = ``order_group`` (order version 2), 1 = version 1."""
     if n_sms < 1:
         raise ValueError(f"n_sms must be >= 1, got {n_sms}")
-    return SCHEDULE_REGISTRY.check(name).impl(grid, n_sms, lag, model)
+    return SCHEDULE_REGISTRY.check(name).impl(grid, n_sms, lag, model, group)
+
+
+def schedule_of_param(schedule: str, param: str, grid: TileGrid, n_sms: int) -> TaskList:
+    """The task list a recorded row ran (schedule and schedule_param; model_guided: its recorded choice)."""
+    p = parse_schedule_param(param)
+    if schedule == "model_guided":
+        ch = p["choice"]
+        if ch not in ("expert_wave", "interleaved", "lag"):
+            raise ValueError(f"model_guided's recorded choice {param!r} names no candidate")
+        schedule = ch
+    return build_schedule(schedule, grid, n_sms, lag=p["lag"], group=p["group"])
 
 
 def routing_of(case: MoECase, P: int) -> tuple[list, list, list[RankLayout]]:
@@ -758,7 +867,7 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
         s = c.shape
         _, _, layouts = routing_of(c, int(P))
         rows = g.drop_duplicates("schedule").set_index("schedule")
-        tiles = gpu_tiles(dtype, int(rows.block_m.iloc[0]))
+        tiles = tiles_of_row(rows.iloc[0])     # the tiles the row ran with (old records: TILES_V1)
         out_bytes = OUT_DTYPES[dtype].itemsize
         pred: dict[str, list] = {}
         for r in range(int(P)):
@@ -768,20 +877,14 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
             cost = CostModel(prm, rate, n_sms, out_bytes, assignment)
             remote = grid.remote_rows_per_block(layouts[r])
             for sched, row in rows.iterrows():
+                par = str(row.schedule_param)
                 if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
-                    ch = str(row.schedule_param).split("|")
-                    ch = ch[r] if len(ch) == int(P) else ch[0]
-                    if not (ch.startswith("lag=") or ch in ("expert_wave", "interleaved")):
-                        raise ValueError(f"{name} T={tokens} {routing} {dtype}: model_guided's recorded choice "
-                                         f"{row.schedule_param!r} names no candidate")
-                    tl_ = build_schedule("lag", grid, n_sms, lag=int(ch.split("=")[1])) if ch.startswith("lag=") \
-                        else build_schedule(ch, grid, n_sms)
-                elif sched == "lag":
-                    lag = str(row.schedule_param)
-                    tl_ = build_schedule("lag", grid, n_sms, lag=int(lag.split("=")[1]) if lag.startswith("lag=")
-                                         else None)
-                else:
-                    tl_ = ew if sched == "expert_wave" else build_schedule(sched, grid, n_sms)
+                    ch = par.split("|")
+                    par = ch[r] if len(ch) == int(P) else ch[0]
+                try:
+                    tl_ = ew if sched == "expert_wave" else schedule_of_param(sched, par, grid, n_sms)
+                except ValueError as e:
+                    raise ValueError(f"{name} T={tokens} {routing} {dtype}: {e}") from e
                 p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)
                 pred.setdefault(sched, []).append((p["total_ns"] / 1e6, p["imbalance"]))
         base = max(t for t, _ in pred["expert_wave"]) if "expert_wave" in pred else float("nan")

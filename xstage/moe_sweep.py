@@ -34,7 +34,7 @@ from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_
                   rank_weights, run_experts, topk_reduce, world_label)
 from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
-                       predict_kernel_ns, remote_combine_bytes, routing_of)
+                       ORDER_VERSION, TILES_VERSION, predict_kernel_ns, remote_combine_bytes, routing_of)
 from .numeric import check_bit_identical, rel_l2
 from .resume import pending
 
@@ -182,7 +182,9 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int, observed: 
         layer, _ = agg(lambda p: p["sched"][name]["layer"])
         rows.append(dict(shape=s.name, hidden=s.hidden, intermediate=s.intermediate, experts=s.experts,
                          topk=s.topk, tokens=c.tokens, routing=c.routing, seed=c.seed, P=P, dtype=prob.dtype,
-                         schedule=name, block_m=prob.tiles.block_m,
+                         schedule=name, block_m=prob.tiles.block_m, block_n1=prob.tiles.block_n1,
+                         block_n2=prob.tiles.block_n2, block_k=prob.tiles.block_k, num_warps=prob.tiles.num_warps,
+                         num_stages=prob.tiles.num_stages,
                          schedule_param="|".join(dict.fromkeys(p["sched"][name]["param"] for p in parts)),
                          n_tasks=max(p["sched"][name]["n_tasks"] for p in parts),
                          rows=max(lay.rows for lay in lays), remote_bytes=remote, kernel_ms=kern,
@@ -260,7 +262,7 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
 def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapParams], world_size: int = 2,
                 dtypes: Sequence[str] = DTYPES_GPU, cases: Sequence[MoECase] | None = None,
                 schedules: Sequence[str] = SCHEDULES, repeats: int = 20, warmup: int = 3, seed: int = 0,
-                max_minutes: float | None = None, command: str = "", assignment: str = "static",
+                max_minutes: float | None = None, command: str = "", assignment: str = "dynamic",
                 world: str = "gpus", link: str | None = None) -> Path:
     """Run (or resume) the MegaMoE sweep on ``world_size`` GPUs into ``out``/megamoe.csv; returns its path.
     ``prm``: Burst-Gap parameters of the predictions, or a function that returns them, called once the parameters
@@ -328,7 +330,8 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
                   zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment,
-                  world=world, link=link, observed_rank=0 if world == "one-gpu" else None)
+                  world=world, link=link, observed_rank=0 if world == "one-gpu" else None,
+                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION)
     meta = env.provenance(command, params)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
     args = (cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup, prm.as_dict(), seed, deadline,

@@ -1388,3 +1388,129 @@ def megamoe_sweep_gemm_ratio(df: pd.DataFrame, min_rows: int = 2048) -> pd.DataF
         out.append(dict(dtype=dt, configs=len(g), geomean=geomean(r), min=float(r.min()),
                         min_big=float(r[g.rows >= min_rows].min())))
     return pd.DataFrame(out)
+
+
+# ----------------------------------------------------- MegaMoE on one GPU, round 3: all 84, tiles v2, order v2
+MEGAMOE_ROUND3_SUB = "megamoe_round3"   # data/<machine>/megamoe_round3/: xstage.moe_gemm studies gemm, controls
+MEGAMOE_GEMM_GOALS = dict(geomean=0.95, min_big=0.9, min_rows=2048)    # issue 15: ours / the library
+MEGAMOE_ORDER_GOALS = dict(geomean=1.02, worst=1.05)                   # issue 15: schedule / Expert-Wave
+
+
+def megamoe_round3_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
+    """The recorded round-3 studies (``gemm``, ``controls``; schema ``megamoe_gemm``) of ``machine``: rows and
+    provenance; :class:`NoRecordedData` when they are not in data/."""
+    folder = data.machine_dir(machine) / MEGAMOE_ROUND3_SUB
+    if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
+        raise NoRecordedData(f"no recorded MegaMoE round-3 study for {machine} (data/{machine}/{MEGAMOE_ROUND3_SUB});"
+                             f" run `python3 scripts/megamoe_gemm.py --study gemm --out data/{machine}/"
+                             f"{MEGAMOE_ROUND3_SUB}`")
+    df, meta = data.load(folder, data.MEGAMOE_GEMM)
+    return df, {**meta, "source": "recorded"}
+
+
+def megamoe_round3_gemm(df: pd.DataFrame) -> pd.DataFrame:
+    """Study ``gemm``, per configuration and dtype (table order): our Expert-Wave compute-only time with the
+    default tiles (default assignment) and with tiles version 1 (static, as the earlier records ran), fp8's BM =
+    64 alternative where BM = 128 is the default, and the library of the same rounds; ratios are the library's
+    time / ours (= ours / the library's TFLOP/s; > 1: ours faster), NaN where a call was unavailable."""
+    d = df[(df.study == "gemm") & (df.status == "ok")].assign(config=lambda x: _config(x))
+    if d.empty:
+        return pd.DataFrame(columns=["config", "shape", "dtype", "rows", "tiles", "ours_ms", "v1_ms",
+                                     "grouped_mm_ms", "scaled_grouped_mm_ms", "vs_grouped_mm",
+                                     "v1_vs_grouped_mm", "vs_scaled_grouped_mm", "v1_vs_scaled_grouped_mm",
+                                     "bm64_s3_vs_default"])
+    key = ["config", "dtype"]
+
+    def col(mask):
+        x = d[mask].drop_duplicates(key).set_index(key)
+        return x
+
+    ours = col((d.method == "ours") & (d.variant == "default"))
+    out = ours[["shape", "rows", "tiles"]].copy()
+    out["ours_ms"] = ours.ms
+    for name, mask in (("v1_ms", (d.method == "ours") & (d.variant == "v1")),
+                       ("bm64_s3_ms", (d.method == "ours") & (d.variant == "bm64_s3")),
+                       ("grouped_mm_ms", d.method == "torch._grouped_mm"),
+                       ("scaled_grouped_mm_ms", d.method == "torch._scaled_grouped_mm")):
+        out[name] = col(mask).ms.reindex(out.index)
+    out["vs_grouped_mm"] = out.grouped_mm_ms / out.ours_ms
+    out["v1_vs_grouped_mm"] = out.grouped_mm_ms / out.v1_ms
+    out["vs_scaled_grouped_mm"] = out.scaled_grouped_mm_ms / out.ours_ms
+    out["v1_vs_scaled_grouped_mm"] = out.scaled_grouped_mm_ms / out.v1_ms
+    out["bm64_s3_vs_default"] = out.ours_ms / out.bm64_s3_ms          # > 1: the BM = 64 alternative was faster
+    out = out.reset_index()
+    order = {c.name: i for i, c in enumerate(_moe_cases())}
+    return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable").drop(
+        columns="_o").reset_index(drop=True)
+
+
+def _moe_cases():
+    from .moe_plan import CASES
+    return CASES
+
+
+def megamoe_round3_gemm_summary(g: pd.DataFrame, min_rows: int = MEGAMOE_GEMM_GOALS["min_rows"]) -> pd.DataFrame:
+    """Per dtype and ratio of :func:`megamoe_round3_gemm`: configurations, geomean, minimum, the minimum over
+    configurations with >= ``min_rows`` rows on the rank, and whether the issue's goals (geomean >= 0.95, every
+    >= min_rows configuration >= 0.9) are met."""
+    out = []
+    for dt, gd in g.groupby("dtype", sort=False):
+        for col in ("vs_grouped_mm", "v1_vs_grouped_mm", "vs_scaled_grouped_mm", "v1_vs_scaled_grouped_mm"):
+            r = gd[col].dropna()
+            if r.empty:
+                continue
+            big = r[gd.loc[r.index, "rows"] >= min_rows]
+            gm, mb = geomean(r), float(big.min()) if len(big) else float("nan")
+            out.append(dict(dtype=dt, ratio=col, configs=len(r), geomean=gm, min=float(r.min()),
+                            min_big=mb, big_configs=len(big),
+                            geomean_met=bool(gm >= MEGAMOE_GEMM_GOALS["geomean"]),
+                            min_big_met=bool(mb >= MEGAMOE_GEMM_GOALS["min_big"]) if len(big) else False))
+    return pd.DataFrame(out)
+
+
+def megamoe_round3_controls(df: pd.DataFrame) -> pd.DataFrame:
+    """Study ``controls``, per configuration, dtype, assignment, schedule and order variant: the compute-only
+    time over Expert-Wave's under the same assignment and in the same rounds (``over_ew``, > 1: slower),
+    Expert-Wave's over static Expert-Wave's (``ew_over_static``), and from the launch with per-task timestamps
+    (dynamic only) each tile kind's median time over Expert-Wave's (``l1_tile_rel``, ``l2_tile_rel``), the busy
+    share of the programs (``task_busy``) and the share of Linear-2 tiles that waited (``task_waited``)."""
+    d = df[df.study == "controls"].assign(config=lambda x: _config(x))
+    cols = ["config", "dtype", "rows", "assignment", "schedule", "variant", "param", "ms", "over_ew",
+            "ew_over_static", "l1_tile_rel", "l2_tile_rel", "task_busy", "ew_task_busy", "task_waited"]
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    ew = d[(d.schedule == "expert_wave") & (d.variant == "default")].set_index(["config", "dtype", "assignment"])
+    ew = ew[~ew.index.duplicated()]
+    k = pd.MultiIndex.from_frame(d[["config", "dtype", "assignment"]])
+    base = ew.reindex(k)
+    st = ew.xs("static", level="assignment").reindex(pd.MultiIndex.from_frame(d[["config", "dtype"]]))
+    out = d.assign(param=d.note, over_ew=d.ms.to_numpy() / base.ms.to_numpy(),
+                   ew_over_static=base.ms.to_numpy() / st.ms.to_numpy(),
+                   l1_tile_rel=d.task_l1_us.to_numpy() / base.task_l1_us.to_numpy(),
+                   l2_tile_rel=d.task_l2_us.to_numpy() / base.task_l2_us.to_numpy(),
+                   ew_task_busy=base.task_busy.to_numpy())
+    order = {c.name: i for i, c in enumerate(_moe_cases())}
+    return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable")[cols].reset_index(
+        drop=True)
+
+
+def megamoe_round3_controls_summary(per: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype, assignment, schedule and order variant over :func:`megamoe_round3_controls`: configurations,
+    geomean and worst of the compute-only time over Expert-Wave's, whether the issue's goal holds (geomean <=
+    1.02, worst <= 1.05), Expert-Wave over static Expert-Wave, and the per-task evidence (geomean tile-time
+    ratios, median busy share against Expert-Wave's, median share of Linear-2 tiles that waited)."""
+    out = []
+    for (dt, a, s, v), g in per.groupby(["dtype", "assignment", "schedule", "variant"], sort=False):
+        r = g.over_ew.dropna()
+        if r.empty:
+            continue
+        gm, worst = geomean(r), float(r.max())
+        out.append(dict(dtype=dt, assignment=a, schedule=s, variant=v, configs=len(r), over_ew_geomean=gm,
+                        over_ew_worst=worst, worst_config=g.loc[r.idxmax(), "config"],
+                        goal_met=bool(gm <= MEGAMOE_ORDER_GOALS["geomean"] and worst <= MEGAMOE_ORDER_GOALS["worst"]),
+                        ew_over_static_geomean=geomean(g.ew_over_static.dropna()),
+                        l1_tile_rel=geomean(g.l1_tile_rel.dropna()) if g.l1_tile_rel.notna().any() else float("nan"),
+                        l2_tile_rel=geomean(g.l2_tile_rel.dropna()) if g.l2_tile_rel.notna().any() else float("nan"),
+                        task_busy=float(g.task_busy.median()), ew_task_busy=float(g.ew_task_busy.median()),
+                        task_waited=float(g.task_waited.median())))
+    return pd.DataFrame(out)

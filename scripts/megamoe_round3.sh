@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# MegaMoE on ONE GPU, round 3 (issue 15, items 2, 3, 5): one device call of at most LIMIT seconds, in order:
+#  1. install; the kernel variants of round 3 compiled in the background (no launch: Triton's cache, 4 processes);
+#  2. the one-GPU GPU tests (tests/test_moe_one_gpu.py -m gpu: the new default tiles and orders against the float32
+#     reference on fresh inputs, combine poisoned, every schedule x assignment bit-identical, link local and host);
+#  3. study gemm: all 84 configurations x bf16 / fp8 in table order (xstage.moe_gemm._pairs), our GEMM phases with
+#     the default tiles beside torch._grouped_mm / torch._scaled_grouped_mm in the same rounds, time-bounded;
+#  4. study controls with the time left: every schedule x static / dynamic compute-only, same order, resumable.
+# Both studies resume from data/h200x1/megamoe_round3/ when it holds part of them.
+#   scripts/megamoe_round3.sh [LIMIT] [GEMM_SECONDS]
+set -u
+: "${OUT:?set OUT}"
+LIMIT=${1:-430}; GEMM_S=${2:-230}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+DEST=$OUT/h200x1/megamoe_round3
+mkdir -p "$OUT/logs" "$DEST"
+for f in megamoe_gemm.csv megamoe_gemm.json; do
+  [ -e data/h200x1/megamoe_round3/$f ] && cp data/h200x1/megamoe_round3/$f "$DEST/"; done
+stage() { local name=$1 secs=$2; shift 2; local t0=$SECONDS; echo "== $name (limit ${secs}s, at ${SECONDS}s)"
+  timeout --signal=INT --kill-after=10 "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
+  echo "   rc=$? in $((SECONDS - t0))s"; tail -n 16 "$OUT/logs/$name.log" | cut -c1-300 | sed 's/^/   | /'; }
+left() { echo $(( LIMIT - SECONDS )); }
+minutes() { python3 -c "print(max(0.1, ($1) / 60))"; }
+nvidia-smi -L
+stage install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
+for i in 0 1 2 3; do
+  timeout 150 python3 scripts/megamoe_gemm.py --warm --part $i --parts 4 >"$OUT/logs/warm$i.log" 2>&1 &
+done
+stage test-one-gpu 150 python3 -m pytest -q -x -s -p no:cacheprovider -m gpu tests/test_moe_one_gpu.py
+wait; echo "== warm: $(cat "$OUT"/logs/warm*.log | grep -c 'warm:') variants"; grep -h failed "$OUT"/logs/warm*.log
+L=$(( $(left) < GEMM_S ? $(left) : GEMM_S ))
+[ "$L" -gt 40 ] && stage gemm $L python3 scripts/megamoe_gemm.py --study gemm --out "$DEST" \
+  --max-minutes "$(minutes "$L - 25")"
+L=$(( $(left) - 12 ))
+[ "$L" -gt 30 ] && stage controls $L python3 scripts/megamoe_gemm.py --study controls --out "$DEST" \
+  --max-minutes "$(minutes "$L - 20")"
+ls -la "$DEST"
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+echo "total ${SECONDS}s"
