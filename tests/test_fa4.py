@@ -91,3 +91,21 @@ def test_extra_pins_what_the_module_names_and_ci_skips_it():
     assert all(re.search(r"==\d", e) for e in extra), "the fa4 extra pins exact versions"
     make = (ROOT / "Makefile").read_text()
     assert "fa4" not in make, "make test / CI must not install the extra fa4 (CPU-only)"
+
+
+def test_fused_outputs_are_destination_buffers():
+    """The fused layer's outputs are what peers store into: ``destination=True``, so that OneGPUWorld(link="host")
+    puts the peers' outputs in pinned host memory (a world that records what it was asked for)."""
+    from xstage.ranks import EmulatedWorld
+
+    asked = []
+
+    class Recording(EmulatedWorld):
+        def symmetric_empty(self, numel, dtype, destination=False):
+            asked.append((numel, dtype, destination))
+            return super().symmetric_empty(numel, dtype, destination)
+
+    P, S, H, D = 2, 256, 4, 64
+    U.ulysses_buffers(Recording(P), S, H, D, torch.float16)
+    outs = [a for a in asked if a[0] == S // P * H * D]
+    assert outs and all(dest for _, _, dest in outs)

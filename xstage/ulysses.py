@@ -339,7 +339,10 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     validate_shape(S, H, D, P)
     validate_torch_dtype(dtype)
     numel = S // P * H * D
-    out = world.symmetric_empty(numel, dtype)
+    # peers store into every rank's output: a destination buffer (pinned host memory for the peers of
+    # OneGPUWorld(link="host"), so the observed rank's fused stores cross PCIe; before this was marked, the
+    # one-GPU host-link records' fused outputs were all in device memory, docs/lab-fa4-draft.md)
+    out = world.symmetric_empty(numel, dtype, destination=True)
     flags = world.symmetric_empty(P, torch.int32)
     for r in world.local_ranks:
         flags.local(r).zero_()
