@@ -7,7 +7,7 @@
 #                tar -C <site> -cf - . | xz -9 > fa4site312.tar.xz, split -b 36200000 -d ... .whl/fa4site312.tar.xz.part-
 #   call 1:      scripts/fa4_one_gpu.sh stash              (carry .whl/fa4site312.tar.xz.part-00)
 #   call 2:      (within 30 s of call 1's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
-#                  sweep:<local_s>:<host_s> test:<s>        (carry .whl/fa4site312.tar.xz.part-01)
+#                  sweep:<local_s>:<host_s> test:<s> pack   (carry .whl/fa4site312.tar.xz.part-01)
 # Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -40,7 +40,7 @@ for s in "$@"; do
     sweep:*)
       secs=${s#sweep:}; lsec=${secs%%:*}; hsec=${secs##*:}
       m=$METHODS; [ $FUSED_OK = 0 ] && m=${METHODS/,fa_fused/}
-      for link in local host; do
+      for link in host local; do
         t0=$SECONDS; lim=$lsec; [ $link = host ] && lim=$hsec
         timeout --signal=INT --kill-after=15 "$lim" python3 -m xstage sweep ulysses --world one-gpu --ranks 2 \
           --link $link --shapes "$SHAPES" --methods "$m" --out "$OUT/h200x1/ulysses_fa_$link" \
@@ -53,6 +53,8 @@ for s in "$@"; do
       timeout --signal=INT --kill-after=10 "${s#test:}" python3 -m pytest -q -p no:cacheprovider tests/test_fa4_gpu.py \
         >"$OUT/logs/test_fa4_gpu.log" 2>&1
       echo "== pytest tests/test_fa4_gpu.py: rc=$? in $((SECONDS - t0))s"; tail -n 15 "$OUT/logs/test_fa4_gpu.log" ;;
+    pack)   # at most 8 files come back: the logs as one archive
+      tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
