@@ -109,3 +109,40 @@ def test_fused_outputs_are_destination_buffers():
     U.ulysses_buffers(Recording(P), S, H, D, torch.float16)
     outs = [a for a in asked if a[0] == S // P * H * D]
     assert outs and all(dest for _, _, dest in outs)
+
+
+def _synthetic_record(rng):
+    """Rows of the ulysses schema for two shapes and every method (random times): what the table must reduce."""
+    import pandas as pd
+
+    rows = []
+    methods = ["fused", "serial_triton", "attention_only", "sdpa_only", "fa", "fa_serial", "fa_fused"]
+    for name, S, H, D in (("seq_8k", 8192, 24, 128), ("cogvideox5b_17776", 17_776, 48, 64)):
+        for m in methods:
+            for i in range(5):
+                e2e = rng.uniform(1, 10)
+                sv = e2e * rng.uniform(0.5, 1.0) if m in ("fused", "fa_fused") else e2e
+                rows.append(dict(shape=name, S=S, H=H, D=D, P=2, method=m, sender_visible_ms=sv, end_to_end_ms=e2e,
+                                 repeat=i, tflops=U.attention_flops(S, H, D) / 2 / (e2e * 1e-3) / 1e12))
+    return pd.DataFrame(rows)
+
+
+def test_fa_table_ratios_are_the_medians_ratios():
+    from xstage import figures, studies
+
+    df = _synthetic_record(random.Random())
+    t = studies.ulysses_fa_table(df)
+    for _, r in t.iterrows():
+        d = df[df["shape"] == r["shape"]]
+        med = lambda m, c="end_to_end_ms": d[d.method == m][c].median()  # noqa: E731
+        assert r.ours_over_fa == pytest.approx(d[d.method == "attention_only"].tflops.median()
+                                               / d[d.method == "fa"].tflops.median())
+        assert r.fa_fused_sv == pytest.approx(med("fa_fused", "sender_visible_ms") / med("fa"))
+        assert r.fa_fused_e2e == pytest.approx(med("fa_fused") / med("fa"))
+        assert r.fa_speedup == pytest.approx(med("fa_serial") / med("fa_fused"))
+        assert r.ours_speedup == pytest.approx(med("serial_triton") / med("fused"))
+    df.attrs["world"] = "one GPU, 2 ranks; host link"
+    fig = figures.ulysses_fa(df)
+    assert len(fig.data) == 6 and "host link" in fig.layout.title.text
+    no_fused = studies.ulysses_fa_table(df[df.method != "fa_fused"])       # absent: NaN, not 0
+    assert no_fused.fa_fused_e2e.isna().all() and (no_fused.fa > 0).all()

@@ -869,6 +869,45 @@ def ulysses_tflops(df: pd.DataFrame, goal: float | None = None) -> go.Figure:
     return fig
 
 
+def ulysses_fa(df: pd.DataFrame) -> go.Figure:
+    """One record with FA4's methods (``xstage.studies.ulysses_fa_data``): left, TFLOP/s per shape of our
+    attention, cuDNN SDPA and FA4 alone, timed in the same rounds; right, the fused FA layer over FA alone
+    (sender-visible: events around the kernel; end to end: up to the barrier's end) and FA then the all-to-all over
+    FA alone. The title names the world and link (``df.attrs["world"]``). Traces: 3 bar traces + 3 ratio traces."""
+    from .studies import ulysses_fa_table
+
+    t = _ulysses_order(ulysses_fa_table(df))
+    labels = _ulysses_shape_labels(t)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.04, shared_yaxes=True,
+                        subplot_titles=["TFLOP/s per GPU (no communication)", "time ÷ FA4 alone"])
+    for col, name, color in (("ours", "ours (Triton)", "#9467bd"), ("cudnn", "cuDNN SDPA", "#17becf"),
+                             ("fa", "FA4 (CuTe DSL, Hopper)", "#ff7f0e")):
+        fig.add_trace(go.Bar(y=labels, x=t[col], orientation="h", name=name, marker_color=color,
+                             text=[f"{v:.0f}" for v in t[col]], textposition="outside", textfont=dict(size=11),
+                             hovertemplate="%{y}<br>%{x:.0f} TFLOP/s<extra>" + name + "</extra>"), row=1, col=1)
+    for col, name, color in (("fa_fused_sv", "FA fused, sender-visible", "#d62728"),
+                             ("fa_fused_e2e", "FA fused, end to end", "#ff9896"),
+                             ("fa_serial", "FA, then the all-to-all", "#7f7f7f")):
+        fig.add_trace(go.Bar(y=labels, x=t[col], orientation="h", name=name, marker_color=color,
+                             text=[f"{v:.2f}×" for v in t[col]], textposition="outside", textfont=dict(size=11),
+                             hovertemplate="%{y}<br>%{x:.3f}×<extra>" + name + "</extra>"), row=1, col=2)
+    fig.add_vline(x=1.0, line=dict(color="#ff7f0e", width=1.4), row=1, col=2)
+    top = np.nanmax(np.r_[t.ours, t.cudnn, t.fa])
+    fig.update_xaxes(title_text="TFLOP/s (attention FLOPs per rank ÷ median time)", range=[0, top * 1.18], row=1,
+                     col=1)
+    hi = np.nanmax(np.r_[t.fa_fused_sv, t.fa_fused_e2e, t.fa_serial, [1.0]])
+    fig.update_xaxes(title_text="ratio (×)", range=[0, hi * 1.2], row=1, col=2)
+    fig.update_yaxes(autorange="reversed", ticksuffix="  ", row=1, col=1)
+    height = max(HEIGHT - 60, 260 + 66 * len(t))
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(barmode="group", height=height, margin=dict(l=220, t=130, b=110),
+                      legend=dict(orientation="h", yanchor="top", y=-70 / (height - 240), x=0),
+                      title=_title("FA-class attention (FA4) beside ours and cuDNN; the all-to-all fused into FA4",
+                                   "bf16, non-causal; medians over repeats, every method round-robin in the same run"
+                                   + (f"; {df.attrs['world']}" if df.attrs.get("world") else "")))
+    return fig
+
+
 def ulysses_times(df: pd.DataFrame, cols: int = 4) -> go.Figure:
     """Median time per method, one panel per shape (its own linear y axis from 0, so bars compare within a
     shape; the fused layer twice: sender-visible and end to end), interquartile bars over repeats; panels in

@@ -547,6 +547,51 @@ def ulysses_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["P", "D", "H", "S"]).reset_index(drop=True)
 
 
+ULYSSES_FA_RECORD = "ulysses_fa"   # data/<machine>/ulysses_fa_<link>/: the one-GPU records with FA4's methods
+
+
+def ulysses_fa_data(machine: str = "h200x1", link: str = "host") -> tuple[pd.DataFrame, dict]:
+    """The one-GPU Ulysses record that times FA4 (``fa``, ``fa_serial``, ``fa_fused``: the extra ``fa4``) beside
+    ours and cuDNN in the same rounds (data/<machine>/ulysses_fa_<link>/; schema ulysses), verified; recorded only
+    (it needs a Hopper GPU and the extra). ``df.attrs["world"]`` names the world and link."""
+    if link not in ULYSSES_ONE_GPU_LINKS:
+        raise ValueError(f"link must be one of {', '.join(ULYSSES_ONE_GPU_LINKS)}, got {link!r}")
+    folder = data.machine_dir(machine) / f"{ULYSSES_FA_RECORD}_{link}"
+    if not data.paths(folder, data.ULYSSES)[0].is_file():
+        raise ValueError(f"machine {machine!r} has no recorded FA4 Ulysses data for link {link!r} ({folder} has no "
+                         f"ulysses.csv); record it: scripts/fa4_one_gpu.sh (xstage sweep ulysses --world one-gpu "
+                         f"--link {link} --methods ...,fa,fa_serial,fa_fused --out {folder})")
+    df, meta = data.load(folder, data.ULYSSES)
+    df.attrs["world"] = ulysses_world(meta, sorted(int(p) for p in set(df.P)))
+    return df, meta
+
+
+def ulysses_fa_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape of one record, FA4 against ours and cuDNN SDPA (medians over repeats, timed round-robin in the same
+    rounds): TFLOP/s of ``ours`` (attention_only), ``cudnn`` (sdpa_only) and ``fa`` (FA4 alone), ``ours_over_fa``
+    and ``cudnn_over_fa`` (TFLOP/s ratios); the fused FA layer over FA alone, sender-visible (``fa_fused_sv``: CUDA
+    events around the kernel, the same clock as FA alone) and end to end (``fa_fused_e2e``: up to the end of the
+    barrier); ``fa_serial`` (FA, then the all-to-all) over FA alone; the end-to-end speedups over the serial layer
+    with the same attention, ``fa_speedup`` (fa_serial / fa_fused) and ``ours_speedup`` (serial_triton / fused).
+    NaN where the record lacks a method (e.g. fa_fused absent after a failed check)."""
+    med = ulysses_medians(df)
+    sv, e2e, tf = (_ulysses_wide(med, s) for s in ("sv_median", "e2e_median", "tflops"))
+    nan = pd.Series(np.nan, index=sv.index)
+    col = lambda t, m: t[m] if m in t else nan  # noqa: E731
+    fa = col(sv, "fa")
+    out = pd.DataFrame({"ours": col(tf, "attention_only"), "cudnn": col(tf, "sdpa_only"), "fa": col(tf, "fa")})
+    out["ours_over_fa"] = out.ours / out.fa
+    out["cudnn_over_fa"] = out.cudnn / out.fa
+    out["fa_fused_sv"] = col(sv, "fa_fused") / fa
+    out["fa_fused_e2e"] = col(e2e, "fa_fused") / fa
+    out["fa_serial"] = col(e2e, "fa_serial") / fa
+    out["fa_speedup"] = col(e2e, "fa_serial") / col(e2e, "fa_fused")
+    out["ours_speedup"] = col(e2e, ULYSSES_BASELINE) / col(e2e, "fused")
+    out = out.reset_index()
+    out["family"] = out["shape"].map(ulysses_family)
+    return out.sort_values(["P", "D", "H", "S"]).reset_index(drop=True)
+
+
 ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-class kernel's (cuDNN SDPA stands in)
 
 
