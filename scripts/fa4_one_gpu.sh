@@ -33,7 +33,7 @@ for s in "$@"; do
       echo "== install: $((SECONDS - t0))s" ;;
     gate)   # the fused kernel bit for bit on small shapes first; a failure drops fa_fused from the sweep
       t0=$SECONDS
-      timeout --signal=INT --kill-after=10 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_fa4_gpu.py \
+      timeout --signal=INT --kill-after=10 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_fa4_gpu.py \
         -k "bit_exact or close" >"$OUT/logs/gate.log" 2>&1
       rc=$?; echo "== gate (fused bit-exact, P=2/4, local/host): rc=$rc in $((SECONDS - t0))s"; tail -n 25 "$OUT/logs/gate.log"
       [ $rc -ne 0 ] && FUSED_OK=0 ;;
@@ -51,8 +51,8 @@ for s in "$@"; do
     test:*)
       t0=$SECONDS
       timeout --signal=INT --kill-after=10 "${s#test:}" python3 -m pytest -q -p no:cacheprovider tests/test_fa4_gpu.py \
-        >"$OUT/logs/test_fa4_gpu.log" 2>&1
-      echo "== pytest tests/test_fa4_gpu.py: rc=$? in $((SECONDS - t0))s"; tail -n 15 "$OUT/logs/test_fa4_gpu.log" ;;
+        -k "not bit_exact and not close" >"$OUT/logs/test_fa4_gpu.log" 2>&1    # the gate ran the others
+      echo "== pytest tests/test_fa4_gpu.py (the rest): rc=$? in $((SECONDS - t0))s"; tail -n 15 "$OUT/logs/test_fa4_gpu.log" ;;
     pack)   # at most 8 files come back: the logs as one archive
       tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
     *) echo "unknown stage $s"; exit 2 ;;
