@@ -12,7 +12,10 @@ the global timer read at the program's start):
   t_drained      with ``DRAIN``: after every thread's ``fence.acq_rel.sys`` returned, i.e. the burst's stores
                  are performed at system scope (visible at the destination)
   t_released     with ``SYNC``: after a grid-wide barrier, so that every program starts its gap and its next
-                 burst together (without it, programs drift apart over a train and stop contending)
+                 burst together (without it, programs drift apart over a train and stop contending). The
+                 arrival is a release (``RELEASE``, the recorded sweeps): it returns only once the program's
+                 stores are performed, so the barrier also drains the stage (measured: its time is the stage's
+                 content / D on both links); ``RELEASE=False`` arrives relaxed and leaves the stage as it is
 
 ``t_issue_end - t_issue_start`` is the sender-visible issue time: short bursts cost only their issue, while a
 sustained train fills the outstanding capacity between issue and visibility (the X-Stage) and later stores
@@ -60,6 +63,8 @@ def burst_gap_store_kernel(
     DRAIN: tl.constexpr,
     SYNC: tl.constexpr,    # grid barrier after each burst: every program starts its gap (and next burst) together
     DEVICE: tl.constexpr,
+    RELEASE: tl.constexpr = True,  # the barrier's arrival is a release (it returns once this program's stores
+                                   # are performed: the stage drains at every barrier); False: relaxed arrival
 ):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -85,7 +90,10 @@ def burst_gap_store_kernel(
             t2 = clock64(DEVICE)
         t3 = t2
         if SYNC and DEVICE:  # bounded grid barrier (all P programs must be resident; a timeout is reported)
-            tl.atomic_add(bar_ptr + b, 1, sem="release", scope="gpu")
+            if RELEASE:
+                tl.atomic_add(bar_ptr + b, 1, sem="release", scope="gpu")
+            else:
+                tl.atomic_add(bar_ptr + b, 1, sem="relaxed", scope="gpu")
             seen = tl.atomic_add(bar_ptr + b, 0, sem="acquire", scope="gpu")
             polls = 0
             while (seen < n_prog) & (polls < max_polls):

@@ -5,6 +5,7 @@
 # finished configuration), seeded from data/<machine>/ when that already holds part of a sweep (they resume).
 # On one GPU (the host link as the remote path):
 #   WORLD_SIZE=1 scripts/device_session.sh install test-host bandwidth burst-gap-host:240 free-running-host:240 trains:300
+#   WORLD_SIZE=1 scripts/device_session.sh install test-host barrier-host:90 drain-host:90
 # Needs OUT. WORLD_SIZE (default 2) ranks, one per GPU; MACHINE defaults to h200x<WORLD_SIZE>; FRESH_ULYSSES=1
 # starts the Ulysses sweep afresh. On 8 GPUs, everything the notebooks need:
 #   WORLD_SIZE=8 scripts/device_session.sh install test-remote bandwidth burst-gap:300 ulysses:400 megamoe:9
@@ -54,6 +55,14 @@ for s in "$@"; do
        sweep burst-gap --out "$SCRATCH/free_running" --no-sync --targets host,local --store-bytes 16 \
        --burst-kib 1,2,4,8,16,32,64,128,256,512,1024; \
        [ -e "$SCRATCH/free_running/burst_gap.csv" ] && gzip -f "$SCRATCH/free_running/burst_gap.csv" ;;
+    # the barrier-drains reading, falsifiable: the same grid with a release barrier (as recorded) and a relaxed one
+    barrier-host:*) for b in release relaxed; do stage "barrier-$b" "${s#barrier-host:}" $PY -m xstage sweep burst-gap \
+       --out "$SCRATCH/barrier_$b" --barrier "$b" --targets host --store-bytes 16 --programs 16,66,132,264 \
+       --burst-kib 8,16,32,64,128,256 --gap-us 0,1,10,100 --bursts 8 --repeats 3; done ;;
+    # the drain with few and many programs storing at once: long bursts, each followed by its drain fence
+    drain-host:*) stage drain-host "${s#drain-host:}" $PY -m xstage sweep burst-gap --out "$SCRATCH/drain_programs" \
+       --drain --targets host --store-bytes 16 --programs 1,2,4,8,16,32,66,132 --burst-kib 256,1024,4096 \
+       --gap-us 0,10 --bursts 3 --repeats 3 ;;
     trains:*) seed burst_train; stage trains "${s#trains:}" $PY -m xstage sweep trains --out "$SCRATCH" \
        ${TRAIN_TARGETS:+--targets $TRAIN_TARGETS} ;;
     bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;

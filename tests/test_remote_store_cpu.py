@@ -133,13 +133,19 @@ from triton.backends.compiler import GPUTarget
 import xstage.kernels.remote_store as k
 sig = {'dst_addr': 'i64', 'ts_ptr': '*i64', 'cal_ptr': '*i64', 'bar_ptr': '*i32', 'status_ptr': '*i64',
        'burst_elems': 'i32', 'gap_cycles': 'i64', 'seed': 'i32', 'max_polls': 'i32', 'N_BURSTS': 'constexpr',
-       'V': 'constexpr', 'R': 'constexpr', 'DRAIN': 'constexpr', 'SYNC': 'constexpr', 'DEVICE': 'constexpr'}
+       'V': 'constexpr', 'R': 'constexpr', 'DRAIN': 'constexpr', 'SYNC': 'constexpr', 'DEVICE': 'constexpr',
+       'RELEASE': 'constexpr'}
 for v in (1, 2, 4):
     src = triton.compiler.ASTSource(fn=k.burst_gap_store_kernel, signature=sig, constexprs=dict(
-        N_BURSTS=2, V=v, R=128, DRAIN=True, SYNC=True, DEVICE=True))
+        N_BURSTS=2, V=v, R=128, DRAIN=True, SYNC=True, DEVICE=True, RELEASE=True))
     ptx = triton.compile(src, target=GPUTarget('cuda', 90, 32)).asm['ptx']
     print(v, sorted(set(re.findall(r'st\.global\.(?:v\d\.)?b32', ptx))), 'fence.acq_rel.sys' in ptx,
           '%clock64' in ptx, 'ld.global.gpu.acquire' in ptx)
+for rel in (True, False):   # the grid barrier's arrival: a release (waits for this program's stores) or relaxed
+    src = triton.compiler.ASTSource(fn=k.burst_gap_store_kernel, signature=sig, constexprs=dict(
+        N_BURSTS=2, V=4, R=128, DRAIN=False, SYNC=True, DEVICE=True, RELEASE=rel))
+    ptx = triton.compile(src, target=GPUTarget('cuda', 90, 32)).asm['ptx']
+    print(rel, sorted(set(re.findall(r'red\.global\.gpu\.[a-z]+\.add', ptx))))
 """
 
 
@@ -152,7 +158,8 @@ def test_compiled_store_width_is_the_one_asked_for():
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert lines == ["1 ['st.global.b32'] True True True", "2 ['st.global.v2.b32'] True True True",
-                     "4 ['st.global.v4.b32'] True True True"]
+                     "4 ['st.global.v4.b32'] True True True", "True ['red.global.gpu.release.add']",
+                     "False ['red.global.gpu.relaxed.add']"]
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -65,6 +65,18 @@ def test_grid_barrier_times_out_with_report():
         check_barrier_status(bufs["status"], p, rank=0)
 
 
+@pytest.mark.gpu
+def test_relaxed_barrier_sweep_is_bit_exact_and_resumes_on_one_gpu(tmp_path):
+    """The relaxed-arrival grid barrier (the falsification run of the barrier-drains reading): the sweep checks
+    its destinations bit for bit (poisoned first) before timing, the barrier never times out, and it resumes."""
+    grid = sweep.BurstGapGrid(burst_kib=(1, 64), gap_us=(0, 5), programs=(16, 264), store_bytes=(16,),
+                              targets=("host",), n_bursts=3, repeats=2, world_size=1, release=False)
+    sweep.run_burst_gap(grid, tmp_path, source="gpu")
+    n1 = len(open(tmp_path / "burst_gap.csv").readlines())
+    sweep.run_burst_gap(grid, tmp_path, source="gpu")
+    assert len(open(tmp_path / "burst_gap.csv").readlines()) == n1 == 1 + 2 * 2 * 2 * 2 * 3
+
+
 @pytest.mark.multigpu
 def test_sweep_resumes(tmp_path):
     grid = sweep.BurstGapGrid(burst_kib=(1, 64), gap_us=(0, 5), programs=(4,), store_bytes=(16,),

@@ -60,6 +60,26 @@ def test_a_long_gap_makes_every_burst_cost_like_the_first():
     assert t[-1] < t[0]
 
 
+def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not():
+    """The recorded sweeps' grid barrier is a release: it returns once the stage has drained, so with no gap at
+    all every synchronised burst costs what the first did. A relaxed barrier leaves the stage full: with no gap,
+    a burst that overflows the stage makes the next ones slower than the first."""
+    prm = random_params(drain_gbps=RNG.uniform(30, 100))
+    P = int(RNG.choice([66, 132, 264]))
+    b = np.full(5, 4 * float(prm.capacity_bytes(P)) / P)     # every burst overflows the stage
+    gap = np.zeros(5)
+    rel = predict_train(prm, P, b, gap, sync=True)
+    assert np.allclose(rel, rel[0], rtol=1e-6), rel
+    lax = predict_train(prm, P, b, gap, sync=True, barrier="relaxed")
+    assert np.isclose(lax[0], rel[0], rtol=1e-9) and np.all(lax[1:] > 1.01 * rel[0]), (rel, lax)
+    # a gap long enough to drain the stage makes the two barriers agree again
+    lax = predict_train(prm, P, b, np.full(5, 1e3 * float(prm.capacity_bytes(P)) / prm.drain_gbps), sync=True,
+                        barrier="relaxed")
+    assert np.allclose(lax, rel, rtol=1e-6)
+    with pytest.raises(ValueError, match="barrier must be"):
+        predict_train(prm, P, b, gap, sync=True, barrier="acquire")
+
+
 def test_the_total_drain_never_exceeds_D():
     """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst)."""
     prm = random_params()

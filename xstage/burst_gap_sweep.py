@@ -41,6 +41,7 @@ class BurstGapGrid:
     drain: tuple[bool, ...] = (False,)
     sync: bool = True
     world_size: int = 2
+    release: bool = True    # the grid barrier's arrival is a release (drains the stage); False: relaxed
 
     def program_counts(self, sm_count: int) -> tuple[int, ...]:
         return self.programs or (1, 4, 16, sm_count // 2, sm_count, 2 * sm_count)
@@ -134,7 +135,7 @@ def _ns(bufs, programs: int, n_bursts: int, stamps: int, cycles_per_ns: float) -
 
 
 def measure_point(world, dests: Destinations, p: BurstGapPoint, repeats: int, seed: int = 0,
-                  clock: dict | None = None) -> pd.DataFrame:
+                  clock: dict | None = None, release: bool = True) -> pd.DataFrame:
     """Warm-up train, then ``repeats`` trains on every local rank; per-burst rows for every rank."""
     bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
     cpn = {r: (clock or {}).get(r, {"cycles_per_ns": 1.0})["cycles_per_ns"] for r in world.local_ranks}
@@ -145,7 +146,8 @@ def measure_point(world, dests: Destinations, p: BurstGapPoint, repeats: int, se
         return pd.DataFrame({**asdict(p), "rank": r, "repeat": rep, "burst": np.arange(p.n_bursts), **s})
 
     return _timed_runs(world, repeats,
-                       lambda r: launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r, cpn[r]),
+                       lambda r: launch_burst_gap(dests.addr(world, r, p.target), bufs[r], p, seed + r, cpn[r],
+                                                  release=release),
                        lambda r: check_barrier_status(bufs[r]["status"], p, r), record)
 
 
@@ -161,7 +163,7 @@ def _poison_run_check(world, dests: Destinations, target: str, elems: int, run, 
         check(r, *dests.received(world, r, target))
 
 
-def check_point(world, dests: Destinations, p: BurstGapPoint, seed: int) -> None:
+def check_point(world, dests: Destinations, p: BurstGapPoint, seed: int, release: bool = True) -> None:
     """One synchronised train per rank, every destination checked (and every grid barrier's status)."""
     bufs = {r: burst_gap_buffers(p, world.device(r)) for r in world.local_ranks}
 
@@ -170,7 +172,7 @@ def check_point(world, dests: Destinations, p: BurstGapPoint, seed: int) -> None
         check_destination(buf, p, seed + sender)
 
     _poison_run_check(world, dests, p.target, p.dst_elems,
-                      lambda r, addr: launch_burst_gap(addr, bufs[r], p, seed + r), check)
+                      lambda r, addr: launch_burst_gap(addr, bufs[r], p, seed + r, release=release), check)
 
 
 def allocate(world, elems: int, targets) -> Destinations:
@@ -224,17 +226,32 @@ def burst_gap_job(world, grid: BurstGapGrid, folder: str, meta: dict, check: boo
     if check:  # bit-exact destinations before any timing: one small and one large point per target
         for t in grid.targets:
             for i, p in enumerate((todo[0], todo[-1])):
-                check_point(world, dests, replace(p, target=t, drain=False), seed=seed + 7919 * i)
+                check_point(world, dests, replace(p, target=t, drain=False), seed=seed + 7919 * i,
+                            release=grid.release)
     bar = tqdm(todo, desc="burst-gap", disable=not rank0, file=sys.stderr, mininterval=2)
     for i, p in enumerate(bar):
-        df = measure_point(world, dests, p, grid.repeats, seed=seed + i, clock=clock)
+        df = measure_point(world, dests, p, grid.repeats, seed=seed + i, clock=clock, release=grid.release)
         _append_all_ranks(world, csv, data.BURST_GAP, df)
+
+
+def _check_same_harness(out: Path, grid: BurstGapGrid) -> None:
+    """A folder holds one harness: refuse to append a sweep whose barrier (sync, release) differs."""
+    side = data.paths(out, data.BURST_GAP)[1]
+    if not side.is_file():
+        return
+    had = data.read_meta(side, data.BURST_GAP).get("params", {}).get("grid", {})
+    for name in ("sync", "release"):
+        old, new = bool(had.get(name, True)), bool(getattr(grid, name))
+        if old != new:
+            raise ValueError(f"{out} holds a burst-gap sweep with {name}={old}; record {name}={new} in another "
+                             f"folder")
 
 
 def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", params=None, command: str = "") -> Path:
     """Run (or resume) the burst-gap sweep into ``out``; returns the CSV path. Validates before launching."""
     out = Path(out)
     grid.validate()  # parameters first (with a nominal 132-SM GPU), then the hardware
+    _check_same_harness(out, grid)
     if source == "gpu":
         env.require_gpus(grid.world_size, "the burst-gap sweep" + (" (remote target)" if "remote" in grid.targets
                                                                    else " (host link)"), simulated=True)

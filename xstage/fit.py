@@ -344,6 +344,8 @@ def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
     return prm, span_o
 
 
+STAGE_LOSS = "soft_l1"                   # robust loss of the log residuals
+STAGE_F_SCALE = 0.1                      # its scale (errors beyond ~10 % count less than quadratically)
 LOGIT = ("spread", "stalled_fraction")   # fitted in logit space (fractions); the rest in log space
 
 
@@ -379,7 +381,7 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40):
         return w * (np.log(np.maximum(pred, 1e-3)) - np.log(obs.measured))[mask]
 
     x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
-    return least_squares(resid, x0, loss="soft_l1", f_scale=0.1, method="trf", x_scale=1.0, diff_step=1e-3,
+    return least_squares(resid, x0, loss=STAGE_LOSS, f_scale=STAGE_F_SCALE, method="trf", x_scale=1.0, diff_step=1e-3,
                          max_nfev=max_nfev, bounds=(lo, hi)), mask
 
 

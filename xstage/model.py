@@ -382,16 +382,21 @@ def _water_fill(w, m, total, cap):
     return s
 
 
-def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int = STAGE_GROUPS):
+def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int = STAGE_GROUPS,
+                   barrier_drains=True):
     """Every configuration's train through the stage model, vectorized over configurations.
 
-    programs [N]; burst_bytes, gap_ns [N, n] (per program; gap after each burst); sync [N] bool.
+    programs [N]; burst_bytes, gap_ns [N, n] (per program; gap after each burst); sync [N] bool;
+    barrier_drains [N] bool (sync only): the grid barrier's arrival is a release, which returns once the
+    program's stores are performed, so the barrier also waits for the stage to drain (the recorded sweeps;
+    their barrier time is the stage's content / D on both links); False: a relaxed barrier.
     Returns (start, end) [N, G, n] ns per weight group (groups beyond min(P, G) are NaN) and the group
     sizes m [N, G] (programs per group)."""
     P = np.asarray(programs, np.float64)
     b = np.asarray(burst_bytes, np.float64)
     g = np.asarray(gap_ns, np.float64)
     sync = np.broadcast_to(np.asarray(sync, bool), P.shape)
+    drains = sync & np.broadcast_to(np.asarray(barrier_drains, bool), P.shape)
     N, n = b.shape
     if N * groups * n > MAX_STAGE_WORK:
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
@@ -422,6 +427,15 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             bb = b[rows, np.minimum(k, n - 1)]
             gg = g[rows, np.minimum(k, n - 1)]
             up = (rem <= eps_t) & (phase < 3)
+            # the grid barrier: when every group of a sync configuration waits (and, with a release barrier, the
+            # stage has drained), all start the gap together
+            release = (sync & np.all((phase == 3) | ~valid, axis=1) & np.any(phase == 3, axis=1)
+                       & ((q <= C * 1e-12) | ~drains))
+            if release.any():
+                rel = release[:, None] & (phase == 3)
+                phase = np.where(rel, 2, phase)
+                rem = np.where(rel, g[rows, k], rem)
+                up = up | (rel & (rem <= eps_t))
             if not up.any():
                 break
             to_issue = up & (phase == 0)
@@ -441,16 +455,11 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 start[ii, jj, k[ii, jj]] = t[ii]
                 phase = np.where(to_next, 0, phase)
                 rem = np.where(to_next, o, rem)
-            # the grid barrier: when every group of a sync configuration waits, all start the gap together
-            release = sync & np.all((phase == 3) | ~valid, axis=1) & np.any(phase == 3, axis=1)
-            if release.any():
-                rel = release[:, None] & (phase == 3)
-                phase = np.where(rel, 2, phase)
-                rem = np.where(rel, g[rows, k], rem)
         active = np.any(phase < 4, axis=1)
         if not active.any():
             break
         issuing = phase == 1
+        waiting = drains & np.all((phase == 3) | ~valid, axis=1) & np.any(phase == 3, axis=1)  # barrier: drain
         demand = np.where(issuing, m * r, 0.0).sum(axis=1)
         Ce = np.where(stalled, C * phi, C)
         over = q > Ce * (1 + 1e-9)                                   # a stage that just filled: issuers wait
@@ -467,7 +476,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                              np.where((phase == 0) | (phase == 2), rem, np.inf))
             t_fill = np.where(~full & ~over & (qdot > 0), (Ce - q) / qdot, np.inf)
             t_unover = np.where(over, (q - Ce) / D, np.inf)
-            t_empty = np.where(stalled & ~over & (qdot < 0), q / -qdot, np.inf)
+            t_empty = np.where((stalled | waiting) & ~over & (qdot < 0), q / -qdot, np.inf)
         dt = np.minimum(np.minimum(t_evt.min(axis=1), t_fill), np.minimum(t_unover, t_empty))
         dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
         t = t + dt
@@ -505,18 +514,24 @@ def _check_train(programs, burst_bytes, gap_ns):
     return int(programs), b, g
 
 
-def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bool = False) -> np.ndarray:
+def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bool = False,
+                  barrier: str = "release") -> np.ndarray:
     """ns per burst of a train that every one of ``programs`` programs runs (bytes per program per burst,
     ``gap_ns[k]`` = the compute gap after burst k, the last one unused).
 
     sync=False: the median program's issue time of each burst of a free-running train whose programs all
     start together. sync=True: the grid's span of each burst (first start -> last end) when a grid barrier
     starts every burst together, ``gap_ns[k]`` after the last program finished burst k (as the synchronised
-    sweep, where the harness's barrier time belongs in the gap)."""
+    sweep, where the harness's barrier time belongs in the gap). ``barrier`` (sync only): "release" (the
+    recorded sweeps: the barrier waits until the stage has drained, then the gap follows) or "relaxed" (the
+    next burst starts ``gap_ns[k]`` after the last program finished, whatever the stage holds)."""
     if not isinstance(prm, StageParams):
         raise ValueError(f"prm must be StageParams (xstage.model.load_params), got {type(prm).__name__}")
+    if barrier not in ("release", "relaxed"):
+        raise ValueError(f"barrier must be 'release' or 'relaxed', got {barrier!r}")
     P, b, g = _check_train(programs, burst_bytes, gap_ns)
-    start, end, _ = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)])
+    start, end, _ = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)],
+                                   barrier_drains=[barrier == "release"])
     return stage_measure(start, end, [bool(sync)])[0]
 
 

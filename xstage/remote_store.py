@@ -95,10 +95,12 @@ def burst_gap_buffers(p: BurstGapPoint, device) -> dict[str, torch.Tensor]:
 
 
 def launch_burst_gap(dst_addr: int, bufs: dict[str, torch.Tensor], p: BurstGapPoint, seed: int,
-                     cycles_per_ns: float = 1.0, max_polls: int = MAX_POLLS, planted_missing: int = 0) -> None:
+                     cycles_per_ns: float = 1.0, max_polls: int = MAX_POLLS, planted_missing: int = 0,
+                     release: bool = True) -> None:
     """Launch one train of bursts into the buffer at ``dst_addr`` (int32 [B, P, N]); ``bufs`` from
     :func:`burst_gap_buffers` (zeroes the barrier counters and status itself). ``planted_missing`` > 0
-    makes every grid barrier wait for that many programs that never come (tests: a timeout, not a hang)."""
+    makes every grid barrier wait for that many programs that never come (tests: a timeout, not a hang).
+    ``release=False``: the grid barrier's arrival is relaxed (it does not wait for the program's stores)."""
     p.validate()
     for name, numel in (("ts", p.programs * p.n_bursts * 4), ("cal", p.programs * 2), ("bar", p.n_bursts),
                         ("status", p.programs * 2)):
@@ -116,7 +118,7 @@ def launch_burst_gap(dst_addr: int, bufs: dict[str, torch.Tensor], p: BurstGapPo
         dst_addr, bufs["ts"], bufs["cal"], bufs["bar"], bufs["status"], n, int(round(p.gap_ns * cycles_per_ns)),
         seed, max_polls,
         N_BURSTS=p.n_bursts, V=v, R=_rows_per_step(n, v, warps), DRAIN=p.drain, SYNC=p.sync, DEVICE=device_timers,
-        num_warps=warps,
+        RELEASE=bool(release), num_warps=warps,
     )
 
 
