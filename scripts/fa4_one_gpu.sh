@@ -16,6 +16,8 @@ PARTS=/root/fa4parts
 SHA=1442127dc9ca7f401da205a8d814964adadea2e160e9d20a553d7ffbdb5b9179
 SHAPES=${SHAPES:-seq_4k,seq_8k,seq_16k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
 METHODS=${METHODS:-fused,serial_triton,serial_cudnn,attention_only,sdpa_only,fa,fa_serial,fa_fused}
+RECORD=${RECORD:-ulysses_fa}          # records: $OUT/h200x1/${RECORD}_<link>/
+SWEEP_ARGS=${SWEEP_ARGS:-}           # e.g. --no-tune (a run that times no method of ours)
 export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
 FUSED_OK=1
 for s in "$@"; do
@@ -43,10 +45,10 @@ for s in "$@"; do
       for link in host local; do
         t0=$SECONDS; lim=$lsec; [ $link = host ] && lim=$hsec
         timeout --signal=INT --kill-after=15 "$lim" python3 -m xstage sweep ulysses --world one-gpu --ranks 2 \
-          --link $link --shapes "$SHAPES" --methods "$m" --out "$OUT/h200x1/ulysses_fa_$link" \
-          >"$OUT/logs/ulysses_fa_$link.log" 2>&1
+          --link $link --shapes "$SHAPES" --methods "$m" --out "$OUT/h200x1/${RECORD}_$link" $SWEEP_ARGS \
+          >"$OUT/logs/${RECORD}_$link.log" 2>&1
         echo "== ulysses fa $link ($m): rc=$? in $((SECONDS - t0))s"
-        grep -v "^ulysses: tune" "$OUT/logs/ulysses_fa_$link.log" | tail -n 10
+        grep -v "^ulysses: tune\|UserWarning\|exe_args" "$OUT/logs/${RECORD}_$link.log" | tail -n 10
       done ;;
     test:*)
       t0=$SECONDS

@@ -76,6 +76,13 @@ def test_fa_alone_close_to_reference():
     U.check_close(out, ref, pt, "FA4 alone")
 
 
+def test_fa_kernel_is_fa_bit_for_bit():
+    """FA's kernel launched directly (the sweep's fa_kernel) is FA's interface output, bit for bit, both head dims."""
+    for i, c in enumerate(CASES[:2]):
+        q, k, v = _inputs(c, 1, random.randrange(2**30) + i)[0]
+        U.check_bit_identical(fa4.attention_kernel(q, k, v), fa4.attention(q, k, v), f"{c.name}: FA kernel vs FA")
+
+
 def test_bad_input_one_error_before_launch():
     world = OneGPUWorld(2, "local")
     bufs = U.ulysses_buffers(world, 1_024, 4, 128)
@@ -92,7 +99,7 @@ def test_bad_input_one_error_before_launch():
 @pytest.mark.parametrize("link", ["local", "host"])
 def test_one_gpu_sweep_records_fa(tmp_path, link):
     shapes = [U.UlyssesShape("tiny_d128_straddle", 4_200, 4, 128)]
-    methods = ["fused", "attention_only", "fa", "fa_serial", "fa_fused"]
+    methods = ["fused", "attention_only", "fa", "fa_kernel", "fa_serial", "fa_fused"]
     US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False, world="one-gpu",
                    link=link, methods=methods)
     df, meta = data.load(tmp_path, data.ULYSSES)

@@ -5,6 +5,9 @@ here, as (bool, one reason line). Without the extra, or on a GPU other than Hopp
 FA methods with that line and records them as absent (``xstage.ulysses_sweep``; never as a 0 time).
 
 - ``attention(q, k, v)``: FA alone, [S, Hl, D] -> [S, Hl, D] (``flash_attn.cute.flash_attn_func``, non-causal).
+- ``attention_kernel(q, k, v)``: the same FA kernel (FA's SM90 class, FA's config) compiled once and launched the
+  way the fused layer is (no per-call work of FA's Python interface): the sweep's ``fa_kernel``, checked bit for
+  bit against ``attention``; fused / fa_kernel compares two launches of one path, differing only in the epilogue.
 - ``ulysses_fused_fa(world, q, k, v, bufs, ranks=...)``: the layer with the post-attention all-to-all fused into FA's
   Hopper kernel (``xstage.kernels.attention_fa4.UlyssesFusedSm90``: the epilogue stores each row to its owner
   rank through a table of peer addresses), then the project's end-of-layer barrier
@@ -24,7 +27,7 @@ import torch
 
 from . import env
 
-METHODS = ("fa", "fa_serial", "fa_fused")
+METHODS = ("fa", "fa_kernel", "fa_serial", "fa_fused")
 PACKAGES = ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]==4.8.1", "quack-kernels==0.6.5",
             "apache-tvm-ffi==0.1.15.post2", "torch-c-dlpack-ext==0.1.5")   # = pyproject.toml's extra fa4
 NUM_STAGES, NUM_THREADS = 2, 384     # what flash_attn.cute.interface builds its SM90 forward with
@@ -148,6 +151,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float
     return o[0]
 
 
+def attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """FA4's kernel alone, launched as the fused layer launches its own (see the module docstring):
+    [S, Hl, D] -> [S, Hl, D] (``out`` if given: contiguous, same shape and dtype)."""
+    require()
+    S, Hl, D = validate_inputs(q, k, v)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or out.device != q.device:
+        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype} on {q.device}")
+    from flash_attn.cute.utils import AuxData
+
+    q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    _compiled(D, q4, k4, v4, o4, None)(q4, k4, v4, o4, None, scale, None, None, None, None, None, None, None, None,
+                                       None, AuxData(None, None), None, None)
+    return out
+
+
 # ------------------------------------------------------------------------------------------- fused layer
 _COMPILED: dict = {}
 _TABLES: dict = {}
@@ -155,12 +177,14 @@ _SCRATCH: dict = {}
 
 
 def _compiled(D: int, q4, k4, v4, o4, table):
-    """The fused kernel for head dim D (compiled once per head dim and device; shapes are dynamic)."""
-    key = (D, q4.device)
+    """The fused kernel for head dim D (``table`` given) or FA's own kernel (``table`` None), compiled once per head
+    dim and device (shapes are dynamic), with FA's config and FA's compile options."""
+    key = (D, q4.device, table is None)
     if key not in _COMPILED:
         import cutlass
         import cutlass.cute as cute
         from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+        from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
         from flash_attn.cute.utils import AuxData
 
         from .kernels import attention_fa4
@@ -168,16 +192,17 @@ def _compiled(D: int, q4, k4, v4, o4, table):
         if attention_fa4.TABLE_HEADER != TABLE_HEADER:
             raise RuntimeError("xstage.fa4.TABLE_HEADER and the kernel's disagree")
         tile_m, tile_n, rs, overlap = fa_config(D)
-        kern = attention_fa4.UlyssesFusedSm90(
+        cls = FlashAttentionForwardSm90 if table is None else attention_fa4.UlyssesFusedSm90
+        kern = cls(
             cutlass.BFloat16, D, D, 1, is_causal=False, is_local=False, pack_gqa=False, tile_m=tile_m,
             tile_n=tile_n, num_stages=NUM_STAGES, num_threads=NUM_THREADS, Q_in_regs=False,
             intra_wg_overlap=overlap, mma_pv_is_rs=rs)
         qt, kt, vt = (to_cute_tensor(t) for t in (q4, k4, v4))
         ot = to_cute_tensor(o4, assumed_align=16)
-        tt = to_cute_tensor(table, assumed_align=8, leading_dim=0)
+        aux = AuxData(None if table is None else [to_cute_tensor(table, assumed_align=8, leading_dim=0)], None)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         _COMPILED[key] = cute.compile(kern, qt, kt, vt, ot, None, 1.0, None, None, None, None, None, None, None,
-                                      None, None, AuxData([tt], None), None, None, stream,
+                                      None, None, aux, None, None, stream,
                                       options="--enable-tvm-ffi")
     return _COMPILED[key]
 

@@ -21,7 +21,8 @@ resumable: shapes already recorded are skipped). With device timers the sidecar 
 per-program times split by where the tile goes (``bursts``: tiles stored to a peer vs to this rank's own rows),
 which ``xstage.studies.ulysses_bursts`` sets beside the stage model of the link.
 
-FA-class methods (``xstage.fa4.METHODS``, the optional extra ``fa4``, Hopper only): ``fa`` (FA4 alone),
+FA-class methods (``xstage.fa4.METHODS``, the optional extra ``fa4``, Hopper only): ``fa`` (FA4 alone through its
+interface, ``flash_attn_func``), ``fa_kernel`` (the same kernel launched as the fused one is, checked bit for bit),
 ``fa_serial`` (FA4, then the post-attention all-to-all as ``serial_*`` does it) and ``fa_fused`` (the all-to-all
 fused into FA4's kernel, ``xstage.fa4.ulysses_fused_fa``, then the end-of-layer barrier; its sender-visible time
 is CUDA events around the kernel alone, its end to end includes the barrier), timed round-robin beside ours and
@@ -232,6 +233,12 @@ def _fa_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, con
         why = f"{type(e).__name__}: {e}"
         print(f"ulysses: {what}: FA4 methods not timed: {why}", file=sys.stderr, flush=True)
         return {}, [], {m: why for m in fa4.METHODS}
+    try:   # FA's kernel launched directly is FA's interface, bit for bit
+        check_bit_identical(fa4.attention_kernel(q, k, v), fa4.attention(q, k, v), f"{what}: FA kernel vs FA")
+    except Exception as e:  # noqa: BLE001
+        why = f"{type(e).__name__}: {e}"
+        print(f"ulysses: {what}: fa_kernel not timed: {why}", file=sys.stderr, flush=True)
+        failed["fa_kernel"] = why
     try:
         _check_fa_fused(world, shape, bufs, qkv, rank, what)
     except Exception as e:  # noqa: BLE001 (the fused kernel failed or differs: not timed, FA alone still is)
@@ -247,10 +254,10 @@ def _fa_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, con
         fa4.ulysses_fused_fa(world, {rank: q}, {rank: k}, {rank: v}, bufs, check=False, ranks=[rank],
                              events=events[i])
 
-    fns = {"fa": lambda: fa4.attention(q, k, v), "fa_serial": lambda: serial(lambda: fa4.attention(q, k, v))}
-    if not failed:
-        fns["fa_fused"] = fused
-    return fns, events, failed
+    kout = torch.empty_like(q)
+    fns = {"fa": lambda: fa4.attention(q, k, v), "fa_serial": lambda: serial(lambda: fa4.attention(q, k, v)),
+           "fa_kernel": lambda: fa4.attention_kernel(q, k, v, out=kout), "fa_fused": fused}
+    return {m: f for m, f in fns.items() if m not in failed}, events, failed
 
 
 def _check_fa_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, rank: int, what: str) -> None:
