@@ -550,13 +550,16 @@ def ulysses_ratios(df: pd.DataFrame) -> pd.DataFrame:
 ULYSSES_FA_RECORD = "ulysses_fa"   # data/<machine>/ulysses_fa_<link>/: the one-GPU records with FA4's methods
 
 
-def ulysses_fa_data(machine: str = "h200x1", link: str = "host") -> tuple[pd.DataFrame, dict]:
+def ulysses_fa_data(machine: str = "h200x1", link: str = "host", record: str = ULYSSES_FA_RECORD
+                    ) -> tuple[pd.DataFrame, dict]:
     """The one-GPU Ulysses record that times FA4 (``fa``, ``fa_serial``, ``fa_fused``: the extra ``fa4``) beside
     ours and cuDNN in the same rounds (data/<machine>/ulysses_fa_<link>/; schema ulysses), verified; recorded only
-    (it needs a Hopper GPU and the extra). ``df.attrs["world"]`` names the world and link."""
+    (it needs a Hopper GPU and the extra). ``record``: the folder's stem (``ulysses_fa``: run F2, FA alone through its
+    interface only; ``ulysses_fa_kernel``: run F3, also FA's kernel launched as the fused one is). ``df.attrs["world"]``
+    names the world and link."""
     if link not in ULYSSES_ONE_GPU_LINKS:
         raise ValueError(f"link must be one of {', '.join(ULYSSES_ONE_GPU_LINKS)}, got {link!r}")
-    folder = data.machine_dir(machine) / f"{ULYSSES_FA_RECORD}_{link}"
+    folder = data.machine_dir(machine) / f"{record}_{link}"
     if not data.paths(folder, data.ULYSSES)[0].is_file():
         raise ValueError(f"machine {machine!r} has no recorded FA4 Ulysses data for link {link!r} ({folder} has no "
                          f"ulysses.csv); record it: scripts/fa4_one_gpu.sh (xstage sweep ulysses --world one-gpu "
@@ -573,7 +576,9 @@ def ulysses_fa_table(df: pd.DataFrame) -> pd.DataFrame:
     events around the kernel, the same clock as FA alone) and end to end (``fa_fused_e2e``: up to the end of the
     barrier); ``fa_serial`` (FA, then the all-to-all) over FA alone; the end-to-end speedups over the serial layer
     with the same attention, ``fa_speedup`` (fa_serial / fa_fused) and ``ours_speedup`` (serial_triton / fused).
-    NaN where the record lacks a method (e.g. fa_fused absent after a failed check)."""
+    With ``fa_kernel`` rows (FA's kernel launched as the fused one is, no per-call interface work): its TFLOP/s
+    (``fa_kernel``) and the fused layer over it (``fa_fused_sv_k``, ``fa_fused_e2e_k``: one launch path, only the
+    epilogue differs). NaN where the record lacks a method (e.g. fa_fused absent after a failed check)."""
     med = ulysses_medians(df)
     sv, e2e, tf = (_ulysses_wide(med, s) for s in ("sv_median", "e2e_median", "tflops"))
     nan = pd.Series(np.nan, index=sv.index)
@@ -587,6 +592,9 @@ def ulysses_fa_table(df: pd.DataFrame) -> pd.DataFrame:
     out["fa_serial"] = col(e2e, "fa_serial") / fa
     out["fa_speedup"] = col(e2e, "fa_serial") / col(e2e, "fa_fused")
     out["ours_speedup"] = col(e2e, ULYSSES_BASELINE) / col(e2e, "fused")
+    out["fa_kernel"] = col(tf, "fa_kernel")
+    out["fa_fused_sv_k"] = col(sv, "fa_fused") / col(sv, "fa_kernel")
+    out["fa_fused_e2e_k"] = col(e2e, "fa_fused") / col(sv, "fa_kernel")
     out = out.reset_index()
     out["family"] = out["shape"].map(ulysses_family)
     return out.sort_values(["P", "D", "H", "S"]).reset_index(drop=True)
