@@ -1555,3 +1555,72 @@ def megamoe_gemm_ladder_figure(ladder: pd.DataFrame, title: str = "") -> go.Figu
     fig.update_layout(barmode="group", title=title or "MegaMoE GEMM phases: tile variants against the library",
                       height=460, legend=dict(orientation="h", y=-0.35))
     return fig
+
+
+def megamoe_round3_gemm_figure(g: pd.DataFrame, title: str = "") -> go.Figure:
+    """Round 3's GEMM study (xstage.studies.megamoe_round3_gemm): per dtype (column) and configuration (x, table
+    order), ours / the library of the same rounds (bf16: torch._grouped_mm; fp8: torch._scaled_grouped_mm) with
+    the default tiles (filled: >= 2048 rows on the rank, open: fewer) and with tiles version 1 (grey), and the
+    issue's goal lines (0.95 geomean, 0.9 on every configuration with >= 2048 rows). Traces: per dtype 3."""
+    from .studies import MEGAMOE_GEMM_GOALS
+
+    dtypes = list(dict.fromkeys(g.dtype))
+    lib = {"bf16": ("vs_grouped_mm", "v1_vs_grouped_mm", "torch._grouped_mm"),
+           "fp8": ("vs_scaled_grouped_mm", "v1_vs_scaled_grouped_mm", "torch._scaled_grouped_mm")}
+    fig = make_subplots(rows=1, cols=len(dtypes), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"{d}: ours / {lib.get(d, lib['bf16'])[2]}" for d in dtypes])
+    big = MEGAMOE_GEMM_GOALS["min_rows"]
+    for c, d in enumerate(dtypes, 1):
+        h = g[g.dtype == d]
+        col, v1col, name = lib.get(d, lib["bf16"])
+        fig.add_trace(go.Scatter(x=h.config, y=h[v1col], mode="markers", name=f"{d}: tiles version 1",
+                                 marker=dict(size=6, color="lightgrey"),
+                                 hovertemplate="%{x}<br>tiles v1 / " + name + " %{y:.3f}<extra></extra>"), row=1, col=c)
+        for is_big, sym in ((True, "circle"), (False, "circle-open")):
+            k = h[(h.rows >= big) == is_big]
+            fig.add_trace(go.Scatter(x=k.config, y=k[col], mode="markers",
+                                     name=f"{d}: default tiles ({'>=' if is_big else '<'} {big} rows)",
+                                     marker=dict(size=8, symbol=sym, color="#1f77b4"),
+                                     customdata=np.stack([k.tiles, k.rows], axis=-1),
+                                     hovertemplate="%{x} (%{customdata[1]} rows, %{customdata[0]})<br>ours / " + name
+                                     + " %{y:.3f}<extra></extra>"), row=1, col=c)
+        for y, dash, txt in ((MEGAMOE_GEMM_GOALS["geomean"], "dash", "goal: geomean >= 0.95"),
+                             (MEGAMOE_GEMM_GOALS["min_big"], "dot", f"goal: >= 0.9 at >= {big} rows")):
+            fig.add_hline(y=y, line_dash=dash, line_color="grey", annotation_text=txt, row=1, col=c)
+        fig.update_xaxes(showticklabels=False, title_text="configuration (shape, tokens, routing)", row=1, col=c)
+    fig.update_layout(title=title or "MegaMoE GEMM phases against the library, 84 configurations", height=480,
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def megamoe_round3_controls_figure(per: pd.DataFrame, title: str = "") -> go.Figure:
+    """Round 3's controls (xstage.studies.megamoe_round3_controls): per assignment (row) and dtype (column), each
+    schedule's compute-only time / Expert-Wave's (same assignment, same rounds) per configuration (x, table
+    order), order version 2 (filled) and version 1 (open, dynamic only), with the issue's goal lines (1.02
+    geomean, 1.05 worst). Traces: one per (assignment, dtype, schedule, variant) with data."""
+    from .studies import MEGAMOE_ORDER_GOALS
+
+    dtypes = list(dict.fromkeys(per.dtype))
+    assigns = [a for a in ("static", "dynamic") if a in set(per.assignment)]
+    fig = make_subplots(rows=len(assigns), cols=len(dtypes), shared_yaxes=True, shared_xaxes=True,
+                        vertical_spacing=0.1, horizontal_spacing=0.04,
+                        subplot_titles=[f"{a} assignment · {d}" for a in assigns for d in dtypes])
+    colours = {"interleaved": "#1f77b4", "lag": "#ff7f0e", "model_guided": "#2ca02c"}
+    for r, a in enumerate(assigns, 1):
+        for c, d in enumerate(dtypes, 1):
+            h = per[(per.assignment == a) & (per.dtype == d) & (per.schedule != "expert_wave")]
+            for (s, v), k in h.groupby(["schedule", "variant"], sort=False):
+                fig.add_trace(go.Scatter(
+                    x=k.config, y=k.over_ew, mode="markers", name=f"{s} (order {'v1' if v == 'order_v1' else 'v2'})",
+                    legendgroup=f"{s}:{v}", showlegend=(r, c) == (len(assigns), 1),
+                    marker=dict(size=7, color=colours.get(s, "black"),
+                                symbol="circle-open" if v == "order_v1" else "circle"),
+                    hovertemplate="%{x}<br>" + f"{s} {v} {a}: " + "%{y:.3f} of Expert-Wave<extra></extra>"),
+                    row=r, col=c)
+            for y, dash in ((MEGAMOE_ORDER_GOALS["geomean"], "dash"), (MEGAMOE_ORDER_GOALS["worst"], "dot")):
+                fig.add_hline(y=y, line_dash=dash, line_color="grey", row=r, col=c)
+            fig.add_hline(y=1.0, line_color="black", line_width=1, row=r, col=c)
+            fig.update_xaxes(showticklabels=False, row=r, col=c)
+    fig.update_layout(title=title or "MegaMoE: each schedule's compute-only time / Expert-Wave's", height=640,
+                      legend=dict(orientation="h", y=-0.08))
+    return fig

@@ -63,7 +63,7 @@ def _megamoe_rows() -> list[str]:
     m = model[model.schedule == "interleaved"].set_index("dtype")
     paper = (studies.paper_number("megamoe", "geomean_speedup"), studies.paper_number("megamoe", "max_speedup"))
     tag = " / ".join(dt)
-    cmd = f"`xstage sweep megamoe --out data/{MACHINE}`, notebook 03"
+    cmd = f"`xstage sweep megamoe --assignment static --out data/{MACHINE}`, notebook 03"   # as recorded
     return [
         f"| MegaMoE ({n} configurations, {tag}): interleaved / Expert-Wave kernel time | geomean "
         f"**{pair('geomean_speedup', '.2f')}x**; max {pair('max_speedup', '.2f')}x (paper, 8 GPUs: "
@@ -114,7 +114,7 @@ def _one_gpu_megamoe_rows() -> list[str]:
     s = summ.set_index(["dtype", "schedule"])
     n = " / ".join(f"{int(s.loc[(d, 'expert_wave'), 'configs'])} of {int(s.loc[(d, 'expert_wave'), 'expected'])}"
                    for d in dt)
-    cmd = "`xstage sweep megamoe --world one-gpu --ranks 2 --link host`, notebook 03"
+    cmd = "`xstage sweep megamoe --world one-gpu --ranks 2 --link host --assignment static`, notebook 03"
     def per_dtype(sched, col, fmt):
         return " / ".join(format(s.loc[(d, sched), col], fmt) for d in dt)
 
@@ -135,6 +135,34 @@ def _one_gpu_megamoe_rows() -> list[str]:
                     f"geomean **{ew}** ({' / '.join(dt)}) | same |")
         rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's (static assignment) | "
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
+    return rows + _one_gpu_megamoe_round3_rows()
+
+
+def _one_gpu_megamoe_round3_rows() -> list[str]:
+    """MegaMoE round 3 (data/h200x1/megamoe_round3: link local, compute only): GEMM phases / the library over
+    the 84, and each schedule's compute-only time / Expert-Wave's under the default (dynamic) assignment."""
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU)
+    except studies.NoRecordedData:
+        return []
+    rows = []
+    gs = studies.megamoe_round3_gemm_summary(studies.megamoe_round3_gemm(df)).set_index(["dtype", "ratio"])
+    cmd = "`scripts/megamoe_round3.sh` (`xstage.moe_gemm`, studies gemm / controls), notebook 03"
+    parts = [f"{d} / `torch.{lib}` geomean **{gs.loc[(d, col), 'geomean']:.3f}**, min "
+             f"{gs.loc[(d, col), 'min_big']:.3f} at >= 2048 rows ({int(gs.loc[(d, col), 'configs'])} configurations)"
+             for d, col, lib in (("bf16", "vs_grouped_mm", "_grouped_mm"),
+                                 ("fp8", "vs_scaled_grouped_mm", "_scaled_grouped_mm")) if (d, col) in gs.index]
+    if parts:
+        rows.append("| MegaMoE, one H200, compute only (link local): our GEMM phases (default tiles) / the library, "
+                    f"same rounds | {'; '.join(parts)} | {cmd} |")
+    cs = studies.megamoe_round3_controls_summary(studies.megamoe_round3_controls(df))
+    dyn = cs[(cs.assignment == "dynamic") & (cs.variant == "default") & (cs.schedule != "expert_wave")]
+    if len(dyn):
+        cov = studies.megamoe_round3_coverage_line(df).split("; ")[-1].replace("controls: ", "")
+        per = "; ".join(f"{dt}: " + ", ".join(f"{x.schedule} {x.over_ew_geomean:.3f} (worst {x.over_ew_worst:.2f})"
+                                             for x in g.itertuples()) for dt, g in dyn.groupby("dtype", sort=False))
+        rows.append(f"| MegaMoE, same study: each schedule's compute-only time / Expert-Wave's, dynamic assignment "
+                    f"({cov}) | geomean {per} | same |")
     return rows
 
 

@@ -1567,3 +1567,16 @@ def megamoe_round3_controls_summary(per: pd.DataFrame) -> pd.DataFrame:
                         task_busy=float(g.task_busy.median()), ew_task_busy=float(g.ew_task_busy.median()),
                         task_waited=float(g.task_waited.median())))
     return pd.DataFrame(out)
+
+
+def megamoe_round3_coverage_line(df: pd.DataFrame) -> str:
+    """'gemm: bf16 84 of 84, fp8 84 of 84 configurations; controls: ...': how many of the 84 configurations each
+    round-3 study holds per dtype (they run in table order, none chosen or dropped)."""
+    n = len(_moe_cases())
+    parts = []
+    for study in ("gemm", "controls"):
+        d = df[df.study == study]
+        per = [f"{dt} {len(g[['shape', 'tokens', 'routing']].drop_duplicates())} of {n}"
+               for dt, g in d.groupby("dtype", sort=False)]
+        parts.append(f"{study}: {', '.join(per) if per else 'none'} configurations")
+    return "; ".join(parts)
