@@ -910,7 +910,8 @@ def ulysses_fa(df: pd.DataFrame) -> go.Figure:
     fig.update_layout(**_LAYOUT)
     fig.update_layout(barmode="group", height=height, margin=dict(l=220, t=130, b=110),
                       legend=dict(orientation="h", yanchor="top", y=-70 / (height - 240), x=0),
-                      title=_title("FA-class attention (FA4) beside ours and cuDNN; the all-to-all fused into FA4",
+                      title=_title("FA-class attention (FA4) beside cuDNN" + (" and ours" if t.ours.notna().any() else "")
+                                   + "; the all-to-all fused into FA4",
                                    "bf16, non-causal; medians over repeats, every method round-robin in the same run"
                                    + (f"; {df.attrs['world']}" if df.attrs.get("world") else "")))
     return fig
