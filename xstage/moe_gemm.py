@@ -314,7 +314,6 @@ def round3_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: fl
     """Study ``gemm`` or ``controls`` (module docstring) on rank 0 of ``world`` (one process): per (case, dtype)
     not yet in ``folder``, in :func:`_pairs` order, check, time, append; stops starting pairs after
     ``deadline``."""
-    from .model import params_from_dict
     from .resume import pending
 
     P = world.world_size

@@ -1537,11 +1537,12 @@ def megamoe_round3_controls(df: pd.DataFrame) -> pd.DataFrame:
     k = pd.MultiIndex.from_frame(d[["config", "dtype", "assignment"]])
     base = ew.reindex(k)
     st = ew.xs("static", level="assignment").reindex(pd.MultiIndex.from_frame(d[["config", "dtype"]]))
-    out = d.assign(param=d.note, over_ew=d.ms.to_numpy() / base.ms.to_numpy(),
-                   ew_over_static=base.ms.to_numpy() / st.ms.to_numpy(),
-                   l1_tile_rel=d.task_l1_us.to_numpy() / base.task_l1_us.to_numpy(),
-                   l2_tile_rel=d.task_l2_us.to_numpy() / base.task_l2_us.to_numpy(),
-                   ew_task_busy=base.task_busy.to_numpy())
+    with np.errstate(divide="ignore", invalid="ignore"):   # timestamps of 0 under the interpreter: NaN ratios
+        out = d.assign(param=d.note, over_ew=d.ms.to_numpy() / base.ms.to_numpy(),
+                       ew_over_static=base.ms.to_numpy() / st.ms.to_numpy(),
+                       l1_tile_rel=d.task_l1_us.to_numpy() / base.task_l1_us.to_numpy(),
+                       l2_tile_rel=d.task_l2_us.to_numpy() / base.task_l2_us.to_numpy(),
+                       ew_task_busy=base.task_busy.to_numpy())
     order = {c.name: i for i, c in enumerate(_moe_cases())}
     return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable")[cols].reset_index(
         drop=True)
