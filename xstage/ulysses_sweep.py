@@ -478,13 +478,13 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
                   warmup=warmup, methods=list(methods), tune=tune, chunks=chunks, seed=seed, source="gpu",
                   timing="every method warmed up, then each repeat round-robin over the methods")
     methods = list(methods)
-    if any(m in fa4.METHODS for m in methods):
-        methods, params["fa4"] = fa4_methods(methods)
     if world == "one-gpu":
         from .ranks import OneGPUWorld
 
         env.require_gpus(1, "the one-GPU Ulysses sweep")
         env.apply_safe_env()
+        if any(m in fa4.METHODS for m in methods):   # after the GPU check: without GPUs that is the one error
+            methods, params["fa4"] = fa4_methods(methods)
         params.update(link=link, observed=0, transport="copies (cudaMemcpyAsync per destination, then relayout)")
         meta = env.provenance(command, params)
         ulysses_job(OneGPUWorld(world_size, link), list(shapes), str(out), meta, repeats, warmup, list(methods),
@@ -492,6 +492,9 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     else:
         env.require_gpus(world_size, "the Ulysses sweep")
         from .ranks import spawn
+
+        if any(m in fa4.METHODS for m in methods):
+            methods, params["fa4"] = fa4_methods(methods)
 
         params.update(link="nvlink", transport="NCCL all_to_all_single")
         meta = env.provenance(command, params)
