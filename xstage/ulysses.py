@@ -341,7 +341,8 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     numel = S // P * H * D
     # peers store into every rank's output: a destination buffer (pinned host memory for the peers of
     # OneGPUWorld(link="host"), so the observed rank's fused stores cross PCIe; before this was marked, the
-    # one-GPU host-link records' fused outputs were all in device memory, docs/lab-notebook.md, "Ulysses on the FA-class Hopper kernel")
+    # one-GPU host-link records' fused outputs were all in device memory (docs/lab-notebook.md, "Ulysses on the
+    # FA-class Hopper kernel")
     out = world.symmetric_empty(numel, dtype, destination=True)
     flags = world.symmetric_empty(P, torch.int32)
     for r in world.local_ranks:
