@@ -508,3 +508,72 @@ def test_cli_one_gpu_bad_inputs_one_line_before_anything(tmp_path, capsys, argv,
     assert code == 2 and len(err.splitlines()) == 1, err
     assert __import__("re").search(match, err, __import__("re").I), err
     assert not (tmp_path / "x").exists()
+
+
+# ------------------------------------------------- where the one-GPU fused outputs live (commit 9b3934c's fix)
+def _copy_record(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return {p.name: p.read_bytes() for p in dst.iterdir()}
+
+
+def test_fused_outputs_placement_of_the_records():
+    """Run U2's host record (fused outputs in device memory) is placed before the fix, the FA records (made after
+    it, no field) and every sweep that names ``params.fused_outputs`` by that field; one process per GPU always."""
+    h = data.machine_dir("h200x1")
+    assert data.ulysses_fused_outputs(data.read_meta(h / "ulysses_host/ulysses.json", data.ULYSSES)) == \
+        data.ULYSSES_OUTPUTS_BEFORE_FIX
+    assert data.ulysses_fused_outputs(data.read_meta(h / "ulysses_fa_host/ulysses.json", data.ULYSSES)) == \
+        data.ULYSSES_FUSED_OUTPUTS
+    early = "2026-01-01T00:00:00+00:00"
+    one = {"world": "one-gpu", "link": "host"}
+    assert data.ulysses_fused_outputs({"params": one, "date_utc": early}) == data.ULYSSES_OUTPUTS_BEFORE_FIX
+    assert data.ulysses_fused_outputs({"params": {**one, "fused_outputs": "destination"}, "date_utc": early}) == \
+        "destination"
+    assert data.ulysses_fused_outputs({"params": {"world": "gpus"}, "date_utc": early}) == data.ULYSSES_FUSED_OUTPUTS
+
+
+def test_host_sweep_refuses_a_record_made_before_the_fix(tmp_path, capsys):
+    """``xstage sweep ulysses --world one-gpu --link host`` into run U2's host folder (fused outputs in device
+    memory) is one clear error before the GPU check and anything else: the folder's files are unchanged. The same
+    folder's copy with the local link (every buffer in device memory either way) passes the check (then, without a
+    GPU, the GPU error); so does a host folder whose first run names destination outputs but whose appended run
+    does not, refused too."""
+    from xstage import cli
+
+    old = tmp_path / "old"
+    before = _copy_record(data.machine_dir("h200x1") / "ulysses_host", old)
+    with pytest.raises(data.DataError, match=r"fused outputs in device \(before the fix\).*record into a new folder"):
+        US.run_ulysses(old, world="one-gpu", link="host", world_size=2)
+    code = cli.main(["sweep", "ulysses", "--world", "one-gpu", "--ranks", "2", "--link", "host", "--out", str(old)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "record into a new folder" in err, err
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    US.check_outputs_placement(old, "local")                   # the local link: nothing differs, it continues
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
+            US.run_ulysses(old, world="one-gpu", link="local", world_size=2)
+    # a record of the fixed sweep continues; one with a run appended from before the fix does not
+    meta = data.read_meta(old / "ulysses.json", data.ULYSSES)
+    meta["params"]["fused_outputs"] = data.ULYSSES_FUSED_OUTPUTS
+    meta["runs"] = []
+    data.write_json_atomic(old / "ulysses.json", meta)
+    US.check_outputs_placement(old, "host")
+    meta["runs"] = [{"params": {"world": "one-gpu", "link": "host"}, "date_utc": "2026-12-01T13:50:33+00:00",
+                     "command": "x", "git_commit": "254c00b"}]
+    data.write_json_atomic(old / "ulysses.json", meta)
+    with pytest.raises(data.DataError, match=r"run of 2026-12-01T13:50:33"):
+        US.check_outputs_placement(old, "host")
+
+
+def test_one_gpu_sweep_names_where_the_fused_outputs_live(tmp_path, monkeypatch):
+    """The one-GPU sweep's sidecar params name the placement (``fused_outputs``), so a later sweep can tell."""
+    got = {}
+    monkeypatch.setattr(US.env, "require_gpus", lambda *a, **k: None)
+    monkeypatch.setattr(US.env, "apply_safe_env", lambda *a, **k: None)
+    monkeypatch.setattr(xstage.ranks, "OneGPUWorld", lambda *a, **k: None)
+    monkeypatch.setattr(US, "ulysses_job", lambda world, shapes, folder, meta, *a: got.update(meta))
+    US.run_ulysses(tmp_path, world="one-gpu", link="host", world_size=2, methods=["fused"])
+    assert got["params"]["fused_outputs"] == data.ULYSSES_FUSED_OUTPUTS == "destination"
+    assert got["params"]["link"] == "host"

@@ -7,6 +7,7 @@ host memory): the same checks for every rank, P = 2 and 4, straddling tiles incl
 import random
 
 import pytest
+import torch
 
 from xstage import data, studies
 from xstage import ulysses as U
@@ -70,6 +71,20 @@ def test_fused_bit_exact_and_close_on_one_gpu(P, link, config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+def test_one_gpu_fused_outputs_live_where_peers_receive(link):
+    """The fused outputs are destination buffers (commit 9b3934c): with link=host every peer's output (and its
+    copies-baseline receive buffer) is pinned host memory, the observed rank's on the GPU; link=local all on it."""
+    world = OneGPUWorld(3, link)
+    bufs = U.ulysses_buffers(world, 768, 6, 64, torch.bfloat16)
+    recv = U.receive_buffers(world, 768, 2, 64, torch.bfloat16)
+    for r in range(3):
+        host = link == "host" and r != world.observed
+        for t in (bufs.out.local(r), recv.local(r)):
+            assert (t.device.type == "cpu" and t.is_pinned()) if host else t.device.type == "cuda", (link, r)
+
+
+@pytest.mark.gpu
 def test_missing_peer_times_out_with_report_on_one_gpu():
     U.barrier_timeout_job(OneGPUWorld(3, "host"), silent_rank=1)
 
@@ -83,6 +98,7 @@ def test_one_gpu_sweep_writes_and_resumes(tmp_path, link):
     df, meta = data.load(tmp_path, data.ULYSSES)
     assert set(df.method) == set(U.METHODS) and len(df) == len(shapes) * len(U.METHODS) * 2
     assert meta["params"]["world"] == "one-gpu" and meta["params"]["link"] == link
+    assert meta["params"]["fused_outputs"] == data.ULYSSES_FUSED_OUTPUTS      # where the fused outputs live
     assert set(meta["bursts"]) == set(meta["overlap_chunks"]) == {f"{s.name}/P2" for s in shapes}
     b = meta["bursts"]["tiny_d64/P2"]
     assert b["remote"]["programs"] > 0 and b["local"]["programs"] > 0 and b["concurrent_max"] >= 1

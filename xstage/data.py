@@ -202,6 +202,29 @@ ULYSSES = Schema(
 #   sender_visible_ms  fused: device timestamps, last store issued - first program start; baselines: = end_to_end
 #   end_to_end_ms      CUDA events around the layer on each rank, output complete everywhere
 #   tflops             attention FLOPs per rank (attention_flops / P) / end_to_end
+# params.fused_outputs (one-GPU world, sidecar): where the fused layer's outputs live, ULYSSES_FUSED_OUTPUTS.
+
+# Where the one-GPU world's fused outputs lived. Since commit 9b3934c (xstage.ulysses.ulysses_buffers) they are
+# destination buffers: on the host link the peers' outputs are pinned host memory, like the copies baselines'
+# receive buffers. Before it they were device memory on both links (run U2's data/h200x1/ulysses_host/). A sweep
+# names the placement in params.fused_outputs; a record without it is placed by its date (the fix's commit time).
+ULYSSES_FUSED_OUTPUTS = "destination"
+ULYSSES_OUTPUTS_BEFORE_FIX = "device (before the fix)"
+ULYSSES_OUTPUTS_FIX_UTC = "2026-12-01T16:45:30+00:00"   # commit 9b3934c
+
+
+def ulysses_fused_outputs(run: dict) -> str:
+    """Where a one-GPU Ulysses run's fused outputs lived: ``run`` is a sidecar (its first run) or one entry of its
+    ``runs`` (both hold ``params`` and ``date_utc``). ULYSSES_FUSED_OUTPUTS (destination buffers: pinned host
+    memory for the host link's peers) or ULYSSES_OUTPUTS_BEFORE_FIX (device memory, recorded before 9b3934c)."""
+    p = run.get("params") or {}
+    if "fused_outputs" in p:
+        return str(p["fused_outputs"])
+    if p.get("world") != "one-gpu":   # one process per GPU: every output in its GPU's memory, peers store there
+        return ULYSSES_FUSED_OUTPUTS
+    return ULYSSES_OUTPUTS_BEFORE_FIX if str(run.get("date_utc", "")) < ULYSSES_OUTPUTS_FIX_UTC else \
+        ULYSSES_FUSED_OUTPUTS
+
 
 ATTENTION_LADDER = Schema(
     "attention_ladder", 1,

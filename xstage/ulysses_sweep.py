@@ -42,7 +42,7 @@ import torch
 
 from . import bench, data, env, fa4
 from .bench import median
-from .data import ULYSSES
+from .data import ULYSSES, ULYSSES_FUSED_OUTPUTS
 from .numeric import check_bit_identical, rel_l2
 from .resume import pending
 from .ulysses import (H200_CONFIGS, METHODS, AttnConfig, UlyssesBuffers, UlyssesShape, attention_flops,
@@ -424,6 +424,24 @@ def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, 
             torch.cuda.empty_cache()
 
 
+def check_outputs_placement(out: str | Path, link: str) -> None:
+    """One clear error, before anything launches, where ``out`` holds a one-GPU host-link record whose fused
+    outputs were elsewhere than this sweep puts them (``xstage.data.ulysses_fused_outputs``: device memory before
+    commit 9b3934c, destination buffers since): the two placements never share a file. The local link keeps
+    every buffer in device memory either way, so its records continue."""
+    side = Path(out) / f"{ULYSSES.name}.json"
+    if link != "host" or not side.is_file():
+        return
+    meta = data.read_meta(side, ULYSSES)
+    for run in [meta, *meta.get("runs", [])]:
+        placed = data.ulysses_fused_outputs(run)
+        if placed != ULYSSES_FUSED_OUTPUTS:
+            raise data.DataError(
+                f"{side} was recorded with the fused outputs in {placed} (run of {run.get('date_utc', '?')}); this "
+                f"sweep stores them in {ULYSSES_FUSED_OUTPUTS} buffers (pinned host memory for the host link's "
+                f"peers): record into a new folder")
+
+
 def fa4_methods(methods: Sequence[str]) -> tuple[list[str], dict]:
     """The methods that run here and the sidecar's ``fa4`` entry: FA4's methods are dropped, with one line on
     stderr, where ``xstage.fa4.available()`` says no (recorded as ``absent``: no rows, never a 0 time)."""
@@ -481,11 +499,13 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     if world == "one-gpu":
         from .ranks import OneGPUWorld
 
+        check_outputs_placement(out, link)
         env.require_gpus(1, "the one-GPU Ulysses sweep")
         env.apply_safe_env()
         if any(m in fa4.METHODS for m in methods):   # after the GPU check: without GPUs that is the one error
             methods, params["fa4"] = fa4_methods(methods)
-        params.update(link=link, observed=0, transport="copies (cudaMemcpyAsync per destination, then relayout)")
+        params.update(link=link, observed=0, transport="copies (cudaMemcpyAsync per destination, then relayout)",
+                      fused_outputs=ULYSSES_FUSED_OUTPUTS)
         meta = env.provenance(command, params)
         ulysses_job(OneGPUWorld(world_size, link), list(shapes), str(out), meta, repeats, warmup, list(methods),
                     tune, chunks, seed)
