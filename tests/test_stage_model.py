@@ -221,3 +221,15 @@ def test_recorded_fits_load_and_predict():
         assert set(on.columns) >= {"measured_onset_kib", "model_onset_kib", "ratio"} and len(on) >= 4
     err = studies.stage_errors(fits)
     assert set(err.kind) >= {"sync", "free", "train"} and (err.median_abs_error >= 0).all()
+
+
+def test_measured_drain_from_the_fenced_record(tmp_path):
+    """The host link's drain measured directly (long bursts, each fenced): one value per program count, the
+    median of them fixed in the fit with their range as its interval; no record, no measured drain."""
+    from xstage.data import machine_dir
+
+    d = fit.measured_drain(machine_dir("h200x1"), "host")
+    assert d is not None and d["low"] <= d["drain_gbps"] <= d["high"] and len(d["programs"]) >= 4
+    assert 20 < d["drain_gbps"] < 80   # PCIe Gen5 x16: the copy engine's D2H copy runs at ~55 GB/s
+    assert fit.measured_drain(tmp_path, "host") is None
+    assert fit.measured_drain(machine_dir("h200x2"), "nvlink") is None

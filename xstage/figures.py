@@ -1401,6 +1401,42 @@ def train_bursts(summary: pd.DataFrame, trains, programs, target: str = "host", 
     return fig
 
 
+def barrier_harness(rows: pd.DataFrame, configs=((66, 32), (66, 64), (264, 16)), gap_ns: int = 0,
+                    target: str = "host") -> go.Figure:
+    """The synchronised sweep's two harnesses (``studies.barrier_harness`` rows): per configuration (programs,
+    KiB per program) one panel, each burst's span with the barrier's arrival a release (as recorded) and relaxed,
+    measured (markers) and the stage model's prediction (dashed), at ``gap_ns``. Traces: per (panel, barrier)
+    measured, then model."""
+    have = set(zip(rows.programs, rows.burst_bytes // KIB))
+    configs = [c for c in configs if tuple(c) in have]
+    if not configs:
+        raise ValueError(f"none of the configurations is recorded; recorded: {sorted(have)}")
+    fig = make_subplots(rows=1, cols=len(configs), horizontal_spacing=0.07,
+                        subplot_titles=[f"P = {p} x {k} KiB" for p, k in configs])
+    col = {"release": "#1f77b4", "relaxed": "#d62728"}
+    for c, (p, k) in enumerate(configs, 1):
+        for mode in ("release", "relaxed"):
+            g = rows[(rows.programs == p) & (rows.burst_bytes == k * KIB) & (rows.gap_ns == gap_ns)
+                     & (rows.barrier == mode)].sort_values("burst")
+            fig.add_trace(go.Scatter(x=g.burst, y=g.measured_ns / 1e3, mode="markers", marker=dict(color=col[mode]),
+                                     name=f"{mode} barrier, measured", legendgroup=mode, showlegend=c == 1,
+                                     customdata=g.barrier_ns / 1e3,
+                                     hovertemplate="burst %{x}: span %{y:.2f} us, barrier %{customdata:.1f} us"
+                                                   "<extra></extra>"), row=1, col=c)
+            fig.add_trace(go.Scatter(x=g.burst, y=g.predicted_ns / 1e3, mode="lines",
+                                     line=dict(color=col[mode], dash="dash"), name=f"{mode} barrier, model",
+                                     legendgroup=mode, showlegend=c == 1,
+                                     hovertemplate="model: %{y:.2f} us<extra></extra>"), row=1, col=c)
+        fig.update_xaxes(title_text="burst", row=1, col=c)
+        fig.update_yaxes(type="log", row=1, col=c, title_text="span (us)" if c == 1 else None)
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(title=_title(f"The grid barrier drains the stage: synchronised bursts {_TARGET_NAME.get(target, target)}, "
+                                   "one H200",
+                                   f"gap {gap_ns / 1e3:g} us; release (as every recorded sweep) vs relaxed arrival; "
+                                   "dashed: stage model (never fitted to these records)"))
+    return fig
+
+
 def stage_parity(fits: dict) -> go.Figure:
     """Held-out prediction vs measurement for every (observation, burst) of each link's full stage model, one
     panel per link, coloured by kind of record. Traces: per (link, kind)."""

@@ -344,6 +344,8 @@ def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
     return prm, span_o
 
 
+STAGE_FIT_MIN_NS = 300.0                 # bursts measured shorter than this are the harness (timer reads, CTA
+                                         # barriers) more than the link: left out of the fit (the scores count >= 1 us)
 STAGE_LOSS = "soft_l1"                   # robust loss of the log residuals
 STAGE_F_SCALE = 0.1                      # its scale (errors beyond ~10 % count less than quadratically)
 LOGIT = ("spread", "stalled_fraction")   # fitted in logit space (fractions); the rest in log space
@@ -369,7 +371,8 @@ def _weights(obs: Observations) -> np.ndarray:
 
 
 def _stage_solve(obs, x0, free, fixed, link, max_nfev=40):
-    mask = np.isfinite(obs.measured)
+    with np.errstate(invalid="ignore"):
+        mask = np.isfinite(obs.measured) & (obs.measured >= STAGE_FIT_MIN_NS)
     w = np.broadcast_to(_weights(obs)[:, None], obs.measured.shape)[mask]
     lo = np.array([_to_x(k, STAGE_BOUNDS[k][0]) for k in free])
     hi = np.array([_to_x(k, STAGE_BOUNDS[k][1]) for k in free])
@@ -417,10 +420,13 @@ def _long(obs: Observations, pred: np.ndarray) -> pd.DataFrame:
 
 
 def _initial(rung: str, link: str) -> dict:
-    """Starting values: the order of magnitude each link shows (xstage's records), the same for every fit."""
-    d = dict(issue_ns_per_kib=19.0, drain_gbps=360.0 if link == "nvlink" else 52.0, capacity_kib=3000.0,
-             capacity_per_program_kib=30.0, base_capacity_kib=500.0, spread=0.8, stalled_fraction=0.4, overhead_ns=60.0,
-             span_overhead_ns=150.0)
+    """Starting values, rounded from each link's records (the same for every fit of that link)."""
+    if link == "host":   # read off the host record (lab notebook, session 5): D 53 GB/s, 1-2.5 MB absorbed
+        d = dict(issue_ns_per_kib=18.0, drain_gbps=53.0, capacity_kib=2500.0, capacity_per_program_kib=30.0,
+                 base_capacity_kib=1000.0, spread=0.5, stalled_fraction=0.4, overhead_ns=24.0, span_overhead_ns=230.0)
+    else:
+        d = dict(issue_ns_per_kib=18.0, drain_gbps=360.0, capacity_kib=14000.0, capacity_per_program_kib=17.0,
+                 base_capacity_kib=160.0, spread=0.6, stalled_fraction=0.7, overhead_ns=27.0, span_overhead_ns=235.0)
     if rung not in ("shares", "stage"):
         d["spread"] = 0.0
     if rung not in ("stage",):
@@ -434,13 +440,43 @@ def _initial(rung: str, link: str) -> dict:
     return d
 
 
+def measured_drain(folder, link: str) -> dict | None:
+    """The link's drain rate measured directly, when ``folder`` holds the record of long bursts each followed by
+    a system-scope fence (``drain_programs/``, ``xstage sweep burst-gap --drain``): per program count, the bytes
+    of the largest bursts over the time until the last program's stores are performed (median over bursts and
+    repeats); D = the median over program counts, its interval the range over them. None without the record.
+    A measured D is not fitted (the fit otherwise trades it against the stall and the capacity)."""
+    from pathlib import Path
+
+    from .data import BURST_GAP, load, paths
+
+    sub = Path(folder) / DRAIN_RECORD
+    if not paths(sub, BURST_GAP)[0].is_file():
+        return None
+    df, meta = load(sub, BURST_GAP)
+    df = df[(df.target == LINK_TARGETS[link]) & df.drain.astype(bool)]
+    if df.empty:
+        return None
+    df = df[df.burst_bytes == df.burst_bytes.max()]
+    per_p = (df.programs * df.burst_bytes / (df.issue_ns_max + df.drain_ns_max)).groupby(df.programs).median()
+    return {"drain_gbps": float(per_p.median()), "low": float(per_p.min()), "high": float(per_p.max()),
+            "programs": [int(p) for p in per_p.index],
+            "source": dict(file=f"{DRAIN_RECORD}/{paths(sub, BURST_GAP)[0].name}", sha256=meta.get("csv_sha256"))}
+
+
+DRAIN_RECORD = "drain_programs"
+
+
 def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 5, seed: int = 0,
-              max_nfev: int = 40) -> StageFit:
-    """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors."""
+              max_nfev: int = 40, measured: dict | None = None) -> StageFit:
+    """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors.
+    ``measured``: {parameter: (value, low, high)} measured directly (e.g. :func:`measured_drain`): fixed, with
+    that interval."""
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
-    free = list(RUNGS[rung])
-    init = _initial(rung, link)
+    measured = measured or {}
+    free = [k for k in RUNGS[rung] if k not in measured]
+    init = {**_initial(rung, link), **{k: v[0] for k, v in measured.items()}}
     fixed = {k: v for k, v in init.items() if k not in free}
     x0 = np.array([_to_x(k, init[k]) for k in free])
     sol, mask = _stage_solve(obs, x0, free, fixed, link, max_nfev)
@@ -463,6 +499,8 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
         lo[name], hi[name] = float(f(max(xi - 1.96 * s, a))), float(f(min(xi + 1.96 * s, b)))
     for name in fixed:
         lo[name] = hi[name] = float(fixed[name])
+    for name, (_, low, high) in measured.items():
+        lo[name], hi[name] = float(low), float(high)
     table = _long(obs, predict_observations(obs, prm, so))
     # held out by train: folds over train names (sync / free configurations are their own trains)
     names = obs.cfgs.train.unique()
@@ -484,7 +522,14 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
 
 
 def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageFit:
-    res = fit_stage(observations(folder, link), link, rung, k_folds)
+    """Fit a rung to a machine folder's records of ``link``; a drain measured directly there is fixed."""
+    obs = observations(folder, link)
+    d = measured_drain(folder, link)
+    measured = {}
+    if d is not None:
+        measured["drain_gbps"] = (d["drain_gbps"], d["low"], d["high"])
+        obs.sources["drain_programs"] = d["source"]
+    res = fit_stage(obs, link, rung, k_folds, measured=measured)
     res.folder = str(folder)
     return res
 

@@ -294,9 +294,16 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 #             in 0.4-0.5 us at P = 132), but sustained bursts settle on B / D minus a much smaller intercept
 #             (0.5-1 MB): the first stall costs (1 - phi) C / D once per busy period.
 #
+#   barrier   (the synchronised sweep's harness, not the link) the grid barrier's arrival is a release, which
+#             returns once the program's stores are performed: the barrier waits until the stage has drained,
+#             so every synchronised burst starts with an empty stage whatever the gap. Measured: its time is
+#             the stage's content / D (40 us for 2.16 MB on the host link, 6.5 us on NVLink), and the same grid
+#             with a relaxed arrival slows the later bursts (data/h200x1/barrier_{release,relaxed}/).
+#
 # A train is given per burst: bytes per program b_k and the compute gap g_k that FOLLOWS burst k (g_{n-1} is
 # unused). ``sync=True`` adds the synchronised sweep's grid barrier: every program starts burst k + 1 together,
-# g_k after the last one finished burst k; the measured quantity is then the grid's span per burst.
+# g_k after the last one finished burst k and the stage drained (``barrier_drains``); the measured quantity is
+# then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
