@@ -366,6 +366,8 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "host --out data/h200x1/megamoe_host`",
                    "note: no recorded MegaMoE GEMM study for h200x1 (data/h200x1/megamoe_gemm); run `python3 "
                    "scripts/megamoe_gemm.py --out data/h200x1/megamoe_gemm`",
+                   "note: no recorded MegaMoE round-3 study for h200x1 (data/h200x1/megamoe_round3); run `python3 "
+                   "scripts/megamoe_gemm.py --study gemm --out data/h200x1/megamoe_round3`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 

@@ -136,9 +136,11 @@ def test_a_folder_holds_one_world_and_link(tmp_path):
     data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {"assignment": "static", "world": "one-gpu",
                                                                      "link": "host"}))
     with pytest.raises(ValueError, match=r"holds a sweep of world one-gpu, link host; record the one-gpu / local"):
-        MS.run_megamoe(tmp_path, PRM, world="one-gpu", link="local")
+        MS.run_megamoe(tmp_path, PRM, world="one-gpu", link="local", assignment="static")
     with pytest.raises(ValueError, match=r"holds a sweep of world one-gpu, link host; record the gpus / nvlink"):
-        MS.run_megamoe(tmp_path, PRM)
+        MS.run_megamoe(tmp_path, PRM, assignment="static")
+    with pytest.raises(ValueError, match=r"holds a static-assignment sweep; record the dynamic one"):
+        MS.run_megamoe(tmp_path, PRM, world="one-gpu", link="host")   # the default assignment is dynamic now
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -906,7 +906,7 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
                                 rel_l2=errs[r][0], rel_l2_torch=errs[r][1], schedules=len(schedules),
                                 runs=len(runs)))
         del prob, bufs, first
-        if not world.emulated:
+        if world.device(world.local_ranks[0]).type == "cuda":   # a GPU world, one process per rank or all in one
             torch.cuda.empty_cache()
     return results
 
