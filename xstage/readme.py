@@ -178,11 +178,15 @@ def _one_gpu_ulysses_rows() -> list[str]:
         if not len(e2e):
             continue
         best, worst = e2e.loc[e2e.speedup.idxmax()], e2e.loc[e2e.speedup.idxmin()]
-        where = "peers' outputs in pinned host memory (PCIe)" if link == "host" else "every buffer on the GPU"
+        # the link's record (studies.ULYSSES_ONE_GPU_RECORDS: on the host link the one made with the fused outputs
+        # as destination buffers, run V1; run U2's, fused outputs in device memory, is not quoted here)
+        where = ("peers' outputs (fused and copies) in pinned host memory (PCIe)" if link == "host"
+                 else "every buffer on the GPU")
         rows.append(f"| Ulysses on one H200, {where}: fused / serial (attention + copies), end to end | "
                     f"{worst.speedup:.2f}x ({worst['shape']}, P = {int(worst.P)}) to **{best.speedup:.2f}x** "
                     f"({best['shape']}, P = {int(best.P)}), {e2e['shape'].nunique()} shapes | "
-                    f"`xstage sweep ulysses --world one-gpu --ranks P --link {link}`, notebook 04 |")
+                    f"`xstage sweep ulysses --world one-gpu --ranks P --link {link} --out "
+                    f"data/{ONE_GPU}/{studies.ULYSSES_ONE_GPU_RECORDS[link]}`, notebook 04 |")
     return rows
 
 

@@ -373,26 +373,37 @@ ATTENTION_OVER_CUDNN_GOAL = 0.9    # our attention's TFLOP/s / cuDNN SDPA's, sam
 
 
 ULYSSES_ONE_GPU_LINKS = ("local", "host")   # xstage.ranks.ONE_GPU_LINKS (not imported: this module needs no torch)
+# The one-GPU record each link's numbers come from (data/<machine>/<it>/). The host link's is run V1, made with the
+# fused outputs as destination buffers (xstage.data.ulysses_fused_outputs; docs/lab-ulysses5-draft.md); run U2's
+# ulysses_host kept its fused outputs in device memory and is read only by name, labelled as before the fix.
+ULYSSES_ONE_GPU_RECORDS = {"local": "ulysses_local", "host": "ulysses_host_v2"}
+ULYSSES_HOST_BEFORE_FIX = "ulysses_host"
 
 
 def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
-                 link: str | None = None) -> tuple[pd.DataFrame, dict]:
+                 link: str | None = None, record: str | None = None) -> tuple[pd.DataFrame, dict]:
     """Ulysses attention rows (schema xstage.data.ULYSSES: per shape, method, repeat) and provenance;
     ``df.attrs["world"]`` says which world and link the rows come from (every Ulysses figure's title shows it).
 
-    source:  recorded (data/<machine>/ulysses.csv; with ``link``: data/<machine>/ulysses_<link>/), gpu (run or
-             resume the sweep into ``out``: on every visible GPU, or with ``link`` the one-GPU world), or auto
-             (gpu when the GPUs are visible, else recorded). There is no simulated source.
+    source:  recorded (data/<machine>/ulysses.csv; with ``link``: data/<machine>/ULYSSES_ONE_GPU_RECORDS[link]/),
+             gpu (run or resume the sweep into ``out``: on every visible GPU, or with ``link`` the one-GPU world,
+             by default into <out>/ULYSSES_ONE_GPU_RECORDS[link]), or auto (gpu when the GPUs are visible, else
+             recorded). There is no simulated source.
     machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
              machine's GPUs, see :func:`_default_out`).
     out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
     link:    None: one process per GPU (NCCL, NVLink peers); "local" / "host": the one-GPU world
              (xstage.ranks.OneGPUWorld: every rank on one GPU, the peers' outputs in device memory or in pinned
              host memory, all-to-alls by copies).
+    record:  with ``link``, recorded only: another folder under data/<machine>/ than the link's record, e.g.
+             ULYSSES_HOST_BEFORE_FIX (run U2, fused outputs in device memory; ``df.attrs["world"]`` says so).
     """
     if link is not None and link not in ULYSSES_ONE_GPU_LINKS:
         raise ValueError(f"link must be None (one process per GPU) or one of {', '.join(ULYSSES_ONE_GPU_LINKS)} "
                          f"(the one-GPU world), got {link!r}")
+    if record is not None and (link is None or source != "recorded"):
+        raise ValueError(f"record {record!r} names a recorded one-GPU folder: give link= and source='recorded'")
+    name = None if link is None else record or ULYSSES_ONE_GPU_RECORDS[link]
 
     def run(folder: Path) -> None:
         import torch
@@ -408,7 +419,7 @@ def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
     def recorded() -> Path:
         if link is None:
             return _check_machine(machine, data.ULYSSES)
-        folder = data.machine_dir(machine) / f"ulysses_{link}"
+        folder = data.machine_dir(machine) / name
         if not data.paths(folder, data.ULYSSES)[0].is_file():
             raise ValueError(f"machine {machine!r} has no recorded one-GPU Ulysses data for link {link!r} "
                              f"({folder} has no ulysses.csv); record it: xstage sweep ulysses --world one-gpu "
@@ -416,7 +427,7 @@ def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
         return folder
 
     def gpu_folder(folder: Path) -> Path:
-        return folder if link is None else folder / f"ulysses_{link}"
+        return folder if link is None else folder / name
 
     df, meta, _ = _source_data(source, data.ULYSSES, "the Ulysses study", recorded, run, out,
                                gpu_folder=gpu_folder if out is None else (lambda f: f))
@@ -433,6 +444,9 @@ def ulysses_world(meta: dict, ranks=None) -> str:
     if p.get("world") == "one-gpu":
         where = {"host": "peers' outputs in pinned host memory (host link, PCIe)",
                  "local": "every buffer in device memory (local control)"}.get(p.get("link"), p.get("link"))
+        if p.get("link") == "host" and data.ulysses_fused_outputs(meta) != data.ULYSSES_FUSED_OUTPUTS:
+            where = ("host link: peers' receive buffers in pinned host memory, fused outputs in device memory "
+                     "(before the fix)")
         return f"one GPU, {n} ranks one after another, rank 0 timed; {where}; all-to-all by copies"
     return f"{n} GPUs, one process each (NVLink peers); all-to-all by NCCL"
 
