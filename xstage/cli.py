@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--drain", action="store_true", help="time each burst's drain (fence) instead of pure issue")
     bg.add_argument("--no-sync", action="store_true",
                     help="no grid barrier between bursts (programs drift apart: the free-running variant)")
+    bg.add_argument("--barrier", choices=("release", "relaxed"), default="release",
+                    help="release: the grid barrier's arrival waits for the program's stores (the stage drains "
+                         "at every barrier; the recorded sweeps); relaxed: it does not")
     bg.add_argument("--world-size", type=int, default=None, help="default: 2 with a remote target, else 1")
     bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
                     help="gpu: run the kernels; simulated: the Burst-Gap event simulation (no GPU)")
@@ -328,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             grid = BurstGapGrid(burst_kib=args.burst_kib, gap_us=args.gap_us, programs=args.programs,
                                 store_bytes=args.store_bytes, targets=targets, n_bursts=args.bursts,
                                 repeats=args.repeats, drain=(True,) if args.drain else (False,),
-                                sync=not args.no_sync, world_size=world_for(targets) if args.world_size is None else args.world_size)
+                                sync=not args.no_sync, world_size=world_for(targets) if args.world_size is None else args.world_size,
+                                release=args.barrier == "release")
             print(run_burst_gap(grid, args.out, source=args.source, command=command))
         elif args.cmd == "bench":
             from .data import BANDWIDTH, load
