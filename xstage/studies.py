@@ -374,7 +374,8 @@ ATTENTION_OVER_CUDNN_GOAL = 0.9    # our attention's TFLOP/s / cuDNN SDPA's, sam
 
 ULYSSES_ONE_GPU_LINKS = ("local", "host")   # xstage.ranks.ONE_GPU_LINKS (not imported: this module needs no torch)
 # The one-GPU record each link's numbers come from (data/<machine>/<it>/). The host link's is run V1, made with the
-# fused outputs as destination buffers (xstage.data.ulysses_fused_outputs; docs/lab-ulysses5-draft.md); run U2's
+# fused outputs as destination buffers (xstage.data.ulysses_fused_outputs; docs/lab-notebook.md, "Ulysses on one
+# GPU, host link, re-recorded"); run U2's
 # ulysses_host kept its fused outputs in device memory and is read only by name, labelled as before the fix.
 ULYSSES_ONE_GPU_RECORDS = {"local": "ulysses_local", "host": "ulysses_host_v2"}
 ULYSSES_HOST_BEFORE_FIX = "ulysses_host"
