@@ -12,6 +12,7 @@ time, measured in the same sweep on the smallest bursts of each (programs, gap) 
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -384,8 +385,27 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40):
         return w * (np.log(np.maximum(pred, 1e-3)) - np.log(obs.measured))[mask]
 
     x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
+    # the arbitration spread and the stall move the cost in steps (which program queues behind which), where a
+    # gradient step stalls: start from the best point of a coarse grid over them (the rest as given)
+    scan = [i for i, k in enumerate(free) if k in PRESCAN]
+    if scan:
+        def cost(x):
+            z = (resid(x) / STAGE_F_SCALE) ** 2
+            return float({"soft_l1": 2 * (np.sqrt(1 + z) - 1), "cauchy": np.log1p(z), "arctan": np.arctan(z),
+                          "linear": z}[STAGE_LOSS].sum())
+        best = (cost(x0), x0)
+        for vals in itertools.product(*(PRESCAN[free[i]] for i in scan)):
+            x = x0.copy()
+            x[scan] = [_to_x(free[i], v) for i, v in zip(scan, vals)]
+            c = cost(x)
+            if c < best[0]:
+                best = (c, x)
+        x0 = best[1]
     return least_squares(resid, x0, loss=STAGE_LOSS, f_scale=STAGE_F_SCALE, method="trf", x_scale=1.0, diff_step=1e-3,
                          max_nfev=max_nfev, bounds=(lo, hi)), mask
+
+
+PRESCAN = {"spread": (0.3, 0.5, 0.7, 0.85), "stalled_fraction": (0.3, 0.55, 0.8)}   # the coarse start grid
 
 
 @dataclass
