@@ -98,6 +98,36 @@ def rowwise_weights(w_hi: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tens
     return q1.transpose(1, 2), s1, q2.transpose(1, 2), s2
 
 
+def _add_library_methods(prob, inp, dtype, dev, study, flops, methods, info, rows, info_tail, wq=None) -> None:
+    """The library baselines on the same rows (torch._grouped_mm, and torch._scaled_grouped_mm for FP8), each run
+    once: into ``methods`` / ``info`` (``info_tail`` ends its info tuple) when torch can, else an "unavailable"
+    row with the reason (recorded, never 0)."""
+    s = prob.case.shape
+    plan = _unfused_plan(inp, hi_weights(inp.weights))
+    xg = torch.randn(prob.layouts[0].rows, s.hidden, device=dev).to(inp.x.dtype)   # bf16 (also for fp8)
+    libs = {"torch._grouped_mm": lambda: _unfused_gemms(plan, xg)}
+
+    def unavailable(name, e):
+        rows.append(_row(prob, study, dtype, name, "", None, "", "", False, "unavailable",
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", float("nan"), [], 0,
+                         flops))
+
+    if dtype == "fp8":
+        try:
+            libs["torch._scaled_grouped_mm"] = scaled_grouped_gemms(plan, hi_weights(inp.weights),
+                                                                    prob.layouts[0].rows, s.hidden, dev, wq)
+        except Exception as e:  # noqa: BLE001 - recorded, never 0
+            unavailable("torch._scaled_grouped_mm", e)
+    for n, fn in libs.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            methods[n] = fn
+            info[n] = (n, "", None, "", "", False, *info_tail)
+        except Exception as e:  # noqa: BLE001 - recorded, never 0
+            unavailable(n, e)
+
+
 def scaled_grouped_gemms(p, w_hi: tuple[torch.Tensor, torch.Tensor], rows: int, hidden: int, dev,
                          wq: tuple[torch.Tensor, ...] | None = None) -> Callable[[], torch.Tensor]:
     """torch._scaled_grouped_mm Linear-1 (x rowwise-quantised, w1 per output channel), SwiGLU in bf16, the
@@ -227,26 +257,7 @@ def gemm_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: floa
                 methods[f"ours:{name}"] = (lambda tasks=tasks, t=t: run_experts(
                     world, bufs, prob.inputs, tasks, t, barrier=False, check=False, local_combine=True, ranks=[0]))
                 info[f"ours:{name}"] = ("ours", name, t, "expert_wave", "static", name == "default", err)
-            plan = _unfused_plan(inp, hi_weights(inp.weights))
-            xg = torch.randn(prob.layouts[0].rows, s.hidden, device=dev).to(inp.x.dtype)   # bf16 (also for fp8)
-            libs = {"torch._grouped_mm": lambda: _unfused_gemms(plan, xg)}
-            if dtype == "fp8":
-                try:
-                    libs["torch._scaled_grouped_mm"] = scaled_grouped_gemms(plan, hi_weights(inp.weights),
-                                                                            prob.layouts[0].rows, s.hidden, dev)
-                except Exception as e:  # noqa: BLE001 - recorded, never 0
-                    rows.append(_row(prob, study, dtype, "torch._scaled_grouped_mm", "", None, "", "", False, "unavailable", f"{type(e).__name__}: {e}", float("nan"), [],
-                                     0, flops))
-            for n, fn in libs.items():
-                try:
-                    fn()
-                    torch.cuda.synchronize()
-                    methods[n] = fn
-                    info[n] = (n, "", None, "", "", False, float("nan"))
-                except Exception as e:  # noqa: BLE001 - recorded, never 0
-                    rows.append(_row(prob, study, dtype, n, "", None, "", "", False, "unavailable",
-                                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                                     float("nan"), [], 0, flops))
+            _add_library_methods(prob, inp, dtype, dev, study, flops, methods, info, rows, (float("nan"),))
         else:
             from .moe_plan import OUT_DTYPES as OD
             ew = build_tasks(prob, "expert_wave", sms, 0)
@@ -409,26 +420,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
                 ranks=[0]))
             info[f"ours:{name}"] = ("ours", name, t, "expert_wave", assign, name == "default", err, None)
         del ref
-        plan = _unfused_plan(inp, hi_weights(inp.weights))
-        xg = torch.randn(prob.layouts[0].rows, s.hidden, device=dev).to(inp.x.dtype)   # bf16 (also for fp8)
-        libs = {"torch._grouped_mm": lambda: _unfused_gemms(plan, xg)}
-        if dtype == "fp8":
-            try:
-                libs["torch._scaled_grouped_mm"] = scaled_grouped_gemms(plan, hi_weights(inp.weights),
-                                                                        prob.layouts[0].rows, s.hidden, dev, wq)
-            except Exception as e:  # noqa: BLE001 - recorded, never 0
-                rows.append(_row(prob, study, dtype, "torch._scaled_grouped_mm", "", None, "", "", False,
-                                 "unavailable", f"{type(e).__name__}: {e}", float("nan"), [], 0, flops))
-        for n, fn in libs.items():
-            try:
-                fn()
-                torch.cuda.synchronize()
-                methods[n] = fn
-                info[n] = (n, "", None, "", "", False, float("nan"), None)
-            except Exception as e:  # noqa: BLE001 - recorded, never 0
-                rows.append(_row(prob, study, dtype, n, "", None, "", "", False, "unavailable",
-                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", float("nan"),
-                                 [], 0, flops))
+        _add_library_methods(prob, inp, dtype, dev, study, flops, methods, info, rows, (float("nan"), None), wq)
     else:
         ew = build_tasks(prob, "expert_wave", sms, 0)
         dispatch(world, bufs, prob.inputs)
