@@ -371,7 +371,7 @@ def _weights(obs: Observations) -> np.ndarray:
     return np.sqrt((1.0 / obs.cfgs.kind.map(counts)).to_numpy() * len(counts) ** -1 * len(obs.cfgs))
 
 
-def _stage_solve(obs, x0, free, fixed, link, max_nfev=40):
+def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False):
     with np.errstate(invalid="ignore"):
         mask = np.isfinite(obs.measured) & (obs.measured >= STAGE_FIT_MIN_NS)
     w = np.broadcast_to(_weights(obs)[:, None], obs.measured.shape)[mask]
@@ -385,9 +385,9 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40):
         return w * (np.log(np.maximum(pred, 1e-3)) - np.log(obs.measured))[mask]
 
     x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
-    # the arbitration spread and the stall move the cost in steps (which program queues behind which), where a
-    # gradient step stalls: start from the best point of a coarse grid over them (the rest as given)
-    scan = [i for i, k in enumerate(free) if k in PRESCAN]
+    # prescan: the arbitration spread and the stall move the cost in steps (which program queues behind which),
+    # where a gradient step stalls: start from the best point of a coarse grid over them (the rest as given)
+    scan = [i for i, k in enumerate(free) if k in PRESCAN] if prescan else []
     if scan:
         def cost(x):
             z = (resid(x) / STAGE_F_SCALE) ** 2
@@ -500,6 +500,10 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
     fixed = {k: v for k, v in init.items() if k not in free}
     x0 = np.array([_to_x(k, init[k]) for k in free])
     sol, mask = _stage_solve(obs, x0, free, fixed, link, max_nfev)
+    if any(k in PRESCAN for k in free):   # a second start from the coarse grid; the lower final cost wins
+        alt, _ = _stage_solve(obs, x0, free, fixed, link, max_nfev, prescan=True)
+        if alt.cost < sol.cost:
+            sol = alt
     sm = int(obs.cfgs.sm_count.iloc[0])
     prm, so = _stage_params(sol.x, free, fixed, sm, link)
     # cluster-robust (by configuration) Gauss-Newton covariance of the transformed parameters
