@@ -347,8 +347,7 @@ def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
 
 STAGE_FIT_MIN_NS = 300.0                 # bursts measured shorter than this are the harness (timer reads, CTA
                                          # barriers) more than the link: left out of the fit (the scores count >= 1 us)
-STAGE_LOSS = "soft_l1"                   # robust loss of the log residuals
-STAGE_F_SCALE = 0.1                      # its scale (errors beyond ~10 % count less than quadratically)
+STAGE_F_SCALE = 0.1                      # soft-L1 scale of the log residuals (errors beyond ~10 % count ~linearly)
 LOGIT = ("spread", "stalled_fraction")   # fitted in logit space (fractions); the rest in log space
 
 
@@ -356,11 +355,13 @@ def _to_x(name, v):
     return np.log(v / (1 - v)) if name in LOGIT else np.log(v)
 
 
-def predict_observations(obs: Observations, prm, span_overhead_ns: float) -> np.ndarray:
-    """Predicted [N, n] for every observation (the span's fixed cost added to sync rows)."""
+def predict_observations(obs: Observations, prm, span_overhead_ns: float, barrier_drains=True) -> np.ndarray:
+    """Predicted [N, n] for every observation (the span's fixed cost added to sync rows); ``barrier_drains``
+    as :func:`xstage.model.simulate_stage` takes it (False: the relaxed-barrier harness)."""
     from .model import simulate_stage, stage_measure
 
-    start, end, _ = simulate_stage(prm, obs.cfgs.programs.to_numpy(), obs.burst_bytes, obs.gap_ns, obs.sync)
+    start, end, _ = simulate_stage(prm, obs.cfgs.programs.to_numpy(), obs.burst_bytes, obs.gap_ns, obs.sync,
+                                   barrier_drains=barrier_drains)
     pred = stage_measure(start, end, obs.sync)
     return np.where(obs.sync[:, None], pred - prm.overhead_ns + span_overhead_ns, pred)
 
@@ -389,10 +390,8 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False)
     # where a gradient step stalls: start from the best point of a coarse grid over them (the rest as given)
     scan = [i for i, k in enumerate(free) if k in PRESCAN] if prescan else []
     if scan:
-        def cost(x):
-            z = (resid(x) / STAGE_F_SCALE) ** 2
-            return float({"soft_l1": 2 * (np.sqrt(1 + z) - 1), "cauchy": np.log1p(z), "arctan": np.arctan(z),
-                          "linear": z}[STAGE_LOSS].sum())
+        def cost(x):   # the soft-L1 cost least_squares minimises (up to its constant factor)
+            return float((np.sqrt(1 + (resid(x) / STAGE_F_SCALE) ** 2) - 1).sum())
         best = (cost(x0), x0)
         for vals in itertools.product(*(PRESCAN[free[i]] for i in scan)):
             x = x0.copy()
@@ -401,7 +400,7 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False)
             if c < best[0]:
                 best = (c, x)
         x0 = best[1]
-    return least_squares(resid, x0, loss=STAGE_LOSS, f_scale=STAGE_F_SCALE, method="trf", x_scale=1.0, diff_step=1e-3,
+    return least_squares(resid, x0, loss="soft_l1", f_scale=STAGE_F_SCALE, method="trf", x_scale=1.0, diff_step=1e-3,
                          max_nfev=max_nfev, bounds=(lo, hi)), mask
 
 

@@ -1334,8 +1334,8 @@ def barrier_harness(link: str = "host", min_ns: float = 1000.0) -> tuple[pd.Data
     ``barrier_drains`` as the harness is). Returns (rows: per mode, configuration and burst: measured span,
     predicted, the median program's barrier time; summary: per mode and first / later bursts, the median and
     p90 |error| over bursts of at least ``min_ns``, the median span and the median barrier time)."""
-    from .fit import tidy_for_fit
-    from .model import load_params, simulate_stage, stage_measure
+    from .fit import Observations, predict_observations, tidy_for_fit
+    from .model import load_params
 
     machine = LINK_MACHINES[link]
     prm = load_params(data.machine_dir(machine), link)
@@ -1349,10 +1349,11 @@ def barrier_harness(link: str = "host", min_ns: float = 1000.0) -> tuple[pd.Data
         t = t.merge(bar, on=["programs", "burst_bytes", "gap_ns", "burst"], how="left")
         for _, g in t.groupby(["programs", "burst_bytes", "gap_ns"], sort=True):
             g = g.sort_values("burst")
-            b, gap = g.burst_bytes.to_numpy(float)[None], g.gap_eff_ns.to_numpy(float)[None]
-            start, end, _ = simulate_stage(prm, [int(g.programs.iloc[0])], b, gap, [True],
-                                           barrier_drains=[mode == "release"])
-            pred = stage_measure(start, end, [True])[0] - prm.overhead_ns + span_o
+            cfg = pd.DataFrame({"kind": ["sync"], "train": [""], "programs": [int(g.programs.iloc[0])],
+                                "n_bursts": [len(g)], "sm_count": [prm.sm_count]})
+            obs = Observations(cfg, g.burst_bytes.to_numpy(float)[None], g.gap_eff_ns.to_numpy(float)[None],
+                               g.issue_ns.to_numpy(float)[None], {})
+            pred = predict_observations(obs, prm, span_o, barrier_drains=mode == "release")[0]
             parts.append(g.assign(barrier=mode, predicted_ns=pred))
     rows = pd.concat(parts, ignore_index=True).rename(columns={"issue_ns": "measured_ns"})
     rows["rel_error"] = rows.predicted_ns / rows.measured_ns - 1
