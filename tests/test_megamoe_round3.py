@@ -98,9 +98,10 @@ def _random_grid(rng):
 
 
 def test_chunked_orders_are_valid_and_recorded_and_rebuild_from_their_param():
-    """Order version 2 on random grids: every tile once, no consumer before its producers (check_tasks), the
-    chunk recorded in schedule_param and the list rebuilt bit for bit from it; group 1 is version 1 (no param);
-    the Linear-2 tiles of interleaved's mixed segments come in runs of a whole chunk."""
+    """Order version 3 on random grids: every tile once, no consumer before its producers (check_tasks), the
+    chunk recorded in schedule_param (also a chunk of one row block) and the list rebuilt bit for bit from it;
+    order 1 is version 1 (no chunk in the param); the Linear-2 tiles of interleaved's mixed segments come in runs
+    of a whole chunk."""
     rng = random.Random()
     seed = rng.randrange(2**30)
     rng.seed(seed)
@@ -115,13 +116,13 @@ def test_chunked_orders_are_valid_and_recorded_and_rebuild_from_their_param():
                 MP.check_tasks(tl_.tasks, grid)
                 want = g if group is None else group
                 p = MP.parse_schedule_param(tl_.param)
-                assert p["group"] == want, (seed, tl_.param)
+                assert p["group"] == want and p["order"] == MP.ORDER_VERSION, (seed, tl_.param)
                 again = MP.schedule_of_param(name, tl_.param, grid, n)
                 assert np.array_equal(again.tasks, tl_.tasks), seed
-        v1 = MP.build_schedule("interleaved", grid, n, group=1)
+        v1 = MP.build_schedule("interleaved", grid, n, order=1)
         assert v1.param == "" and np.array_equal(
             v1.tasks, np.array(MP.schedule_interleaved(grid, n), dtype=np.int32).reshape(-1, MP.TASK_FIELDS))
-        assert MP.build_schedule("lag", grid, n, group=1).param == f"lag={n}"
+        assert MP.build_schedule("lag", grid, n, order=1).param == f"lag={n}"
     # runs: a grid of many row blocks per expert, waves of one expert each
     grid = MP.TileGrid((512,) * 4, 64, 16, 8)
     il = MP.build_schedule("interleaved", grid, 32, group=2).tasks
@@ -150,8 +151,9 @@ def test_model_guided_choice_names_its_order_and_rebuilds():
         MP.schedule_of_param("model_guided", "chunk=2", grid, n)
     with pytest.raises(ValueError, match="unknown field"):
         MP.parse_schedule_param("lag=3,speed=2")
-    assert MP.parse_schedule_param("lag=66") == {"choice": "lag", "lag": 66, "group": 1}
-    assert MP.parse_schedule_param("interleaved,chunk=4") == {"choice": "interleaved", "lag": None, "group": 4}
+    assert MP.parse_schedule_param("lag=66") == {"choice": "lag", "lag": 66, "group": None, "order": 1}
+    assert MP.parse_schedule_param("interleaved,chunk=4") == {"choice": "interleaved", "lag": None, "group": 4,
+                                                              "order": MP.ORDER_VERSION}
 
 
 # ------------------------------------------------------------------------------------------ round-3 studies

@@ -418,8 +418,8 @@ def test_burst_gap_prediction_of_schedules():
     prm = BurstGapParams(issue_ns_per_kib=18.8, drain_gbps=360.0, capacity_kib=976.0)
     cost = MP.CostModel.from_tflops(prm, 500.0, n)
     remote = np.full(grid.n_pool, 64)                     # half of every row block comes from the other rank
-    # order version 1 (group=1: single Linear-2 tiles spread among Linear-1 tiles), as recorded on 2 H200s
-    pred = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, group=1), remote, cost, hidden, inter, tiles)
+    # order version 1 (order=1: single Linear-2 tiles spread among Linear-1 tiles), as recorded on 2 H200s
+    pred = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, order=1), remote, cost, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     assert pred["expert_wave"]["stall_ns"] > 1.3 * pred["interleaved"]["stall_ns"]
     # ... but interleaving two Linear-2 tiles per Linear-1 tile (period 3, which divides 132) gives a third of the
@@ -429,13 +429,13 @@ def test_burst_gap_prediction_of_schedules():
     # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again
     dyn = MP.CostModel.from_tflops(prm, 500.0, n)
     dyn = MP.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic")
-    pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, group=1), remote, dyn, hidden, inter, tiles)
+    pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, order=1), remote, dyn, hidden, inter, tiles)
             for s in ("expert_wave", "interleaved")}
     assert pdyn["interleaved"]["imbalance"] < 1.1 and pdyn["interleaved"]["total_ns"] < pdyn["expert_wave"]["total_ns"]
     with pytest.raises(ValueError, match="assignment must be one of"):
         MP.predict_kernel_ns(MP.build_schedule("lag", grid, n), remote, MP.CostModel(prm, 1.0, n, assignment="x"),
                             hidden, inter, tiles)
-    none = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, group=1), np.zeros(grid.n_pool), cost, hidden,
+    none = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, order=1), np.zeros(grid.n_pool), cost, hidden,
                                     inter, tiles) for s in ("expert_wave", "interleaved")}
     for p in none.values():
         assert p["stall_ns"] == 0 and p["drain_ns"] == 0

@@ -158,7 +158,8 @@ MEGAMOE = Schema(
 #   predicted_speedup  predicted expert_wave / predicted this schedule
 #   schedule_param     lag=<tiles> for lag; model_guided's chosen candidate; the order's version where it has
 #                      one (xstage.moe_plan: chunk=<row blocks> for interleaved, group=<row blocks> for lag; absent =
-#                      version 1, one tile at a time)
+#                      version 1, one tile at a time; order version 2 wrote no chunk of 1, version 3, the sidecar's
+#                      order_version, names every chunk)
 #   block_m .. num_stages  the tiles the kernel ran with (v3; older rows: tiles version 1, MEGAMOE_TILES_V1)
 
 MEGAMOE_GEMM = Schema(

@@ -599,9 +599,10 @@ def make_problem(world, case: MoECase, dtype: str, tiles: TileConfig | None = No
 
 
 def build_tasks(problem: Problem, schedule: str, n_sms: int, rank: int, cost: CostModel | None = None,
-                lag: int | None = None, group: int | None = None) -> TaskList:
+                lag: int | None = None, group: int | None = None, order: int | None = None) -> TaskList:
     """One rank's task list of ``schedule`` (model_guided: with ``cost``, else a default rate); ``group``: row
-    blocks per chunk of the mixing schedules (None: the current order version's, 1: version 1)."""
+    blocks per chunk of the mixing schedules (None: the rule's, ``moe_plan.order_group``); ``order``: the order
+    version (None: ``moe_plan.ORDER_VERSION``; 1: single tiles, no chunks)."""
     s = problem.case.shape
     grid = problem.grid(rank)
     model = None
@@ -609,7 +610,7 @@ def build_tasks(problem: Problem, schedule: str, n_sms: int, rank: int, cost: Co
         cost = cost or CostModel.from_tflops(BurstGapParams.reference(), 500.0, n_sms,
                                              OUT_DTYPES[problem.dtype].itemsize)
         model = (cost, grid.remote_rows_per_block(problem.layouts[rank]), s.hidden, s.intermediate, problem.tiles)
-    return build_schedule(schedule, grid, n_sms, lag=lag, model=model, group=group)
+    return build_schedule(schedule, grid, n_sms, lag=lag, model=model, group=group, order=order)
 
 
 # ------------------------------------------------------------------------------------ unfused baseline (GPU)

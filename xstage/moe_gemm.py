@@ -18,7 +18,7 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   Checked first: every variant's whole layer (combine poisoned) within tolerance of the float32 reference on
   rank 0; the default's static and dynamic runs bit-identical on every rank.
 - study ``controls`` (round 3, same order): the default tiles' compute-only time of every schedule x static /
-  dynamic (order version 2) and, under dynamic, interleaved and lag in order version 1 (variant ``order_v1``),
+  dynamic (the current order version; round 3 ran version 2) and, under dynamic, interleaved and lag in order version 1 (variant ``order_v1``),
   every list bit-identical to Expert-Wave static first (combine poisoned); then, under dynamic, one launch per
   list with per-task device timestamps (the task_* columns: what the order costs, tile by tile).
 
@@ -433,7 +433,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew, a),
                              sms, OUT_DTYPES[dtype].itemsize, a)
             lists[(sch, a, var)] = {r: build_tasks(prob, sch, sms, r, cost=cost,
-                                                   group=1 if var == "order_v1" else None)
+                                                   order=1 if var == "order_v1" else None)
                                     for r in world.local_ranks}
         # bit-identical first: every list vs expert_wave static (combine poisoned before each layer)
         first = _runs_bit_identical(world, bufs, prob, d, {(f"{sch}[{var}]", a): ls

@@ -523,8 +523,13 @@ def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
 #    a row block's Linear-2 tiles as soon as it is ready). 2: in chunks of ``order_group`` row blocks, so that the
 #    tiles running at the same time share operands as Expert-Wave's do (a chunk's Linear-2 tiles read the same
 #    intermediate rows and the same weight columns; spread one by one, each concurrent Linear-2 tile streams its
-#    own W2 columns from memory, as DeepGEMM's scheduler avoids by claiming Linear-2 tiles in pool-block order).
-ORDER_VERSION = 2
+#    own W2 columns from memory, as DeepGEMM's scheduler avoids by claiming Linear-2 tiles in pool-block order);
+#    a chunk of one row block was version 1 there (no param: DeepSeek-V4-Pro fp8's lists in
+#    data/h200x1/megamoe_round3/ ran version 1 and read so). 3 (ORDER_VERSION): version 2 with every chunk named
+#    in schedule_param (``chunk=G`` / ``lag=L,group=G``, G >= 1): a chunk of one row block is a chunk, not
+#    version 1. (lag's version-1 list releases each ready row block at once, which is group 1's list too.)
+ORDER_VERSION = 3
+ORDER_VERSIONS = (1, ORDER_VERSION)    # what build_schedule builds; version 2's lists are 1's or 3's (its param)
 
 
 def order_group(grid: TileGrid, n_sms: int) -> int:
@@ -537,29 +542,34 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def schedule_interleaved(grid: TileGrid, n_sms: int, group: int = 1) -> list[tuple]:
-    """``group`` row blocks of Linear-2 tiles per chunk (1: version 1, single tiles); the next wave's Linear-1
-    tiles cut into as many chunks, and the two chunk lists spread evenly (``_spread``)."""
+def schedule_interleaved(grid: TileGrid, n_sms: int, chunk: int | None = None) -> list[tuple]:
+    """``chunk`` row blocks of Linear-2 tiles per chunk (None: order version 1, single tiles); the next wave's
+    Linear-1 tiles cut into as many chunks, and the two chunk lists spread evenly (``_spread``)."""
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be >= 1 row block (None: order version 1), got {chunk}")
     waves = expert_waves(grid, n_sms)
     if not waves:
         return []
     out = _tiles_of(grid, KIND_L1, waves[0])
     for prev, w in zip(waves, waves[1:]):
         l2, l1 = _tiles_of(grid, KIND_L2, prev), _tiles_of(grid, KIND_L1, w)
-        if group <= 1:
+        if chunk is None:
             out += _spread(l2, l1)
             continue
-        c2 = _chunks(l2, group * grid.n2)
+        c2 = _chunks(l2, chunk * grid.n2)
         k = min(len(c2), len(l1))
         c1 = [list(c) for c in np.array_split(np.arange(len(l1)), k)]
         c1 = [[l1[i] for i in c] for c in c1]
-        out += [t for chunk in _spread(c2, c1) for t in chunk]
+        out += [t for part in _spread(c2, c1) for t in part]
     return out + _tiles_of(grid, KIND_L2, waves[-1])
 
 
-def schedule_lag(grid: TileGrid, lag: int, group: int = 1) -> list[tuple]:
+def schedule_lag(grid: TileGrid, lag: int, group: int | None = None) -> list[tuple]:
     """One Linear-1 stream; a row block's Linear-2 tiles are listed once ``lag`` Linear-1 tiles follow its last
-    producer, ``group`` ready row blocks at a time (1: version 1, each as soon as it is ready)."""
+    producer, ``group`` ready row blocks at a time (None: version 1, each as soon as it is ready: group 1's
+    list)."""
+    if group is not None and group < 1:
+        raise ValueError(f"group must be >= 1 row block (None: order version 1), got {group}")
     experts = range(len(grid.expert_rows))
     l1 = _tiles_of(grid, KIND_L1, experts)
     last = {}                                                          # pool block -> position of its last L1
@@ -575,7 +585,7 @@ def schedule_lag(grid: TileGrid, lag: int, group: int = 1) -> list[tuple]:
         out.append(t)
         while ready < len(pools) and last[pools[ready]] + lag <= j:
             ready += 1
-        if ready - done >= max(group, 1):
+        if ready - done >= (group or 1):
             for p in pools[done:ready]:
                 out += by_pool[p]
             done = ready
@@ -585,9 +595,10 @@ def schedule_lag(grid: TileGrid, lag: int, group: int = 1) -> list[tuple]:
 
 
 def parse_schedule_param(param: str) -> dict:
-    """A recorded schedule_param -> {'choice': schedule name or None, 'lag': int or None, 'group': int}
-    (``group`` 1 where the param names none: order version 1)."""
-    out = {"choice": None, "lag": None, "group": 1}
+    """A recorded schedule_param -> {'choice': schedule name or None, 'lag': int or None, 'group': row blocks per
+    chunk or None, 'order': 1 or ORDER_VERSION}: a param naming a chunk (``chunk=G`` / ``group=G``) is a chunked
+    list of G row blocks (order version 2 wrote it for G > 1, version 3 for every G), none is order version 1."""
+    out = {"choice": None, "lag": None, "group": None, "order": 1}
     for tok in [t for t in str(param).split(",") if t and t != "nan"]:
         k, _, v = tok.partition("=")
         if not _:
@@ -595,7 +606,9 @@ def parse_schedule_param(param: str) -> dict:
         elif k == "lag":
             out["lag"], out["choice"] = int(v), out["choice"] or "lag"
         elif k in ("chunk", "group"):
-            out["group"] = int(v)
+            out["group"], out["order"] = int(v), ORDER_VERSION
+            if out["group"] < 1:
+                raise ValueError(f"schedule_param {param!r}: {k} must be >= 1 row block")
         else:
             raise ValueError(f"schedule_param {param!r}: unknown field {k!r}")
     return out
@@ -768,35 +781,44 @@ def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_
     return predict_kernel_ns(tl_, none, unit, hidden, inter, tiles)["total_ns"] / (compute_ms * 1e6)
 
 
-def _expert_wave(grid: TileGrid, n_sms: int, lag, model, group) -> TaskList:
+def _expert_wave(grid: TileGrid, n_sms: int, lag, model, group, order) -> TaskList:
     return _task_list("expert_wave", "", schedule_expert_wave(grid, n_sms), grid)
 
 
-def _group(grid: TileGrid, n_sms: int, group: int | None) -> int:
+def _group(grid: TileGrid, n_sms: int, group: int | None, order: int) -> int | None:
+    """Row blocks per chunk of order ``order`` (None: version 1, single tiles / each ready row block)."""
+    if order not in ORDER_VERSIONS:
+        raise ValueError(f"order must be one of {', '.join(map(str, ORDER_VERSIONS))}, got {order}")
+    if order == 1:
+        if group is not None:
+            raise ValueError(f"order version 1 has no chunks (group must be None), got group={group}")
+        return None
     g = order_group(grid, n_sms) if group is None else group
     if g < 1:
         raise ValueError(f"group must be >= 1 row block, got {g}")
     return g
 
 
-def _interleaved(grid: TileGrid, n_sms: int, lag, model, group: int | None) -> TaskList:
-    g = _group(grid, n_sms, group)
-    return _task_list("interleaved", f"chunk={g}" if g > 1 else "", schedule_interleaved(grid, n_sms, g), grid)
+def _interleaved(grid: TileGrid, n_sms: int, lag, model, group: int | None, order: int) -> TaskList:
+    g = _group(grid, n_sms, group, order)
+    return _task_list("interleaved", "" if g is None else f"chunk={g}", schedule_interleaved(grid, n_sms, g), grid)
 
 
-def _lag(grid: TileGrid, n_sms: int, lag: int | None, model, group: int | None) -> TaskList:
+def _lag(grid: TileGrid, n_sms: int, lag: int | None, model, group: int | None, order: int) -> TaskList:
     lag = n_sms if lag is None else lag
     if lag < 0:
         raise ValueError(f"lag must be >= 0, got {lag}")
-    g = _group(grid, n_sms, group)
-    return _task_list("lag", f"lag={lag}" + (f",group={g}" if g > 1 else ""), schedule_lag(grid, lag, g), grid)
+    g = _group(grid, n_sms, group, order)
+    return _task_list("lag", f"lag={lag}" + ("" if g is None else f",group={g}"), schedule_lag(grid, lag, g), grid)
 
 
-def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None, group: int | None) -> TaskList:
+def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None, group: int | None, order: int) -> TaskList:
     if model is None:
         raise ValueError("model_guided needs model=(CostModel, remote rows per block, hidden, inter, tiles)")
-    cands = [build_schedule("expert_wave", grid, n_sms), build_schedule("interleaved", grid, n_sms, group=group)]
-    cands += [build_schedule("lag", grid, n_sms, lag=int(round(f * n_sms)), group=group) for f in LAG_CANDIDATES]
+    cands = [build_schedule("expert_wave", grid, n_sms),
+             build_schedule("interleaved", grid, n_sms, group=group, order=order)]
+    cands += [build_schedule("lag", grid, n_sms, lag=int(round(f * n_sms)), group=group, order=order)
+              for f in LAG_CANDIDATES]
     cost, remote, hidden, inter, tiles = model
     pred = [predict_kernel_ns(c, remote, cost, hidden, inter, tiles)["total_ns"] for c in cands]
     best = cands[int(np.argmin(pred))]
@@ -806,7 +828,7 @@ def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None, group: i
 
 
 # The schedules, in table order (the first is the baseline every speedup divides); the module docstring says
-# what each does. impl(grid, n_sms, lag, model, group) -> TaskList.
+# what each does. impl(grid, n_sms, lag, model, group, order) -> TaskList.
 SCHEDULE_REGISTRY = Registry("schedule", (
     Choice("expert_wave", "per wave of experts all Linear-1 tiles, then all Linear-2 tiles (DeepGEMM)", _expert_wave),
     Choice("interleaved", "Linear-2 tiles of wave w spread among the Linear-1 tiles of wave w+1", _interleaved),
@@ -817,27 +839,31 @@ SCHEDULES = SCHEDULE_REGISTRY.names
 
 
 def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None,
-                   model: tuple | None = None, group: int | None = None) -> TaskList:
+                   model: tuple | None = None, group: int | None = None, order: int | None = None) -> TaskList:
     """The task list of schedule ``name`` (SCHEDULE_REGISTRY) for one rank's tiles; checked by ``check_tasks``.
 
     ``lag`` (schedule ``lag``): Linear-1 tiles between a row block's last producer and its Linear-2 tiles
     (default n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
-    intermediate, TileConfig); the candidate with the least predicted time wins. ``group`` (interleaved, lag and
-    model_guided's candidates): row blocks per chunk; None = ``order_group`` (order version 2), 1 = version 1."""
+    intermediate, TileConfig); the candidate with the least predicted time wins. ``order`` (interleaved, lag and
+    model_guided's candidates): the order version, None = ORDER_VERSION (chunks of ``group`` row blocks, None =
+    ``order_group``; every chunk named in the param) or 1 (single tiles, ``group`` must be None)."""
     if n_sms < 1:
         raise ValueError(f"n_sms must be >= 1, got {n_sms}")
-    return SCHEDULE_REGISTRY.check(name).impl(grid, n_sms, lag, model, group)
+    return SCHEDULE_REGISTRY.check(name).impl(grid, n_sms, lag, model, group,
+                                              ORDER_VERSION if order is None else order)
 
 
 def schedule_of_param(schedule: str, param: str, grid: TileGrid, n_sms: int) -> TaskList:
-    """The task list a recorded row ran (schedule and schedule_param; model_guided: its recorded choice)."""
+    """The task list a recorded row ran (schedule and schedule_param; model_guided: its recorded choice). A param
+    without a chunk is order version 1 (what every record before order version 2 ran, and version 2 where its
+    chunk was one row block)."""
     p = parse_schedule_param(param)
     if schedule == "model_guided":
         ch = p["choice"]
         if ch not in ("expert_wave", "interleaved", "lag"):
             raise ValueError(f"model_guided's recorded choice {param!r} names no candidate")
         schedule = ch
-    return build_schedule(schedule, grid, n_sms, lag=p["lag"], group=p["group"])
+    return build_schedule(schedule, grid, n_sms, lag=p["lag"], group=p["group"], order=p["order"])
 
 
 def routing_of(case: MoECase, P: int) -> tuple[list, list, list[RankLayout]]:

@@ -1,0 +1,105 @@
+"""MegaMoE round 4 (issue 15) on the CPU: order version 3, where a chunk of one row block is a chunk and not
+order version 1 (version 2 wrote no param for it, so DeepSeek-V4-Pro fp8's mixing lists ran version 1), and the
+records of earlier versions read as what they ran."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from xstage import data
+from xstage import moe as M
+from xstage import moe_plan as MP
+from xstage.ranks import EmulatedWorld
+
+TILES = MP.TileConfig(16, 32, 32, 32, num_warps=4, num_stages=1)
+
+
+def _l2_runs(tasks: np.ndarray) -> list[int]:
+    """Lengths of the runs of consecutive Linear-2 tasks."""
+    runs, cur = [], 0
+    for k in tasks[:, 0].tolist() + [-1]:
+        if k == MP.KIND_L2:
+            cur += 1
+        elif cur:
+            runs.append(cur)
+            cur = 0
+    return runs
+
+
+def test_a_chunk_of_one_row_block_is_not_order_version_1():
+    """DeepSeek-V4-Pro fp8 on 132 programs: N2 = 56 Linear-2 column blocks, so the rule's chunk is one row block.
+    Its default interleaved list names chunk=1 and keeps each row block's Linear-2 tiles together (runs of 56
+    between the next wave's Linear-1 chunks), where order version 1 spreads them one by one; both rebuild from
+    their param."""
+    n = 132
+    s = MP.SHAPES[1]
+    assert s.name == "deepseek_v4_pro"
+    c = random.choice([c for c in MP.CASES if c.shape == s and c.tokens >= 1024])
+    lay = MP.routing_of(c, 2)[2][0]
+    tiles = MP.gpu_tiles("fp8", 64)
+    grid = MP.TileGrid.of(lay, s.hidden, s.intermediate, tiles)
+    assert grid.n2 == 56 and MP.order_group(grid, n) == 1
+    v3 = MP.build_schedule("interleaved", grid, n)
+    v1 = MP.build_schedule("interleaved", grid, n, order=1)
+    assert v3.param == "chunk=1" and v1.param == ""
+    assert not np.array_equal(v3.tasks, v1.tasks), c.name
+    assert max(_l2_runs(v1.tasks)[:-1]) < grid.n2 // 2          # single tiles (a wave's last L2 phase aside)
+    assert set(_l2_runs(v3.tasks)[:-1]) == {grid.n2}             # every mixed run: one whole row block
+    for tl_ in (v1, v3):
+        assert np.array_equal(MP.schedule_of_param("interleaved", tl_.param, grid, n).tasks, tl_.tasks)
+    lag = MP.build_schedule("lag", grid, n)
+    assert lag.param == f"lag={n},group=1"
+    assert np.array_equal(lag.tasks, MP.build_schedule("lag", grid, n, order=1).tasks)   # lag: the same list
+    mg = MP.build_schedule("model_guided", grid, n, model=(MP.CostModel.from_tflops(
+        MP.BurstGapParams.reference(), 500.0, n), grid.remote_rows_per_block(lay), s.hidden, s.intermediate, tiles))
+    assert mg.param in ("expert_wave", "interleaved,chunk=1") or mg.param.endswith(",group=1"), mg.param
+
+
+def test_round3_record_reads_as_what_it_ran():
+    """data/h200x1/megamoe_round3 (order version 2): Pro fp8's mixing rows name no chunk (version 1 ran), the
+    others name theirs (> 1); each param parses to the order that ran."""
+    df, meta = data.load("data/h200x1/megamoe_round3", data.MEGAMOE_GEMM)
+    assert all(r["params"].get("order_version") == 2 for r in [meta, *meta.get("runs", [])] if "params" in r)
+    c = df[(df.study == "controls") & (df.variant == "default") & df.schedule.isin(["interleaved", "lag"])]
+    for (shape, dtype), g in c.groupby(["shape", "dtype"]):
+        orders = {MP.parse_schedule_param(p)["order"] for p in g.note}
+        if (shape, dtype) == ("deepseek_v4_pro", "fp8"):
+            assert orders == {1}, orders
+        else:
+            assert orders == {MP.ORDER_VERSION} and all(MP.parse_schedule_param(p)["group"] > 1 for p in g.note)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda g: MP.build_schedule("interleaved", g, 4, order=2), r"order must be one of 1, 3, got 2"),
+    (lambda g: MP.build_schedule("lag", g, 4, group=2, order=1), r"order version 1 has no chunks"),
+    (lambda g: MP.build_schedule("interleaved", g, 4, group=0), r"group must be >= 1 row block"),
+    (lambda g: MP.schedule_interleaved(g, 4, chunk=0), r"chunk must be >= 1 row block"),
+    (lambda g: MP.parse_schedule_param("chunk=0"), r"chunk must be >= 1 row block"),
+])
+def test_bad_orders_are_one_clear_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(MP.TileGrid((40, 0, 70), 16, 2, 3))
+
+
+def test_chunk_of_one_runs_bit_identical_to_expert_wave_on_the_emulated_world():
+    """Interleaved with a chunk of one row block, order version 1 and Expert-Wave through the kernel (Triton's
+    interpreter, 2 emulated ranks, fresh routing): combine buffers poisoned first, every rank bit-identical."""
+    seed = random.randrange(2**20)
+    world = EmulatedWorld(2)
+    prob = M.make_problem(world, MP.as_case((64, 64, 4, 2, 24, "zipf"), seed), "fp32", TILES, weight_seed=seed)
+    s = prob.case.shape
+    bufs = M.moe_buffers(world, max(prob.cap_rows, 1), prob.case.tokens, s.hidden, s.intermediate, s.topk,
+                         s.experts // 2, "fp32", min_block_m=TILES.block_m)
+    outs = {}
+    for name, kw in (("expert_wave", {}), ("interleaved", dict(group=1)), ("interleaved", dict(order=1))):
+        tasks = {r: M.build_tasks(prob, name, 2, r, **kw) for r in range(2)}
+        M.poison_combine(world, bufs, prob.case.tokens)
+        M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
+        outs[(name, tasks[0].param)] = {r: bufs.combine_view(r, prob.case.tokens).clone() for r in range(2)}
+    (k0, want), *rest = outs.items()
+    assert ("interleaved", "chunk=1") in outs and ("interleaved", "") in outs
+    for k, got in rest:
+        for r in range(2):
+            assert not torch.isnan(got[r]).any()
+            assert torch.equal(got[r], want[r]), (seed, k, r)
