@@ -281,8 +281,8 @@ def moe_buffers(world, cap_rows: int, tokens: int, hidden: int, inter: int, topk
         dev = world.device(r)
         flags.local(r).zero_()
         recv_meta.local(r).zero_()
-        t = {"x": recv_x.ptrs, "meta": recv_meta.ptrs, "combine": combine.ptrs, "flags": flags.ptrs,
-             "combine_local": [combine.ptrs[r]] * P, "xs": recv_xs.ptrs if fp8 else [0] * P}
+        t = {"x": recv_x.table(r), "meta": recv_meta.table(r), "combine": combine.table(r), "flags": flags.table(r),
+             "combine_local": [combine.table(r)[r]] * P, "xs": recv_xs.table(r) if fp8 else [0] * P}
         tables[r] = {k: torch.tensor(v, dtype=torch.int64, device=dev) for k, v in t.items()}
         h[r] = torch.empty(cap_rows, inter, dtype=act, device=dev)
         if fp8:
@@ -311,6 +311,8 @@ class RankInputs:
     weights: RankWeights
     layout: RankLayout
     _dev: dict = field(default_factory=dict, repr=False)
+    pushes: object = field(default=None, repr=False)   # xstage.traffic.TrafficWorld: the rows this rank's GPU
+    #                                                    pushes for the sources it plays (set by make_problem)
 
     def routing_on(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(dest int32 [T*K, 2], router weight bits int32 [T*K], expert offsets int32 [El + 1]) on ``device``."""
@@ -384,6 +386,9 @@ def dispatch(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], barrier:
     always takes every rank."""
     ranks = _ranks(world, ranks)
     fp8 = bufs.dtype == "fp8"
+    if getattr(world, "dispatch_push", None) is not None:   # xstage.traffic.TrafficWorld: each GPU pushes the rows
+        world.dispatch_push(bufs, inputs, ranks)             # of the sources it plays (inputs[r].pushes)
+        ranks = []
     for r in ranks:
         inp = inputs[r]
         T, Hd = inp.x.shape
@@ -595,6 +600,9 @@ def make_problem(world, case: MoECase, dtype: str, tiles: TileConfig | None = No
                                                                  weight_seed, dev, dtype)
         inputs[r] = RankInputs(rank_tokens(case.tokens, s.hidden, case.seed, r, dev, dtype), ids[r], wts[r], w,
                                layouts[r])
+    if getattr(world, "source_pushes", None) is not None:   # xstage.traffic.TrafficWorld: the rows each GPU pushes
+        for r in world.local_ranks:                          # for the sources it plays (seeded, planned on the host)
+            inputs[r].pushes = world.source_pushes(case, dtype, r, ids, wts, layouts, inputs[r])
     return Problem(case, dtype, tiles, ids, wts, layouts, inputs)
 
 
@@ -791,6 +799,8 @@ def hi_weights(w: RankWeights) -> tuple[torch.Tensor, torch.Tensor]:
 
 def world_label(world) -> str:
     """' (one GPU, link host)' for a one-GPU world, '' otherwise: failure messages say which world failed."""
+    if getattr(world, "traffic_ranks", None):   # xstage.traffic.TrafficWorld
+        return f" ({world.label})"
     if world.emulated and getattr(world, "link", "emulated") != "emulated":
         return f" (one GPU, link {world.link})"
     return ""

@@ -38,12 +38,18 @@ class SymmTensor:
     tensors: dict[int, torch.Tensor]     # rank -> that rank's own buffer (only local ranks present)
     ptrs: list[int]                      # rank -> address usable from this process
     handle: object | None = None         # torch symmetric-memory handle (GPU only), kept alive
+    views: dict[int, list[int]] | None = None   # local rank -> its own pointer table, where tables differ by rank
+    #                                              (xstage.traffic.TrafficWorld); None: every rank's is ``ptrs``
 
     def local(self, rank: int) -> torch.Tensor:
         return self.tensors[rank]
 
     def ptr(self, peer: int) -> int:
         return self.ptrs[peer]
+
+    def table(self, rank: int) -> list[int]:
+        """The peer-pointer table local rank ``rank``'s kernels use (``ptrs``, unless the world maps ranks)."""
+        return self.ptrs if self.views is None else self.views[rank]
 
 
 class EmulatedWorld:
@@ -185,6 +191,9 @@ def epoch_barrier(world, flag_table: dict[int, torch.Tensor], flags: SymmTensor,
     wait (kernels only push). ``silent_ranks`` never signal (tests: a missing peer ends in an error)."""
     if max_polls < 1:
         raise ValueError(f"max_polls must be >= 1, got {max_polls}")
+    hook = getattr(world, "epoch_barrier", None)
+    if hook is not None:   # a world whose ranks are not its processes' ranks (xstage.traffic.TrafficWorld)
+        return hook(flag_table, flags, status, epoch, what, max_polls, check, silent_ranks)
     device = not env.interpreted()
 
     def launch(r, signal, wait):
