@@ -55,6 +55,17 @@ f times as d; h vs i (same code) shows the spread between timing blocks: up to 6
 through it. Left: BM = 64 per warpgroup with explicit ping-pong (Gluon), a head-major (L2-friendlier) persistent
 tile order.
 
+Round 3 (issue 14, beside FA4's CuTe Hopper forward in the same run: ``scripts/attention_vs_fa4.sh``, record
+data/h200x1/attention_vs_fa4/, docs/lab-ulysses3-draft.md). Levers added as constexprs (``AttnConfig`` fields):
+PIPE (the key loop software-pipelined in the source: block j+1's q K^T issued before block j's softmax),
+SCALE_Q (softmax scale x log2 e folded into q once per tile), and two launch options: a register cap
+(``maxnreg``: 128 lets two 8-warp programs share an SM) and persistent programs per SM (``per_sm``).
+Compiled for sm_90a on the CPU: the base rung h holds 196 registers and 229 KB of shared memory, so one program (two
+warpgroups) per SM, and Triton waits for every wgmma group right after issuing it (q K^T, then P V), PIPE too:
+the softmax never runs under the tensor cores inside a program; two programs per SM is the overlap Triton leaves
+to the warp schedulers. BLOCK_M 192 / BLOCK_N 176 / 12 warps are not expressible (powers of two).
+  (measured rungs: see below, filled from the record)
+
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
 everywhere" has a time and a failure to arrive has a report instead of a hang.
@@ -89,42 +100,72 @@ LOG2E = 1.4426950408889634  # softmax(x) = exp2(x * log2(e) - max): the launcher
 
 
 @triton.jit
-def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, qk_scale,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr):
-    """One key block of the online softmax: acc[BM, D], l_i[BM] (row sums), m_i[BM] (running max, base 2).
-    TMA: K/V blocks come through tensor descriptors Kd/Vd over [S, Hl*D] at column ``col`` (rows past S read
-    as 0); otherwise through pointers K/V (this head's first element)."""
+def _scores(q, K, Kd, col, start_n, S, row_stride, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+            MASK_N: tl.constexpr, TMA: tl.constexpr):
+    """q K^T of one key block: [BM, BN] fp32 (unscaled; keys past S score -inf when MASK_N). TMA: the K block
+    comes through the tensor descriptor Kd over [S, Hl*D] at column ``col`` (rows past S read as 0); otherwise
+    through the pointer K (this head's first element)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN] key rows
     offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
     key_ok = offs_n < S
     if TMA:
         k = Kd.load([start_n, col])                                    # [BN, D]
-        v = Vd.load([start_n, col])
     else:
         kv = offs_n[:, None] * row_stride + offs_d[None, :]            # [BN, D] element offsets from this head
         if MASK_N:  # the last, partial key block (S % BN != 0): missing keys load 0 and score -inf
             k = tl.load(K + kv, mask=key_ok[:, None], other=0.0)      # [BN, D]
-            v = tl.load(V + kv, mask=key_ok[:, None], other=0.0)      # [BN, D]
         else:
             k = tl.load(K + kv)
-            v = tl.load(V + kv)
     qk = tl.dot(q, tl.trans(k))                                        # [BM, BN] fp32
     if MASK_N:
         qk = tl.where(key_ok[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)                  # [BM]
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])                   # [BM, BN]
+    return qk
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr, SCALE_Q: tl.constexpr):
+    """The online softmax of one key block's scores ``qk`` [BM, BN], then P V into acc[BM, D]: l_i[BM] (row
+    sums), m_i[BM] (running max, base 2). SCALE_Q: the scores are already scaled (q was multiplied by
+    ``qk_scale``), so no multiply here."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN]
+    offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
+    if SCALE_Q:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))                         # [BM]
+        p = tl.math.exp2(qk - m_new[:, None])                          # [BM, BN]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)              # [BM]
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])               # [BM, BN]
     alpha = tl.math.exp2(m_i - m_new)                                  # [BM] rescale of what came before
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
+    if TMA:
+        v = Vd.load([start_n, col])                                    # [BN, D]
+    else:
+        kv = offs_n[:, None] * row_stride + offs_d[None, :]
+        if MASK_N:
+            v = tl.load(V + kv, mask=(offs_n < S)[:, None], other=0.0)
+        else:
+            v = tl.load(V + kv)
     acc = tl.dot(p.to(v.dtype), v, acc)                                # [BM, D] fp32
     return acc, l_i, m_new
+
+
+@triton.jit
+def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr,
+                  SCALE_Q: tl.constexpr):
+    """One key block of the online softmax: the scores, then the softmax and P V (in that order)."""
+    qk = _scores(q, K, Kd, col, start_n, S, row_stride, HEAD_DIM, BLOCK_N, MASK_N, TMA)
+    return _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale, HEAD_DIM, BLOCK_N,
+                       MASK_N, TMA, SCALE_Q)
 
 
 @triton.jit
 def _tile(Q, K_h, V_h, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h, tile_id, S, rows_per_rank, in_row_stride,
           out_row_stride, h, out_head0, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, FUSED: tl.constexpr, TIMED: tl.constexpr,
-          DEVICE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+          DEVICE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, PIPE: tl.constexpr, SCALE_Q: tl.constexpr):
     """One output tile [BLOCK_M query rows of head h]: the online softmax over every key block, then the
     epilogue (this rank's layout, or row by row to the owner ranks); ``tile_id`` indexes the timestamps."""
     if TIMED:
@@ -138,15 +179,31 @@ def _tile(Q, K_h, V_h, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h, tile_id
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)                # [BM]
     l_i = tl.zeros([BLOCK_M], tl.float32)                              # [BM]
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)                    # [BM, D]
+    if SCALE_Q:  # the softmax scale folded into q once per tile (bf16: q * scale rounded; ~2^-9 relative)
+        q = (q.to(tl.float32) * qk_scale).to(Q.dtype.element_ty)
     n_full = S - S % BLOCK_N
-    # WS: Triton's warp specialisation of the key loop (loads in a producer partition, the MMAs and the
-    # softmax in consumer partitions); same arithmetic, so the same bits as without it
-    for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, Kd, Vd, head_off, start_n, S, in_row_stride,
-                                      qk_scale, HEAD_DIM, BLOCK_N, False, TMA)
+    if PIPE:
+        # software-pipelined key loop (FA3's intra-warpgroup overlap written in the source): the scores of key
+        # block j + 1 are issued before block j's softmax, so the tensor cores compute q K_{j+1}^T while the
+        # softmax of block j runs; same arithmetic per block, so the same bits as without it
+        if n_full > 0:
+            qk = _scores(q, K_h, Kd, head_off, 0, S, in_row_stride, HEAD_DIM, BLOCK_N, False, TMA)
+            for start_n in tl.range(BLOCK_N, n_full, BLOCK_N, warp_specialize=WS):
+                qk_next = _scores(q, K_h, Kd, head_off, start_n, S, in_row_stride, HEAD_DIM, BLOCK_N, False, TMA)
+                acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, V_h, Vd, head_off, start_n - BLOCK_N, S,
+                                            in_row_stride, qk_scale, HEAD_DIM, BLOCK_N, False, TMA, SCALE_Q)
+                qk = qk_next
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, qk, V_h, Vd, head_off, n_full - BLOCK_N, S, in_row_stride,
+                                        qk_scale, HEAD_DIM, BLOCK_N, False, TMA, SCALE_Q)
+    else:
+        # WS: Triton's warp specialisation of the key loop (loads in a producer partition, the MMAs and the
+        # softmax in consumer partitions); same arithmetic, so the same bits as without it
+        for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WS):
+            acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, Kd, Vd, head_off, start_n, S, in_row_stride,
+                                          qk_scale, HEAD_DIM, BLOCK_N, False, TMA, SCALE_Q)
     if not EVEN_N:
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, K_h, V_h, Kd, Vd, head_off, n_full, S, in_row_stride,
-                                      qk_scale, HEAD_DIM, BLOCK_N, True, TMA)
+                                      qk_scale, HEAD_DIM, BLOCK_N, True, TMA, SCALE_Q)
     o = (acc / l_i[:, None]).to(Q.dtype.element_ty)                    # [BM, D]
     col = (out_head0 + pid_h) * HEAD_DIM                               # output head's first element in a row
     if FUSED:
@@ -193,6 +250,8 @@ def ulysses_attention_kernel(
     TMA: tl.constexpr = False,  # K/V through tensor descriptors (Hopper TMA loads) instead of pointers
     WS: tl.constexpr = False,   # warp-specialised key loop (tl.range(..., warp_specialize=True))
     PERSISTENT: tl.constexpr = False,  # a 1-D grid of <= SMs programs, each looping over tiles t = pid, pid + grid..
+    PIPE: tl.constexpr = False,        # software-pipelined key loop: block j+1's q K^T issued before block j's softmax
+    SCALE_Q: tl.constexpr = False,     # the softmax scale (times log2 e) folded into q once per tile
 ):
     n_m = tl.cdiv(S, BLOCK_M)
     if PERSISTENT:
@@ -202,11 +261,11 @@ def ulysses_attention_kernel(
             h = h_start + pid_h
             _tile(Q, K + h * HEAD_DIM, V + h * HEAD_DIM, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h, t, S,
                   rows_per_rank, in_row_stride, out_row_stride, h, out_head0, qk_scale, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, EVEN_N, FUSED, TIMED, DEVICE, TMA, WS)
+                  BLOCK_N, EVEN_N, FUSED, TIMED, DEVICE, TMA, WS, PIPE, SCALE_Q)
     else:
         pid_m = tl.program_id(0)
         pid_h = tl.program_id(1)
         h = h_start + pid_h
         _tile(Q, K + h * HEAD_DIM, V + h * HEAD_DIM, Kd, Vd, out_ptr, out_table, ts_ptr, pid_m, pid_h,
               pid_h * n_m + pid_m, S, rows_per_rank, in_row_stride, out_row_stride, h, out_head0, qk_scale,
-              HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_N, FUSED, TIMED, DEVICE, TMA, WS)
+              HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_N, FUSED, TIMED, DEVICE, TMA, WS, PIPE, SCALE_Q)

@@ -10,15 +10,11 @@
 #                  sweep:<local_s>:<host_s> test:<s> pack   (carry .whl/fa4site312.tar.xz.part-01)
 # Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-SITE=/root/fa4site
-PARTS=/root/fa4parts
-SHA=1442127dc9ca7f401da205a8d814964adadea2e160e9d20a553d7ffbdb5b9179
+. "$(dirname "$0")/fa4_env.sh"     # SITE, PARTS, SHA, PYTHONPATH, NCCL / symmetric-memory settings
 SHAPES=${SHAPES:-seq_4k,seq_8k,seq_16k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
 METHODS=${METHODS:-fused,serial_triton,serial_cudnn,attention_only,sdpa_only,fa,fa_serial,fa_fused}
 RECORD=${RECORD:-ulysses_fa}          # records: $OUT/h200x1/${RECORD}_<link>/
 SWEEP_ARGS=${SWEEP_ARGS:-}           # e.g. --no-tune (a run that times no method of ours)
-export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
 FUSED_OK=1
 for s in "$@"; do
   case $s in

@@ -345,9 +345,9 @@ for d, warps, stages, tma in ((64, 4, 3, False), (128, 4, 2, False), (128, 8, 3,
            'out_row_stride': 'i32', 'h_start': 'i32', 'out_head0': 'i32', 'qk_scale': 'fp32', 'n_heads': 'i32',
            'HEAD_DIM': 'constexpr', 'BLOCK_M': 'constexpr', 'BLOCK_N': 'constexpr', 'EVEN_N': 'constexpr',
            'FUSED': 'constexpr', 'TIMED': 'constexpr', 'DEVICE': 'constexpr', 'TMA': 'constexpr', 'WS': 'constexpr',
-           'PERSISTENT': 'constexpr'}
+           'PERSISTENT': 'constexpr', 'PIPE': 'constexpr', 'SCALE_Q': 'constexpr'}
     ce = dict(HEAD_DIM=d, BLOCK_M=128, BLOCK_N=64, EVEN_N=False, FUSED=True, TIMED=True, DEVICE=True, TMA=tma,
-              WS=False, PERSISTENT=False)
+              WS=False, PERSISTENT=False, PIPE=False, SCALE_Q=False)
     if not tma:
         ce.update(Kd=None, Vd=None)
     src = triton.compiler.ASTSource(fn=k.ulysses_attention_kernel, signature=sig, constexprs=ce,

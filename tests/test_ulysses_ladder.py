@@ -130,3 +130,105 @@ def test_recorded_ladder_loads_and_plots():
         pytest.skip("no recorded attention ladder")
     t = studies.attention_ladder_table(df, m)
     assert t.ours_over_cudnn.notna().any() and len(figures.attention_ladder(t).data) == t["shape"].nunique()
+
+
+# ------------------------------------------------------------------ round 3: beside FA4 (issue 14)
+ROUND3_VARIANTS = {64: (AttnConfig(64, 64, 4, 1), AttnConfig(32, 64, 4, 1, True, pipe=True, scale_q=True)),
+                   128: (AttnConfig(64, 32, 4, 1, maxnreg=128),
+                         AttnConfig(32, 32, 4, 1, True, persistent=True, per_sm=2, pipe=True))}
+
+
+@pytest.mark.parametrize("cfg", [AttnConfig(64, 32, 4, 1, pipe=True), AttnConfig(32, 32, 4, 1, True, scale_q=True),
+                                 AttnConfig(32, 32, 4, 1, True, persistent=True, per_sm=2, pipe=True, maxnreg=128)])
+def test_round3_levers_match_float32_and_the_fused_layer(cfg):
+    """The pipelined key loop, the scale folded into q, a capped register count and two persistent programs per
+    SM: each within float32's tolerance and the fused layer bit for bit its attention + the all-to-all."""
+    chk = check_variant(cfg, 64, seed=random.randrange(2**30), world=EmulatedWorld(2))
+    assert chk["fused_bit_exact"] and chk["rel_l2_vs_fp32"] < 1e-2
+
+
+def test_pipelined_key_loop_keeps_the_bits():
+    """Same arithmetic per key block in the same order: the pipelined loop gives the plain loop's bits (a partial
+    last key block, and S below one key block, included)."""
+    g = torch.Generator().manual_seed(random.randrange(2**30))
+    for S in (150, 20):
+        q, k, v = (torch.randn(S, 2, 64, generator=g).half() for _ in range(3))
+        base = attention_forward(q, k, v, config=AttnConfig(32, 32, 4, 1))
+        assert torch.equal(attention_forward(q, k, v, config=AttnConfig(32, 32, 4, 1, pipe=True)), base)
+        sq = attention_forward(q, k, v, config=AttnConfig(32, 32, 4, 1, scale_q=True))
+        ref = attention_reference(q, k, v)
+        assert (sq.float() - ref).norm() / ref.norm() < 1e-2
+
+
+@pytest.mark.parametrize("kw, match", [(dict(maxnreg=8), "maxnreg"), (dict(per_sm=2), "per_sm"),
+                                       (dict(persistent=True, per_sm=9), "per_sm")])
+def test_bad_round3_config_is_one_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        AttnConfig(64, 64, 4, 1, **kw).validate()
+
+
+def test_labels_name_every_lever_and_studies_reads_them():
+    from dataclasses import asdict
+
+    from xstage.studies import _ladder_labels
+
+    cfgs = [AttnConfig(128, 64, 8, 2, True, persistent=True, per_sm=2, maxnreg=128),
+            AttnConfig(128, 128, 8, 3, True, persistent=True, scale_q=True), AttnConfig(128, 64, 8, 3, True, pipe=True)]
+    assert [c.label for c in cfgs] == ["128x64w8s2-tma-pers2-r128", "128x128w8s3-tma-pers-sq", "128x64w8s3-tma-pipe"]
+    assert _ladder_labels([asdict(c) for c in cfgs]) == [c.label for c in cfgs]
+
+
+def test_beside_fa4_job_checks_each_shape_and_records_fa4_absent(tmp_path, cpu_timing, capsys):
+    """On the CPU FA4 cannot run: one line, no fa4 rows (never 0), the reason in the sidecar; every timed shape's
+    methods were compared with float32 on sampled rows first (``shape_checks``); both head dims' base rungs run
+    before either's levers."""
+    shapes = [UlyssesShape("tiny", 96, 2, 64), UlyssesShape("t128", 80, 2, 128)]
+    meta = {k: "cpu" for k in data.REQUIRED_META if k not in ("schema", "schema_version")}
+    ladder_job(tmp_path, meta, ROUND3_VARIANTS, shapes, 2, 0, random.randrange(2**20), fa=True, launches=2)
+    df, m = data.load(tmp_path, ATTENTION_LADDER)
+    assert set(df.method) == {"triton"} and len(df) == 8
+    assert "no FA4 rows" in capsys.readouterr().err and m["fa4_absent"].startswith("FA4 needs a CUDA GPU")
+    for D, cfgs in ROUND3_VARIANTS.items():
+        for c in cfgs:
+            chk = m["shape_checks"][str(D)][c.label]
+            assert set(chk) == {s.name for s in shapes if s.D == D}
+            assert all(e["triton"] < 1e-2 and e["rows"] >= 2 for e in chk.values())
+    first = list(dict.fromkeys(df.variant))
+    assert first[:2] == [ROUND3_VARIANTS[128][0].label, ROUND3_VARIANTS[64][0].label]
+
+
+def test_a_wrong_kernel_on_a_timed_shape_is_never_timed(tmp_path, cpu_timing, monkeypatch):
+    """check_shape can fail: an attention that pairs keys with the wrong values on the timed shape (after its
+    variant's own check passed) is recorded in ``failed_shapes`` and has no rows."""
+    from xstage import ulysses_ladder as L
+
+    real = L.attention_forward
+    monkeypatch.setattr(L, "check_variant", lambda cfg, D, seed, world=None: {"fused_bit_exact": True})
+    monkeypatch.setattr(L, "attention_forward",
+                        lambda q, k, v, config=None: real(q, k.flip(0).contiguous(), v, config=config))
+    meta = {k: "cpu" for k in data.REQUIRED_META if k not in ("schema", "schema_version")}
+    ladder_job(tmp_path, meta, {64: (AttnConfig(64, 64, 4, 1),)}, [UlyssesShape("tiny", 96, 2, 64)], 2, 0, 5,
+               fa=True)
+    m = data.read_meta(tmp_path / "attention_ladder.json", ATTENTION_LADDER)
+    assert "float32 reference" in m["failed_shapes"]["64"]["64x64w4s1"]["tiny"]
+    assert not (tmp_path / "attention_ladder.csv").exists() or data.load(tmp_path, ATTENTION_LADDER)[0].empty
+
+
+def test_sample_rows_are_distinct_sorted_and_hold_the_last():
+    from xstage.ulysses_ladder import sample_rows
+
+    g = torch.Generator().manual_seed(random.randrange(2**30))
+    for S, n in ((1000, 256), (5, 256), (1, 3)):
+        r = sample_rows(S, n, g)
+        assert len(r) == min(S, n) and int(r[-1]) == S - 1 and len(set(r.tolist())) == len(r)
+        assert torch.equal(r, r.sort().values)
+
+
+def test_run_attention_vs_fa4_validates_then_needs_a_gpu(tmp_path):
+    from xstage.ulysses_ladder import run_attention_vs_fa4
+
+    with pytest.raises(ValueError, match="launches"):
+        run_attention_vs_fa4(tmp_path, launches=0)
+    with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
+        run_attention_vs_fa4(tmp_path)
+    assert not list(tmp_path.iterdir())

@@ -618,13 +618,21 @@ def ulysses_fa_table(df: pd.DataFrame) -> pd.DataFrame:
 ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-class kernel's (cuDNN SDPA stands in)
 
 
-def attention_ladder_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
-    """The attention speed ladder's rows (schema xstage.data.ATTENTION_LADDER, data/<machine>/attention_ladder/:
-    ``scripts/attention_ladder.py``) and provenance, verified. Recorded only (the run needs a GPU)."""
-    folder = data.machine_dir(machine) / "attention_ladder"
+ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",      # round 2: beside cuDNN
+                            "attention_vs_fa4": "scripts/attention_vs_fa4.sh"}      # round 3: beside FA4 too
+
+
+def attention_ladder_data(machine: str = "h200x1", record: str = "attention_ladder") -> tuple[pd.DataFrame, dict]:
+    """The attention speed ladder's rows (schema xstage.data.ATTENTION_LADDER) and provenance, verified:
+    ``record`` "attention_ladder" (data/<machine>/attention_ladder/, ``scripts/attention_ladder.py``: ours beside
+    cuDNN) or "attention_vs_fa4" (``scripts/attention_vs_fa4.sh``: ours beside cuDNN and FA4's CuTe Hopper
+    forward, same rounds). Recorded only (the run needs a GPU)."""
+    if record not in ATTENTION_LADDER_RECORDS:
+        raise ValueError(f"record must be one of {sorted(ATTENTION_LADDER_RECORDS)}, got {record!r}")
+    folder = data.machine_dir(machine) / record
     if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
-        raise ValueError(f"machine {machine!r} has no recorded attention ladder ({folder} has no "
-                         f"attention_ladder.csv); record it: OUT=... python3 scripts/attention_ladder.py")
+        raise ValueError(f"machine {machine!r} has no recorded {record} ({folder} has no attention_ladder.csv); "
+                         f"record it: OUT=... {ATTENTION_LADDER_RECORDS[record]}")
     return data.load(folder, data.ATTENTION_LADDER)
 
 
@@ -632,7 +640,8 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
     """Per head dim, shape and variant (in recorded order): median ms of ours and of cuDNN SDPA timed in the same
     rounds, both TFLOP/s (4 S^2 H D / median), ``ours_over_cudnn`` (TFLOP/s ratio), ``vs_base`` (ours over the
     head dim's first variant on the same shape) and, from ``meta``, the variants that failed before timing
-    (``failed``: one row each, times NaN)."""
+    (``failed``: one row each, times NaN). Where FA4's kernel was timed in the same rounds (record
+    attention_vs_fa4): ``fa_ms``, ``fa_tflops``, ``ours_over_fa``; NaN otherwise."""
     keys = ["D", "shape", "S", "H", "variant"]
     med = df.groupby(keys + ["method"], sort=False).ms.median().unstack("method").reset_index()
     from .ulysses import attention_flops
@@ -643,13 +652,17 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
     med["ours_tflops"] = flops / med.ours_ms / 1e9
     med["cudnn_tflops"] = flops / med.cudnn_ms / 1e9
     med["ours_over_cudnn"] = med.cudnn_ms / med.ours_ms
+    med["fa_ms"] = med["fa4"] if "fa4" in med else np.nan
+    med["fa_tflops"] = flops / med.fa_ms / 1e9
+    med["ours_over_fa"] = med.fa_ms / med.ours_ms
     base = {D: df[df.D == D].variant.iloc[0] for D in df.D.unique()}
     ref = med[med.variant == med.D.map(base)].set_index(["D", "shape"]).ours_tflops
     med["vs_base"] = med.ours_tflops / [ref.get((d, s), np.nan) for d, s in zip(med.D, med["shape"])]
     order = {(d, v): i for i, (d, v) in enumerate(df[["D", "variant"]].drop_duplicates().itertuples(index=False))}
     med["_o"] = [order[(d, v)] for d, v in zip(med.D, med.variant)]
     med = med.sort_values(["D", "S", "_o"], ascending=[False, True, True], kind="stable")
-    out = med[keys + ["ours_ms", "cudnn_ms", "ours_tflops", "cudnn_tflops", "ours_over_cudnn", "vs_base"]]
+    out = med[keys + ["ours_ms", "cudnn_ms", "ours_tflops", "cudnn_tflops", "ours_over_cudnn", "vs_base", "fa_ms",
+                      "fa_tflops", "ours_over_fa"]]
     failed = (meta or {}).get("failed") or {}
     if failed and not all(isinstance(v, dict) for v in failed.values()):
         # run L1's sidecar: keyed by label alone; the head dim from the run's params
@@ -662,11 +675,38 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
     return out.reset_index(drop=True)
 
 
+def attention_vs_fa4_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per shape of a ladder beside FA4 (:func:`attention_ladder_table` of record attention_vs_fa4): FA4's
+    TFLOP/s, the base rung's (the head dim's first variant) ours / FA, the fastest variant on that shape and its
+    ours / FA, ours / cuDNN, and whether the goal (>= ATTENTION_LADDER_GOAL of FA's TFLOP/s, issue 14: required at
+    S >= 8K) is met by the fastest. Each ratio is of medians timed in the same rounds (the variant's block), so
+    FA4's TFLOP/s is the median over the variants' blocks. Shapes in the table's order; none without FA rows."""
+    t = table.dropna(subset=["ours_over_fa"])
+    rows = []
+    for (D, shape), g in t.groupby(["D", "shape"], sort=False):
+        base, best = g.iloc[0], g.loc[g.ours_tflops.idxmax()]
+        rows.append(dict(shape=shape, S=int(base.S), H=int(base.H), D=int(D), fa_tflops=float(g.fa_tflops.median()),
+                         base_variant=base.variant, base_tflops=float(base.ours_tflops),
+                         base_over_fa=float(base.ours_over_fa), best_variant=best.variant,
+                         best_tflops=float(best.ours_tflops), best_over_fa=float(best.ours_over_fa),
+                         best_over_cudnn=float(best.ours_over_cudnn), goal=ATTENTION_LADDER_GOAL,
+                         goal_applies=bool(base.S >= 8192),
+                         met=bool(best.ours_over_fa >= ATTENTION_LADDER_GOAL)))
+    return pd.DataFrame(rows, columns=["shape", "S", "H", "D", "fa_tflops", "base_variant", "base_tflops",
+                                       "base_over_fa", "best_variant", "best_tflops", "best_over_fa",
+                                       "best_over_cudnn", "goal", "goal_applies", "met"])
+
+
 def _ladder_labels(cfgs: list[dict]) -> list[str]:
     """xstage.ulysses.AttnConfig.label of each config dict (this module needs no torch)."""
     out = []
     for c in cfgs:
-        sw = "".join(f"-{n}" for n, k in (("tma", "tma"), ("ws", "ws"), ("pers", "persistent")) if c.get(k))
+        sw = "".join(f"-{n}" for n, k in (("tma", "tma"), ("ws", "ws"), ("pers", "persistent"), ("pipe", "pipe"),
+                                           ("sq", "scale_q")) if c.get(k))
+        if c.get("persistent") and c.get("per_sm", 1) > 1:
+            sw = sw.replace("-pers", f"-pers{c['per_sm']}")
+        if c.get("maxnreg"):
+            sw += f"-r{c['maxnreg']}"
         out.append(f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}{sw}")
     return out
 

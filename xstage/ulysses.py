@@ -129,11 +129,20 @@ class AttnConfig:
     tma: bool = False      # K/V through Hopper tensor descriptors (TMA) instead of pointer loads
     ws: bool = False       # warp-specialised key loop (Triton's tl.range(..., warp_specialize=True))
     persistent: bool = False   # one program per SM (at most), each looping over tiles
+    pipe: bool = False     # software-pipelined key loop: block j+1's scores issued before block j's softmax
+    scale_q: bool = False  # the softmax scale folded into q once per tile (no multiply per score)
+    maxnreg: int = 0       # > 0: registers per thread capped (ptxas), e.g. 128 so two 8-warp programs share an SM
+    per_sm: int = 1        # persistent: programs per SM (the grid is min(tiles, per_sm * SMs))
 
     @property
     def label(self) -> str:
         """A short name: BMxBN/warps/stages and the switches, e.g. ``128x128w8s3-tma-ws``."""
-        sw = "".join(f"-{n}" for n, on in (("tma", self.tma), ("ws", self.ws), ("pers", self.persistent)) if on)
+        sw = "".join(f"-{n}" for n, on in (("tma", self.tma), ("ws", self.ws), ("pers", self.persistent),
+                                            ("pipe", self.pipe), ("sq", self.scale_q)) if on)
+        if self.persistent and self.per_sm > 1:
+            sw = sw.replace("-pers", f"-pers{self.per_sm}")
+        if self.maxnreg:
+            sw += f"-r{self.maxnreg}"
         return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{sw}"
 
     def validate(self) -> None:
@@ -145,6 +154,10 @@ class AttnConfig:
             raise ValueError(f"num_warps must be a power of two <= 16, got {self.num_warps}")
         if not 1 <= self.num_stages <= 6:
             raise ValueError(f"num_stages must be in [1, 6], got {self.num_stages}")
+        if self.maxnreg and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"maxnreg must be 0 (no cap) or in [24, 255], got {self.maxnreg}")
+        if not 1 <= self.per_sm <= 8 or (self.per_sm > 1 and not self.persistent):
+            raise ValueError(f"per_sm must be in [1, 8] and > 1 only for a persistent launch, got {self.per_sm}")
 
 
 # H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 in a
@@ -246,7 +259,7 @@ def _launch(q, k, v, out_ptr, out_table, ts, S, Sl, out_row_stride, h_start, hea
     n_tiles = -(-S // config.block_m) * heads
     grid = (-(-S // config.block_m), heads)
     if config.persistent:   # at most one program per SM (a few under the interpreter, so the tile loop loops)
-        grid = (min(n_tiles, 3 if env.interpreted() else _sm_count(q.device)),)
+        grid = (min(n_tiles, 3 if env.interpreted() else config.per_sm * _sm_count(q.device)),)
     timed = ts is not None
     dummy = _dummy(q.device)
     kd = vd = None
@@ -261,8 +274,9 @@ def _launch(q, k, v, out_ptr, out_table, ts, S, Sl, out_row_stride, h_start, hea
         ts if timed else dummy, S, Sl, q.shape[1] * D, out_row_stride, h_start, out_head0, qk_scale, heads,
         HEAD_DIM=D, BLOCK_M=config.block_m, BLOCK_N=config.block_n, EVEN_N=S % config.block_n == 0,
         FUSED=fused, TIMED=timed, DEVICE=not env.interpreted(), TMA=config.tma, WS=config.ws,
-        PERSISTENT=config.persistent,
+        PERSISTENT=config.persistent, PIPE=config.pipe, SCALE_Q=config.scale_q,
         num_warps=config.num_warps, num_stages=config.num_stages,
+        **({"maxnreg": config.maxnreg} if config.maxnreg and not env.interpreted() else {}),
     )
 
 

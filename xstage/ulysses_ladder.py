@@ -18,6 +18,16 @@ and cuDNN SDPA are warmed up and timed round-robin (``repeats`` rounds of one ru
 of their medians is a same-clock ratio. Rows (schema ``attention_ladder``, xstage.data) are appended one
 (variant, shape) at a time, so a run cut short keeps what finished and a re-run resumes. Without a cuDNN that
 runs and agrees with our attention (or on the CPU) the cuDNN rows are absent (one line says why), never 0.
+
+Beside FA4 (``run_attention_vs_fa4``, ``scripts/attention_vs_fa4.py``, issue 14 round 3): the same job with
+FA4's CuTe Hopper forward as a third method (``fa4``: ``xstage.fa4.attention_kernel``, FA's kernel launched
+directly, bit for bit ``flash_attn_func``'s output in run F4), timed in the same rounds as ours and cuDNN, on
+``FA4_SHAPES`` (the issue's table and the per-rank shapes of the one-GPU sweep) with ``FA4_VARIANTS``. Before a
+shape is timed, ours, FA4 and cuDNN are each compared with the float32 reference on sampled query rows of that
+shape's fresh inputs (``shape_checks`` in the sidecar; a method that disagrees is not timed). Each timed sample is
+``launches`` back-to-back launches between two events, divided by ``launches``: the host's launch work (Python,
+TMA descriptors, FA's TVM-FFI call) is hidden behind the previous kernel for every method alike, as in a layer.
+Without FA4 (no extra, not Hopper, the CPU) its rows are absent with one line (``fa4_absent``), never 0.
 """
 from __future__ import annotations
 
@@ -62,6 +72,35 @@ LADDER_VARIANTS = {
          AttnConfig(256, 128, 8, 3, True),
          AttnConfig(256, 64, 8, 3, True)),
 }
+# issue 14 round 3: ours beside FA4's CuTe Hopper forward. [S, H, D] per rank: the issue's table, then the one-GPU
+# sweep's shapes at P = 2 (heads halved)
+FA4_SHAPES = (
+    UlyssesShape("s8192_h24", 8_192, 24, 128),
+    UlyssesShape("s16384_h24", 16_384, 24, 128),
+    UlyssesShape("s32768_h12", 32_768, 12, 128),
+    UlyssesShape("s49152_h12", 49_152, 12, 128),
+    UlyssesShape("s30000_h20_d64", 30_000, 20, 64),
+    UlyssesShape("seq_4k_p2", 4_096, 12, 128),
+    UlyssesShape("cogvideox5b_17776_p2", 17_776, 24, 64),
+    UlyssesShape("wan21_1.3b_32760_p2", 32_760, 6, 128),
+)
+# the levers (kernels/attention.py's ladder, round 3): the tuner's best of L1 first (the base rung), the scale folded
+# into q, the source-pipelined key loop, two programs per SM (registers capped at 128, or one warpgroup per program)
+FA4_VARIANTS = {
+    128: (AttnConfig(128, 128, 8, 3, True, persistent=True),              # h: L1's best, a tuner candidate
+          AttnConfig(128, 64, 8, 2, True, maxnreg=128),                   # 2 programs (4 warpgroups) per SM
+          AttnConfig(128, 64, 8, 2, True, persistent=True, per_sm=2, maxnreg=128),
+          AttnConfig(64, 64, 4, 3, True),                                 # 2 one-warpgroup programs per SM
+          AttnConfig(128, 128, 8, 3, True, persistent=True, scale_q=True),
+          AttnConfig(128, 64, 8, 3, True, persistent=True, pipe=True)),
+    64: (AttnConfig(128, 128, 4, 3, True),                                # U2 / L1's best at D = 64
+         AttnConfig(128, 64, 8, 3, True),                                 # 2 programs of 8 warps per SM
+         AttnConfig(128, 128, 8, 2, True, maxnreg=128),
+         AttnConfig(64, 128, 4, 2, True),                                 # 3 one-warpgroup programs per SM
+         AttnConfig(128, 128, 4, 3, True, scale_q=True)),
+}
+LAUNCHES = 2             # back-to-back launches per timed sample (run_attention_vs_fa4)
+SAMPLE_ROWS = 256        # query rows per head compared with float32 on each timed shape (fresh inputs)
 REF_TOL = 2e-2           # relative L2 of bf16 attention against float32 (fp16 under the interpreter: ~1e-3)
 CUDNN_TOL = 2e-2         # cuDNN SDPA against our attention, relative L2, before its times count
 CHECK_P = 2              # the fused check's world: P ranks of one process, tiles straddling the ranks
@@ -79,6 +118,20 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_sc
     qf, kf, vf = (t.float().transpose(0, 1) for t in (q, k, v))           # [Hl, S, D]
     p = torch.softmax(qf @ kf.transpose(1, 2) * scale, dim=-1)
     return (p @ vf).transpose(0, 1)
+
+
+def attention_reference_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
+                             sm_scale: float | None = None) -> torch.Tensor:
+    """Float32 attention of the query rows ``rows`` only, over every key (inputs upcast): [len(rows), Hl, D]."""
+    return attention_reference(q[rows], k, v, sm_scale) if len(rows) else q[:0].float()
+
+
+def sample_rows(S: int, n: int, g: torch.Generator) -> torch.Tensor:
+    """``n`` distinct query rows of [0, S) (fewer when S is smaller), the last row always among them (the masked
+    tail of the last query tile), sorted."""
+    n = min(n, S)
+    rows = torch.randperm(S - 1, generator=g, device=g.device)[:n - 1] if n > 1 else torch.zeros(0, dtype=torch.long)
+    return torch.cat([rows.to(g.device), torch.tensor([S - 1], device=g.device)]).sort().values
 
 
 def check_variant(config: AttnConfig, D: int, seed: int, world=None) -> dict:
@@ -143,21 +196,57 @@ def _cudnn_agrees(q, k, v, config: AttnConfig) -> str | None:
     return None if err < CUDNN_TOL else f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
 
 
-def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: bool) -> dict[str, list[float]]:
-    """{"triton": ms per repeat, "cudnn": ms per repeat (if ``cudnn``)}: both warmed up, then each repeat
-    round-robin over the two (one run each), so a clock drift falls on both alike."""
+def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: bool, fa: bool = False,
+              launches: int = 1) -> dict[str, list[float]]:
+    """{"triton": ms per repeat, "cudnn": ms per repeat (if ``cudnn``), "fa4": ms per repeat (if ``fa``: FA4's
+    kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each repeat round-robin over them (one sample
+    each), so a clock drift falls on all alike. A sample is ``launches`` back-to-back launches between two events,
+    divided by ``launches``."""
     from contextlib import nullcontext
 
-    fns = {"triton": lambda: attention_forward(q, k, v, config=config)}
+    def times(fn):
+        return lambda: [fn() for _ in range(launches)]
+
+    out_fa = torch.empty_like(q) if fa else None
+    fns = {"triton": times(lambda: attention_forward(q, k, v, config=config))}
     if cudnn:
-        fns["cudnn"] = lambda: sdpa_cudnn(q, k, v)
+        fns["cudnn"] = times(lambda: sdpa_cudnn(q, k, v))
+    if fa:
+        from . import fa4
+
+        fns["fa4"] = times(lambda: fa4.attention_kernel(q, k, v, out=out_fa))
     ctx = nullcontext()
     if cudnn:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
     with ctx:
-        return bench.round_robin_ms(fns, repeats, warmup=warmup)
+        ms = bench.round_robin_ms(fns, repeats, warmup=warmup)
+    return {m: [t / launches for t in ts] for m, ts in ms.items()}
+
+
+def check_shape(q, k, v, config: AttnConfig, seed: int, cudnn: bool, fa: bool) -> dict:
+    """Ours (``config``), FA4 (if ``fa``) and cuDNN SDPA (if ``cudnn``) against the float32 reference on
+    ``SAMPLE_ROWS`` sampled query rows of this shape's inputs: {method: relative L2}; raises AssertionError naming
+    the first method over ``REF_TOL``."""
+    g = torch.Generator(device=q.device).manual_seed(seed)
+    rows = sample_rows(q.shape[0], SAMPLE_ROWS, g)
+    ref = attention_reference_rows(q, k, v, rows)
+    errs = {"triton": rel_l2(attention_forward(q, k, v, config=config)[rows], ref)}
+    if fa:
+        from . import fa4
+
+        errs["fa4"] = rel_l2(fa4.attention_kernel(q, k, v)[rows], ref)
+    if cudnn:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            errs["cudnn"] = rel_l2(sdpa_cudnn(q, k, v)[rows], ref)
+    bad = [m for m, e in errs.items() if not e < REF_TOL]
+    if bad:
+        raise AssertionError(f"{config.label}: {bad[0]} has relative L2 {errs[bad[0]]:.3g} against the float32 "
+                             f"reference on {len(rows)} sampled rows (limit {REF_TOL})")
+    return {**errs, "rows": len(rows)}
 
 
 def validate_ladder(variants: Mapping[int, Sequence[AttnConfig]], shapes: Sequence[UlyssesShape], repeats: int,
@@ -183,61 +272,93 @@ def validate_ladder(variants: Mapping[int, Sequence[AttnConfig]], shapes: Sequen
 
 def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[AttnConfig]],
                shapes: Sequence[UlyssesShape], repeats: int, warmup: int, seed: int,
-               deadline_s: float | None = None, world=None) -> Path:
+               deadline_s: float | None = None, world=None, fa: bool = False, launches: int = 1) -> Path:
     """Check, then time, every variant on its head dim's shapes (module docstring); appends to
     ``folder``/attention_ladder.csv (resumable). ``deadline_s``: no new variant starts after this many
-    seconds (what finished is kept). Returns the CSV path."""
+    seconds (what finished is kept). ``fa``: FA4's kernel timed in the same rounds (when it runs here), and each
+    timed shape checked against float32 first (``check_shape``); ``launches`` per timed sample. Returns the CSV
+    path."""
     t0 = time.monotonic()
     csv = data.start_file(folder, ATTENTION_LADDER, meta)
     done = data.done_keys(csv, ATTENTION_LADDER)
     side = Path(folder) / f"{ATTENTION_LADDER.name}.json"
     dtype = default_dtype()
     cudnn_why: dict[str, str | None] = {}
-    for D in sorted({s.D for s in shapes}, reverse=True):
+    fa_why = None
+    if fa:
+        from . import fa4
+
+        ok, why = fa4.available()
+        fa_why = None if ok else why
+        if fa_why:
+            print(f"ladder: no FA4 rows ({fa_why})", file=sys.stderr, flush=True)
+            m = data.read_meta(side, ATTENTION_LADDER)
+            m["fa4_absent"] = fa_why
+            data.write_json_atomic(side, m)
+    # each head dim's variants in turn, interleaved (every head dim's base rung first), so a deadline cuts the
+    # last levers of both head dims rather than all of one
+    dims = sorted({s.D for s in shapes}, reverse=True)
+    order = [(D, variants[D][i]) for i in range(max(len(variants[D]) for D in dims)) for D in dims
+             if i < len(variants[D])]
+    for D, cfg in order:
         mine = [s for s in shapes if s.D == D]
-        for cfg in variants[D]:
-            todo = [s for s in mine if (cfg.label, s.name, s.S, s.H, s.D) not in done]
-            if not todo:
-                continue
-            if deadline_s is not None and time.monotonic() - t0 > deadline_s:
-                print(f"ladder: {cfg.label} D={D} not started (past the {deadline_s:.0f} s deadline)",
-                      file=sys.stderr, flush=True)
-                continue
-            m = data.read_meta(side, ATTENTION_LADDER)
-            m.setdefault("configs", {}).setdefault(str(D), {})[cfg.label] = asdict(cfg)
-            try:
-                chk = check_variant(cfg, D, seed + 1000 * sum(map(len, m["configs"].values())), world)
-            except Exception as e:  # noqa: BLE001 (compile errors, OutOfResources, failed checks: recorded)
-                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                m.setdefault("failed", {}).setdefault(str(D), {})[cfg.label] = why
+        todo = [s for s in mine if (cfg.label, s.name, s.S, s.H, s.D) not in done]
+        if not todo:
+            continue
+        if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+            print(f"ladder: {cfg.label} D={D} not started (past the {deadline_s:.0f} s deadline)",
+                  file=sys.stderr, flush=True)
+            continue
+        m = data.read_meta(side, ATTENTION_LADDER)
+        m.setdefault("configs", {}).setdefault(str(D), {})[cfg.label] = asdict(cfg)
+        try:
+            chk = check_variant(cfg, D, seed + 1000 * sum(map(len, m["configs"].values())), world)
+        except Exception as e:  # noqa: BLE001 (compile errors, OutOfResources, failed checks: recorded)
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            m.setdefault("failed", {}).setdefault(str(D), {})[cfg.label] = why
+            data.write_json_atomic(side, m)
+            print(f"ladder: {cfg.label} D={D} FAILED before timing: {why}", file=sys.stderr, flush=True)
+            continue
+        m.setdefault("checks", {}).setdefault(str(D), {})[cfg.label] = chk
+        m.get("failed", {}).get(str(D), {}).pop(cfg.label, None)
+        data.write_json_atomic(side, m)
+        for s in todo:
+            dev = torch.device("cpu") if env.interpreted() else torch.device("cuda")
+            g = torch.Generator(device=dev).manual_seed(seed + s.S + s.H)
+            q, k, v = (torch.randn(s.S, s.H, s.D, generator=g, device=dev).to(dtype) for _ in range(3))
+            if s.name not in cudnn_why:
+                cudnn_why[s.name] = _cudnn_agrees(q, k, v, cfg)
+                if cudnn_why[s.name]:
+                    print(f"ladder: {s.name}: no cuDNN rows ({cudnn_why[s.name]})", file=sys.stderr)
+            use_cudnn, use_fa = cudnn_why[s.name] is None, fa and fa_why is None
+            if fa:
+                try:
+                    errs = check_shape(q, k, v, cfg, seed + 7 * s.S + s.H, use_cudnn, use_fa)
+                except AssertionError as e:
+                    m = data.read_meta(side, ATTENTION_LADDER)
+                    m.setdefault("failed_shapes", {}).setdefault(str(D), {}).setdefault(cfg.label, {})[
+                        s.name] = str(e)[:300]
+                    data.write_json_atomic(side, m)
+                    print(f"ladder: {cfg.label} {s.name} not timed: {e}", file=sys.stderr, flush=True)
+                    continue
+                m = data.read_meta(side, ATTENTION_LADDER)
+                m.setdefault("shape_checks", {}).setdefault(str(D), {}).setdefault(cfg.label, {})[s.name] = errs
                 data.write_json_atomic(side, m)
-                print(f"ladder: {cfg.label} D={D} FAILED before timing: {why}", file=sys.stderr, flush=True)
-                continue
-            m.setdefault("checks", {}).setdefault(str(D), {})[cfg.label] = chk
-            m.get("failed", {}).get(str(D), {}).pop(cfg.label, None)
-            data.write_json_atomic(side, m)
-            for s in todo:
-                dev = torch.device("cpu") if env.interpreted() else torch.device("cuda")
-                g = torch.Generator(device=dev).manual_seed(seed + s.S + s.H)
-                q, k, v = (torch.randn(s.S, s.H, s.D, generator=g, device=dev).to(dtype) for _ in range(3))
-                if s.name not in cudnn_why:
-                    cudnn_why[s.name] = _cudnn_agrees(q, k, v, cfg)
-                    if cudnn_why[s.name]:
-                        print(f"ladder: {s.name}: no cuDNN rows ({cudnn_why[s.name]})", file=sys.stderr)
-                times = time_pair(q, k, v, cfg, repeats, warmup, cudnn_why[s.name] is None)
-                flops = attention_flops(s.S, s.H, s.D)
-                rows = [dict(variant=cfg.label, shape=s.name, S=s.S, H=s.H, D=s.D, method=meth, repeat=i, ms=ms,
-                             tflops=flops / (ms * 1e-3) / 1e12)
-                        for meth, ts in times.items() for i, ms in enumerate(ts)]
-                data.append_rows(csv, ATTENTION_LADDER, pd.DataFrame(rows))
-                med = {meth: median(ts) for meth, ts in times.items()}
-                ratio = f", ours/cuDNN {med['cudnn'] / med['triton']:.3f}" if "cudnn" in med else ""
-                print(f"ladder: {cfg.label} {s.name}: {flops / med['triton'] / 1e9:.0f} TFLOP/s{ratio}",
-                      file=sys.stderr, flush=True)
-                del q, k, v
-            m = data.read_meta(side, ATTENTION_LADDER)
-            m.setdefault("cudnn_absent", {}).update({k: v for k, v in cudnn_why.items() if v})
-            data.write_json_atomic(side, m)
+            times = time_pair(q, k, v, cfg, repeats, warmup, use_cudnn, use_fa, launches)
+            flops = attention_flops(s.S, s.H, s.D)
+            rows = [dict(variant=cfg.label, shape=s.name, S=s.S, H=s.H, D=s.D, method=meth, repeat=i, ms=ms,
+                         tflops=flops / (ms * 1e-3) / 1e12)
+                    for meth, ts in times.items() for i, ms in enumerate(ts)]
+            data.append_rows(csv, ATTENTION_LADDER, pd.DataFrame(rows))
+            med = {meth: median(ts) for meth, ts in times.items()}
+            ratio = f", ours/cuDNN {med['cudnn'] / med['triton']:.3f}" if "cudnn" in med else ""
+            ratio += f", ours/FA4 {med['fa4'] / med['triton']:.3f}" if "fa4" in med else ""
+            print(f"ladder: {cfg.label} {s.name}: {flops / med['triton'] / 1e9:.0f} TFLOP/s{ratio}",
+                  file=sys.stderr, flush=True)
+            del q, k, v
+        m = data.read_meta(side, ATTENTION_LADDER)
+        m.setdefault("cudnn_absent", {}).update({k: v for k, v in cudnn_why.items() if v})
+        data.write_json_atomic(side, m)
     return csv
 
 
@@ -257,3 +378,35 @@ def run_attention_ladder(out: str | Path, variants: Mapping[int, Sequence[AttnCo
                   timing="both warmed up, then each repeat round-robin: ours, cuDNN SDPA (CUDA events)")
     return ladder_job(out, env.provenance(command, params), variants, shapes, repeats, warmup, seed, deadline_s)
 
+
+
+def run_attention_vs_fa4(out: str | Path, variants: Mapping[int, Sequence[AttnConfig]] | None = None,
+                         shapes: Sequence[UlyssesShape] | None = None, repeats: int = 10, warmup: int = 3,
+                         launches: int = LAUNCHES, seed: int = 0, deadline_s: float | None = None,
+                         command: str = "") -> Path:
+    """Our attention's variants beside FA4's CuTe Hopper forward and cuDNN SDPA, same rounds, on one GPU, into
+    ``out``/attention_ladder.csv (module docstring; record folder data/<machine>/attention_vs_fa4/)."""
+    from . import fa4
+
+    variants = FA4_VARIANTS if variants is None else variants
+    shapes = FA4_SHAPES if shapes is None else list(shapes)
+    validate_ladder(variants, shapes, repeats, warmup)
+    if launches < 1:
+        raise ValueError(f"launches must be >= 1, got {launches}")
+    env.require_gpus(1, "the attention study beside FA4")
+    env.apply_safe_env()
+    ok, why = fa4.available()
+    fa_cfg = {}
+    if ok:
+        for D in sorted({sh.D for sh in shapes}):
+            fa_cfg[str(D)] = dict(zip(("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap"), fa4.fa_config(D)))
+    params = dict(variants={str(D): [asdict(c) for c in cs] for D, cs in variants.items()},
+                  shapes=[asdict(s) for s in shapes], repeats=repeats, warmup=warmup, launches=launches, seed=seed,
+                  deadline_s=deadline_s, source="gpu", ref_tol=REF_TOL, cudnn_tol=CUDNN_TOL,
+                  sample_rows=SAMPLE_ROWS, check_shapes={str(D): asdict(s) for D, s in CHECK_SHAPES.items()},
+                  check_P=CHECK_P, fa4=dict(available=ok, why=why, versions=fa4.versions(), config=fa_cfg,
+                                            num_stages=fa4.NUM_STAGES, num_threads=fa4.NUM_THREADS),
+                  timing=f"all warmed up, then each repeat round-robin: ours, cuDNN SDPA, FA4's kernel (CUDA "
+                         f"events around {launches} back-to-back launches, divided by {launches})")
+    return ladder_job(out, env.provenance(command, params), variants, shapes, repeats, warmup, seed, deadline_s,
+                      fa=True, launches=launches)

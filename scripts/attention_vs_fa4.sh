@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 14, round 3, on ONE GPU: our attention beside FA4's CuTe Hopper forward (same run, same rounds), the GPU
+# tests of both fused layers, and the one-GPU Ulysses sweep at P = 4 with the FA methods. The FA4 stack travels as
+# scripts/fa4_one_gpu.sh describes (two parts, two consecutive calls on the same machine):
+#   call 1:  scripts/attention_vs_fa4.sh stash                                   (carry .whl/fa4site312.tar.xz.part-00)
+#   call 2:  XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
+#                                                                                (carry .whl/fa4site312.tar.xz.part-01)
+# Stages run in the order given; each has its own time bound and a failure does not stop the next.
+#   tests:S   pytest -m gpu tests/test_ulysses_gpu.py tests/test_fa4_gpu.py (the one-GPU ones; 2-GPU ones skip)
+#   study:S   scripts/attention_vs_fa4.py: variants checked, then timed beside FA4 and cuDNN; no new variant
+#             starts after S - 40 s -> $OUT/h200x1/attention_vs_fa4/
+#   p4:S      xstage sweep ulysses --world one-gpu --ranks 4, links host then local, S / 2 each, with the FA
+#             methods -> $OUT/h200x1/ulysses_fa_p4_<link>/
+# Logs: $OUT/logs.tgz (pack).
+set -u
+. "$(dirname "$0")/fa4_env.sh"
+[ -n "${OUT:-}" ] && mkdir -p "$OUT/logs" "$OUT/h200x1"
+SHAPES4=${SHAPES4:-seq_8k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
+METHODS4=${METHODS4:-fused,serial_triton,serial_cudnn,attention_only,sdpa_only,fa,fa_kernel,fa_serial,fa_fused}
+for s in "$@"; do
+  case $s in
+    stash|install) bash "$(dirname "$0")/fa4_one_gpu.sh" "$s" ;;
+    tests:*)
+      t0=$SECONDS
+      timeout --signal=INT --kill-after=10 "${s#tests:}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/test_ulysses_gpu.py tests/test_fa4_gpu.py >"$OUT/logs/tests_gpu.log" 2>&1
+      echo "== pytest -m gpu tests/test_ulysses_gpu.py tests/test_fa4_gpu.py: rc=$? in $((SECONDS - t0))s"
+      tail -n 15 "$OUT/logs/tests_gpu.log" ;;
+    study:*)
+      t0=$SECONDS; lim=${s#study:}
+      timeout --signal=INT --kill-after=15 "$lim" python3 scripts/attention_vs_fa4.py $((lim - 40)) 10 2 \
+        >"$OUT/logs/attention_vs_fa4.log" 2>&1
+      echo "== attention beside FA4: rc=$? in $((SECONDS - t0))s"
+      grep "^ladder:" "$OUT/logs/attention_vs_fa4.log" | tail -n 80 ;;
+    p4:*)
+      lim=$(( ${s#p4:} / 2 ))
+      for link in host local; do
+        t0=$SECONDS
+        timeout --signal=INT --kill-after=15 "$lim" python3 -m xstage sweep ulysses --world one-gpu --ranks 4 \
+          --link $link --shapes "$SHAPES4" --methods "$METHODS4" --out "$OUT/h200x1/ulysses_fa_p4_$link" \
+          >"$OUT/logs/ulysses_fa_p4_$link.log" 2>&1
+        echo "== ulysses P=4 $link: rc=$? in $((SECONDS - t0))s"
+        grep -v "^ulysses: tune\|UserWarning\|exe_args" "$OUT/logs/ulysses_fa_p4_$link.log" | tail -n 8
+      done ;;
+    pack) tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
