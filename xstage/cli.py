@@ -7,6 +7,7 @@
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
+                       [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
   xstage sweep trains --out data/h200x1 [--targets host,local] [--programs 16,66,132,264] [--seed 0]
   xstage bench bandwidth --out data/h200x2 [--world-size 1]
   xstage fit --data data/h200x2 [--link nvlink|host] [--write]
@@ -216,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--repeats", type=int, default=20, help="timed repeats per configuration")
     mo.add_argument("--max-minutes", type=_minutes, default=None,
                     help="start no new configuration after this long (run again to resume; default: no limit)")
+    mo.add_argument("--traffic-ranks", type=int, default=None,
+                    help="8-rank traffic on 2 GPUs (xstage.traffic): each of the 2 GPUs plays one rank of a layer of "
+                         "this many ranks (its experts, rows and egress: 7/8 of its combine crosses NVLink); --world "
+                         "gpus --world-size 2 only, into a folder named traffic<N> (e.g. data/h200x2/traffic8)")
     mo.add_argument("--assignment", choices=ASSIGNMENT_REGISTRY.names, default="dynamic",
                     help=f"tasks to programs: {ASSIGNMENT_REGISTRY.help()}; one folder per assignment (the "
                          "records before MegaMoE round 3 are static: resume them with --assignment static)")
@@ -306,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             print(run_megamoe(args.out, prm, world_size=args.world_size, dtypes=args.dtypes,
                               cases=cases, schedules=args.schedules, repeats=args.repeats,
                               max_minutes=args.max_minutes, command=command, assignment=args.assignment,
-                              world=args.world, link=args.link))
+                              world=args.world, link=args.link, traffic_ranks=args.traffic_ranks))
         elif args.cmd == "sweep" and args.study == "trains":
             from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 

@@ -162,6 +162,19 @@ MEGAMOE = Schema(
 #                      order_version, names every chunk)
 #   block_m .. num_stages  the tiles the kernel ran with (v3; older rows: tiles version 1, MEGAMOE_TILES_V1)
 
+# megamoe_traffic (xstage.traffic; `xstage sweep megamoe --traffic-ranks 8 --out data/h200x2/traffic8`): MegaMoE rows
+# of 8-rank traffic on 2 GPUs, in a file of their own so that no reader of megamoe.csv takes them for 8 GPUs. The
+# megamoe columns (P = the layer's EP size, i.e. traffic_ranks: E / P experts and one rank's rows per GPU; every
+# time the max over the 2 GPUs, each playing one rank) plus
+#   traffic_ranks      the logical ranks whose layer and per-GPU egress the GPUs carry (8)
+#   gpus               the GPUs that carry it (2)
+# unfused_ms is NaN (not measured): an 8-rank all_to_all has no 2-GPU equivalent. Its version follows megamoe's.
+MEGAMOE_TRAFFIC = Schema(
+    "megamoe_traffic", MEGAMOE.version, {**MEGAMOE.columns, "traffic_ranks": "int64", "gpus": "int64"},
+    MEGAMOE.key, row=MEGAMOE.row, times=tuple(c for c in MEGAMOE.times if c != "unfused_ms"),
+    optional_times=MEGAMOE.optional_times + ("unfused_ms",),
+)
+
 MEGAMOE_GEMM = Schema(
     "megamoe_gemm", 2,
     {"study": "str", "shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64",
@@ -238,7 +251,8 @@ ATTENTION_LADDER = Schema(
 #   method   triton (our attention) or cudnn (torch SDPA, cuDNN backend), timed round-robin in the same rounds
 #   ms       CUDA events around one launch; tflops = 4 S^2 H D / ms
 
-SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, MEGAMOE_GEMM, ULYSSES, ATTENTION_LADDER)}
+SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, MEGAMOE_TRAFFIC, MEGAMOE_GEMM, ULYSSES,
+                                 ATTENTION_LADDER)}
 REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count", "driver", "torch", "triton",
                  "git_commit", "date_utc", "command", "params")
 

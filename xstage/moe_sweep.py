@@ -34,7 +34,8 @@ from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_
                   rank_weights, run_experts, topk_reduce, world_label)
 from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
-                       ORDER_VERSION, TILES_VERSION, predict_kernel_ns, remote_combine_bytes, routing_of)
+                       ORDER_VERSION, TILE_SWIZZLE, TILES_VERSION, predict_kernel_ns, remote_combine_bytes,
+                       routing_of)
 from .numeric import check_bit_identical, rel_l2
 from .resume import pending
 
@@ -44,7 +45,8 @@ WORLDS = ("gpus", "one-gpu")   # one process per GPU (NVLink peers) | every rank
 
 
 def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[str], repeats: int, warmup: int,
-                  prm: BurstGapParams, unfused_cache: dict, assignment: str = "static") -> dict:
+                  prm: BurstGapParams, unfused_cache: dict, assignment: str = "static",
+                  weight_seed: int | None = None) -> dict:
     """On this rank: check, then time every schedule's kernel and layer, dispatch, the compute-only control and
     the unfused baseline. Returns per-rank lists and predictions (gathered by the job)."""
     def timed(fn, inner):    # ms per call: ``inner`` back-to-back calls per timed run (launch latency hidden)
@@ -102,8 +104,12 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
                                                                                for r in world.local_ranks}, rank)
                                  if one else make_unfused(world, inp, hi_weights(inp.weights)))
     unfused = unfused_cache[c.name]
+    traffic = getattr(world, "traffic_ranks", None)
+    if traffic:   # 8-rank traffic on 2 GPUs: where every combine row lands, the reference, bit-identical schedules
+        from .traffic import check_schedules
+        check_schedules(world, prob, bufs, lists_of, schedules, t, dyn, weight_seed)
     want = {}
-    for name in schedules:
+    for name in ([] if traffic else schedules):
         poison_combine(world, bufs, c.tokens)
         outs = megamoe_layer(world, bufs, prob.inputs, {r: lists_of[r][name] for r in world.local_ranks}, t,
                              dynamic=dyn)
@@ -149,7 +155,7 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     world.barrier()
     res["dispatch"] = timed(lambda: dispatch(world, bufs, prob.inputs, check=False, ranks=me), inner)
     world.barrier()
-    res["unfused"] = timed(unfused, inner)
+    res["unfused"] = [float("nan")] * repeats if traffic else timed(unfused, inner)   # (traffic: no 2-GPU all_to_all)
     world.barrier()
     res["grouped_mm"] = timed(unfused.gemm, inner)
     world.barrier()
@@ -160,9 +166,9 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
 def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int, observed: int | None = None) -> pd.DataFrame:
     """The rows of one (case, dtype): times over ``parts`` (one per timed rank). ``observed``: a one-process world
     timed that rank alone, so rows, remote bytes and TFLOP/s are its own (else the busiest rank's, and all
-    ranks' FLOPs / P)."""
+    ranks' FLOPs / P; a list of ranks: those ranks', e.g. the ranks a traffic world's GPUs play)."""
     c, s = prob.case, prob.case.shape
-    lays = prob.layouts if observed is None else [prob.layouts[observed]]
+    lays = prob.layouts if observed is None else [prob.layouts[o] for o in np.atleast_1d(observed)]
 
     def agg(get):                        # per repeat the max over ranks, then the median (and the minimum)
         per = np.max(np.array([get(p) for p in parts], dtype=np.float64), axis=0)
@@ -205,7 +211,8 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
     ``deadline`` (time.time()); a re-run resumes."""
     rank, P = world.local_ranks[0], world.world_size
     one = world.emulated      # one process drives every rank (OneGPUWorld, EmulatedWorld): no collectives
-    csv, todo, _ = pending(world, folder, MEGAMOE, meta, [(c, d) for c in cases for d in dtypes],
+    schema = data.MEGAMOE_TRAFFIC if getattr(world, "traffic_ranks", None) else MEGAMOE   # (xstage.traffic)
+    csv, todo, _ = pending(world, folder, schema, meta, [(c, d) for c in cases for d in dtypes],
                            lambda cd: cd[0].key(P, cd[1]))
     params = params_from_dict(prm)
     unfused_cache: dict = {}
@@ -242,14 +249,17 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
                 prob = make_problem(world, c, dtype, tiles[c.name], weights=w, weight_seed=seed)
                 t_setup = time.perf_counter() - t0
                 res = _measure_case(world, prob, bufs, schedules, repeats, warmup, params, unfused_cache,
-                                    assignment)
+                                    assignment, weight_seed=seed)
                 parts = [res]            # one process: the observed rank's times (ranks run one after another)
                 if not one:
                     parts = [None] * P
                     world.dist.all_gather_object(parts, res)
                 if rank == 0:
-                    data.append_rows(csv, MEGAMOE, _rows_for(prob, P, parts, repeats,
-                                                             getattr(world, "observed", 0) if one else None))
+                    rows = _rows_for(prob, P, parts, repeats, getattr(world, "observed", 0) if one else
+                                     getattr(world, "played", None))
+                    if schema is not MEGAMOE:   # 8-rank traffic on 2 GPUs
+                        rows = rows.assign(traffic_ranks=world.traffic_ranks, gpus=world.gpus)
+                    data.append_rows(csv, schema, rows)
                     ph = " ".join(f"{k} {v:.1f}" for k, v in res["phases"].items())
                     print(f"megamoe: {c.name} {dtype} done in {time.perf_counter() - t0:.1f} s (setup "
                           f"{t_setup:.1f} {ph}; inner {res['inner']})", file=sys.stderr, flush=True)
@@ -263,7 +273,7 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
                 dtypes: Sequence[str] = DTYPES_GPU, cases: Sequence[MoECase] | None = None,
                 schedules: Sequence[str] = SCHEDULES, repeats: int = 20, warmup: int = 3, seed: int = 0,
                 max_minutes: float | None = None, command: str = "", assignment: str = "dynamic",
-                world: str = "gpus", link: str | None = None) -> Path:
+                world: str = "gpus", link: str | None = None, traffic_ranks: int | None = None) -> Path:
     """Run (or resume) the MegaMoE sweep on ``world_size`` GPUs into ``out``/megamoe.csv; returns its path.
     ``prm``: Burst-Gap parameters of the predictions, or a function that returns them, called once the parameters
     and the GPUs have been checked (e.g. ``xstage.studies.recorded_params``: fitted to a machine's recorded
@@ -275,7 +285,11 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     ``world``: ``gpus`` (one process per GPU, NVLink peers; ``link`` must be None or ``nvlink``) or ``one-gpu``
     (:class:`xstage.ranks.OneGPUWorld`: ``world_size`` ranks in this process on one GPU, rank 0 observed;
     ``link`` ``local``, every buffer in device memory, or ``host``, the peers' combine buffers in pinned host
-    memory). One folder holds one world and link (recorded in the sidecar's params)."""
+    memory). One folder holds one world and link (recorded in the sidecar's params).
+
+    ``traffic_ranks`` (``xstage.traffic``): 8-rank traffic on 2 GPUs, each GPU playing one rank of a
+    ``traffic_ranks``-rank layer (its experts, rows and egress); the gpus world of 2 ranks only, into a folder of
+    its own named ``traffic<N>`` (e.g. data/h200x2/traffic8), schema ``megamoe_traffic``."""
     from .ranks import ONE_GPU_LINKS
 
     if world not in WORLDS:
@@ -298,6 +312,15 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
         raise ValueError("no cases")
     if len({c.name for c in cases}) != len(cases):
         raise ValueError("case names must be unique")
+    if traffic_ranks is not None:   # 8-rank traffic on 2 GPUs (xstage.traffic)
+        from .traffic import validate_traffic
+
+        if world != "gpus":
+            raise ValueError(f"traffic ranks are for the gpus world (2 GPUs, NVLink peers), got world {world!r}")
+        validate_traffic(traffic_ranks, world_size, [c.shape.experts for c in cases])
+        if Path(out).name != f"traffic{traffic_ranks}":
+            raise ValueError(f"record {traffic_ranks}-rank traffic in a folder of its own named traffic{traffic_ranks} "
+                             f"(e.g. data/h200x2/traffic{traffic_ranks}), got {out}")
     for c in cases:
         s = c.shape
         if s.experts % world_size:
@@ -312,9 +335,16 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     if max_minutes is not None and max_minutes <= 0:
         raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
     ASSIGNMENT_REGISTRY.check(assignment)
-    side = Path(out) / f"{MEGAMOE.name}.json"
+    schema = MEGAMOE if traffic_ranks is None else data.MEGAMOE_TRAFFIC
+    for other in (MEGAMOE, data.MEGAMOE_TRAFFIC):
+        if other is not schema and (Path(out) / f"{other.name}.json").exists():
+            raise ValueError(f"{out} holds a {other.name} sweep; record the {schema.name} one in another folder")
+    side = Path(out) / f"{schema.name}.json"
     if side.exists():
-        had_params = data.read_meta(side, MEGAMOE).get("params", {})
+        had_params = data.read_meta(side, schema).get("params", {})
+        if had_params.get("traffic_ranks") != traffic_ranks:
+            raise ValueError(f"{side.parent} holds a sweep of traffic ranks {had_params.get('traffic_ranks')}; "
+                             f"record traffic ranks {traffic_ranks} in another folder")
         had = had_params.get("assignment", "static")
         if had != assignment:
             raise ValueError(f"{side.parent} holds a {had}-assignment sweep; record the {assignment} one in another "
@@ -331,7 +361,8 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
                   zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment,
                   world=world, link=link, observed_rank=0 if world == "one-gpu" else None,
-                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION)
+                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION,
+                  **({} if traffic_ranks is None else dict(traffic_ranks=traffic_ranks, gpus=world_size)))
     meta = env.provenance(command, params)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
     args = (cases, str(out), meta, list(dtypes), list(schedules), repeats, warmup, prm.as_dict(), seed, deadline,
@@ -339,6 +370,10 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     if world == "one-gpu":
         env.apply_safe_env()
         megamoe_job(OneGPUWorld(world_size, link=link, observed=0), *args)
+    elif traffic_ranks is not None:
+        from .traffic import sweep_job
+
+        spawn(sweep_job, world_size, traffic_ranks, *args)
     else:
         spawn(megamoe_job, world_size, *args)
     return Path(out) / f"{MEGAMOE.name}.csv"

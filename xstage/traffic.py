@@ -425,17 +425,49 @@ def check_landing(world: TrafficWorld, prob, bufs, what: str, weight_seed: int |
     return out
 
 
+def check_schedules(world: TrafficWorld, prob, bufs, lists: Mapping[int, Mapping], schedules: Sequence[str], tiles,
+                    dynamic: bool = False, weight_seed: int | None = None, assignments: Sequence[str] | None = None,
+                    n_programs: int | None = None) -> dict:
+    """Run the layer once per schedule (and assignment), every combine slot poisoned first: the first run's rows
+    land where :func:`check_landing` says (against the float32 reference, given ``weight_seed``), every later
+    run's landed rows are bit-identical to the first's. ``lists[r][schedule]``: local rank r's task lists.
+    ``assignments``: each schedule with each of them (default: ``dynamic`` or static). Returns {gpu: the first
+    run's landed rows}. No unfused baseline: an 8-rank all-to-all has no 2-GPU equivalent."""
+    from .moe import agree_on_checks, megamoe_layer
+    from .numeric import check_bit_identical
+
+    assignments = tuple(assignments or (("dynamic",) if dynamic else ("static",)))
+    first: dict = {}
+    c = prob.case
+    for sched in schedules:
+        tasks = {r: lists[r][sched] for r in world.local_ranks}
+        for a in assignments:
+            poison(world, bufs)
+            megamoe_layer(world, bufs, prob.inputs, tasks, tiles, n_programs=n_programs, dynamic=a == "dynamic")
+            world.barrier()
+            what = f"{c.name} (seed {c.seed}, weights {weight_seed}) {prob.dtype} {sched} {a} ({world.label})"
+
+            def check():
+                got = check_landing(world, prob, bufs, what, weight_seed if not first else None)
+                if not first:
+                    first.update(got)
+                    return
+                for g, rows in got.items():
+                    check_bit_identical(rows, first[g], f"{what} GPU {g} vs {schedules[0]} {assignments[0]}")
+            agree_on_checks(world, check)
+            world.barrier()
+    return first
+
+
 def check_job(world: TrafficWorld, cases: Sequence, seed: int, dtype: str | None = None, tiles=None,
               schedules: Sequence[str] | None = None, n_sms: int | None = None, assignments: Sequence[str] = ("static",),
               n_programs: int | None = None) -> list[dict]:
-    """``xstage.moe.check_job`` for a traffic world: per case, every combine slot poisoned, the layer run with each
-    schedule and assignment, every landed row against the float32 reference and every other row still NaN
-    (:func:`check_landing`, first run), every later run's landed rows bit-identical to the first's. No unfused
-    baseline: an 8-rank all-to-all has no 2-GPU equivalent. Returns one dict per (case, GPU) with its egress."""
-    from .moe import (agree_on_checks, build_tasks, make_problem, megamoe_layer, moe_buffers)
-    from .moe_plan import (ASSIGNMENTS, OUT_DTYPES, SCHEDULES, as_case, default_dtype, default_tiles,
+    """``xstage.moe.check_job`` for a traffic world: per case, :func:`check_schedules` over every schedule and
+    assignment (landing, the float32 reference, bit-identical runs). Returns one dict per (case, GPU) with what
+    its GPU pushed and its egress (:func:`egress`)."""
+    from .moe import build_tasks, make_problem, moe_buffers
+    from .moe_plan import (ACT_DTYPES, ASSIGNMENTS, OUT_DTYPES, SCHEDULES, as_case, default_dtype, default_tiles,
                            validate_dtype)
-    from .numeric import check_bit_identical
 
     if not isinstance(world, TrafficWorld):
         raise ValueError("xstage.traffic.check_job needs a TrafficWorld")
@@ -458,34 +490,19 @@ def check_job(world: TrafficWorld, cases: Sequence, seed: int, dtype: str | None
         prob = make_problem(world, c, dtype, t, weight_seed=seed)
         bufs = moe_buffers(world, max(prob.cap_rows, 1), c.tokens, s.hidden, s.intermediate, s.topk,
                            s.experts // P, dtype, min_block_m=t.block_m)
-        first = None
-        for sched in schedules:
-            tasks = {r: build_tasks(prob, sched, sms, r) for r in world.local_ranks}
-            for a in assignments:
-                poison(world, bufs)
-                megamoe_layer(world, bufs, prob.inputs, tasks, t, n_programs=n_programs, dynamic=a == "dynamic")
-                world.barrier()
-                what = f"{c.name} (seed {c.seed}, weights {seed}) {dtype} {sched} {a} ({world.label})"
-
-                def check():
-                    nonlocal first
-                    got = check_landing(world, prob, bufs, what, seed if first is None else None)
-                    if first is None:
-                        first = got
-                    else:
-                        for g, rows in got.items():
-                            check_bit_identical(rows, first[g], f"{what} GPU {g} vs {schedules[0]} {assignments[0]}")
-                agree_on_checks(world, check)
-                world.barrier()
-        eg = egress(world, prob.layouts, s.hidden, OUT_DTYPES[dtype].itemsize, fp8=dtype == "fp8")
+        lists = {r: {x: build_tasks(prob, x, sms, r) for x in schedules} for r in world.local_ranks}
+        check_schedules(world, prob, bufs, lists, schedules, t, weight_seed=seed, assignments=assignments,
+                        n_programs=n_programs)
+        eg = egress(world, prob.layouts, s.hidden, OUT_DTYPES[dtype].itemsize, ACT_DTYPES[dtype].itemsize,
+                    fp8=dtype == "fp8")
         for g in world.base.local_ranks:
             pk = prob.inputs[world.played[g]].pushes
             results.append(dict(case=c.name, dtype=dtype, traffic_ranks=P, gpus=world.gpus, gpu=g,
                                 rank=world.played[g], rows=prob.layouts[world.played[g]].rows,
                                 pushed_remote=pk.remote_items, pushed_local=pk.local_items,
-                                runs=len(schedules) * len(assignments), **{k: v for k, v in eg[g].items()
-                                                                           if k != "rank"}))
-        del prob, bufs, first
+                                runs=len(schedules) * len(assignments),
+                                **{k: v for k, v in eg[g].items() if k != "rank"}))
+        del prob, bufs
         if dev0.type == "cuda":
             torch.cuda.empty_cache()
     return results
