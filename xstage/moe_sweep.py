@@ -34,8 +34,7 @@ from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_
                   rank_weights, run_experts, topk_reduce, world_label)
 from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
-                       ORDER_VERSION, TILE_SWIZZLE, TILES_VERSION, predict_kernel_ns, remote_combine_bytes,
-                       routing_of)
+                       ORDER_VERSION, TILES_VERSION, predict_kernel_ns, remote_combine_bytes, routing_of)
 from .numeric import check_bit_identical, rel_l2
 from .resume import pending
 
