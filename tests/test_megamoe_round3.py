@@ -151,9 +151,10 @@ def test_model_guided_choice_names_its_order_and_rebuilds():
         MP.schedule_of_param("model_guided", "chunk=2", grid, n)
     with pytest.raises(ValueError, match="unknown field"):
         MP.parse_schedule_param("lag=3,speed=2")
-    assert MP.parse_schedule_param("lag=66") == {"choice": "lag", "lag": 66, "group": None, "order": 1}
+    assert MP.parse_schedule_param("lag=66") == {"choice": "lag", "lag": 66, "group": None, "order": 1,
+                                                 "swizzle": 0}
     assert MP.parse_schedule_param("interleaved,chunk=4") == {"choice": "interleaved", "lag": None, "group": 4,
-                                                              "order": MP.ORDER_VERSION}
+                                                              "order": MP.ORDER_VERSION, "swizzle": 0}
 
 
 # ------------------------------------------------------------------------------------------ round-3 studies

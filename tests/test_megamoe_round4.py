@@ -56,14 +56,55 @@ def test_a_chunk_of_one_row_block_is_not_order_version_1():
     assert mg.param in ("expert_wave", "interleaved,chunk=1") or mg.param.endswith(",group=1"), mg.param
 
 
+def _random_grid(rng, swizzle=0):
+    rows = tuple(rng.choice([0, rng.randrange(1, 300)]) for _ in range(rng.randrange(2, 9)))
+    return MP.TileGrid(rows if any(rows) else (5,) + rows[1:], rng.choice([16, 32, 64]), rng.randrange(1, 9),
+                       rng.randrange(1, 7), swizzle)
+
+
+def test_swizzled_tile_order_is_recorded_and_rebuilds():
+    """Tile order inside an expert (TileGrid.swizzle = G): the same tiles, in groups of G row blocks with the column
+    blocks outer (the row blocks that read one weight column block back to back); every schedule's param names
+    it and rebuilds from it; a param without it (every record before round 4) rebuilds row-block-major."""
+    rng = random.Random()
+    seed = rng.randrange(2**30)
+    rng.seed(seed)
+    for _ in range(20):
+        G = rng.randrange(1, 7)
+        g0 = _random_grid(rng)
+        g = MP.TileGrid(g0.expert_rows, g0.block_m, g0.n1, g0.n2, G)
+        for kind, n in ((MP.KIND_L1, g.n1), (MP.KIND_L2, g.n2)):
+            for e, R in enumerate(g.row_blocks):
+                a, b = g0.tiles(kind, e), g.tiles(kind, e)
+                assert sorted(a) == sorted(b) and len(b) == R * n, seed
+                want = [(rb, cb) for s0 in range(0, R, G) for cb in range(n) for rb in range(s0, min(R, s0 + G))]
+                assert [(t[2], t[3]) for t in b] == want, seed
+                assert [(t[2], t[3]) for t in a] == [(rb, cb) for rb in range(R) for cb in range(n)]
+        nn = rng.choice([2, 8, 132])
+        for name in ("expert_wave", "interleaved", "lag"):
+            for order in (1, None):
+                tl_ = MP.build_schedule(name, g, nn, order=order)
+                MP.check_tasks(tl_.tasks, g)
+                assert MP.parse_schedule_param(tl_.param)["swizzle"] == G, (seed, tl_.param)
+                assert np.array_equal(MP.schedule_of_param(name, tl_.param, g0, nn).tasks, tl_.tasks), seed
+                old = MP.build_schedule(name, g0, nn, order=order)
+                assert "swizzle" not in old.param
+                assert np.array_equal(MP.schedule_of_param(name, old.param, g, nn).tasks, old.tasks), seed
+    with pytest.raises(ValueError, match=r"swizzle must be >= 0"):
+        MP.TileGrid.of(MP.routing_of(MP.CASES[0], 2)[2][0], 4096, 2048, MP.gpu_tiles("bf16", 128), swizzle=-1)
+    with pytest.raises(ValueError, match=r"swizzle must be >= 1 row block"):
+        MP.parse_schedule_param("chunk=2,swizzle=0")
+
+
 def test_round3_record_reads_as_what_it_ran():
-    """data/h200x1/megamoe_round3 (order version 2): Pro fp8's mixing rows name no chunk (version 1 ran), the
-    others name theirs (> 1); each param parses to the order that ran."""
+    """data/h200x1/megamoe_round3 (order version 2, row-block-major tiles): Pro fp8's mixing rows name no chunk
+    (version 1 ran), the others name theirs (> 1); no row names a swizzle; each param parses to what ran."""
     df, meta = data.load("data/h200x1/megamoe_round3", data.MEGAMOE_GEMM)
     assert all(r["params"].get("order_version") == 2 for r in [meta, *meta.get("runs", [])] if "params" in r)
     c = df[(df.study == "controls") & (df.variant == "default") & df.schedule.isin(["interleaved", "lag"])]
     for (shape, dtype), g in c.groupby(["shape", "dtype"]):
         orders = {MP.parse_schedule_param(p)["order"] for p in g.note}
+        assert {MP.parse_schedule_param(p)["swizzle"] for p in g.note} == {0}
         if (shape, dtype) == ("deepseek_v4_pro", "fp8"):
             assert orders == {1}, orders
         else:
@@ -96,9 +137,11 @@ def test_chunk_of_one_runs_bit_identical_to_expert_wave_on_the_emulated_world():
         tasks = {r: M.build_tasks(prob, name, 2, r, **kw) for r in range(2)}
         M.poison_combine(world, bufs, prob.case.tokens)
         M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
-        outs[(name, tasks[0].param)] = {r: bufs.combine_view(r, prob.case.tokens).clone() for r in range(2)}
+        p = MP.parse_schedule_param(tasks[0].param)
+        assert p["swizzle"] == MP.TILE_SWIZZLE, tasks[0].param
+        outs[(name, p["order"], p["group"])] = {r: bufs.combine_view(r, prob.case.tokens).clone() for r in range(2)}
     (k0, want), *rest = outs.items()
-    assert ("interleaved", "chunk=1") in outs and ("interleaved", "") in outs
+    assert ("interleaved", MP.ORDER_VERSION, 1) in outs and ("interleaved", 1, None) in outs
     for k, got in rest:
         for r in range(2):
             assert not torch.isnan(got[r]).any()

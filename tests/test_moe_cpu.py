@@ -395,7 +395,7 @@ def test_schedule_properties():
                 before = sum(1 for u in tl_[:j] if u[0] == 0)
                 assert before >= last[t[4]] + L + 1 or before == len(l1_pos)
     assert all(t[0] == 1 for t in lists["lag1000"].tasks[-GRID.n_pool * GRID.n2:])   # huge lag: L2 all at the end
-    assert lists["lag"].param == f"lag={n_sms}" and lists["model_guided"].param
+    assert lists["lag"].param == f"lag={n_sms},group={MP.order_group(GRID, n_sms)}" and lists["model_guided"].param
     bad = lists["expert_wave"].tasks
     with pytest.raises(ValueError, match="exactly once"):
         MP.check_tasks(np.concatenate([bad, bad[:1]]), GRID)

@@ -12,6 +12,7 @@ import random
 import time
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -179,7 +180,7 @@ def test_fused_layer_against_reference_on_one_gpu(link, dtype):
     """OneGPUWorld(2): the whole fused layer of both ranks on one GPU against the float32 reference (fresh
     random inputs, combine buffers poisoned first), every schedule x assignment bit-identical on every rank, the
     one-process unfused baseline close; with link host the peer's combine buffer is pinned host memory. The
-    default tiles (tiles version 2) and orders (order version 2), both row-block classes."""
+    default tiles (tiles version 2), orders (order version 3) and tile swizzle, both row-block classes."""
     from xstage.ranks import OneGPUWorld
 
     rpe = {c: MP.default_tiles(dtype, c.tokens * 2 * c.shape.topk / c.shape.experts).block_m
@@ -204,3 +205,33 @@ def test_missing_dependency_times_out_with_report_on_one_gpu():
     from xstage.ranks import OneGPUWorld
 
     M.missing_dependency_job(OneGPUWorld(2, link="host"), rank=1, max_polls=100_000)
+
+
+# a layer of DeepSeek-V4-Pro's hidden size (N2 = 56 fp8 column blocks: the rule's chunk is ONE row block, which
+# order version 2 ran as version 1) with three waves per rank, so interleaved really mixes: 16 experts x 3072
+PRO_LIKE = (7168, 3072, 16, 2, 1024, "uniform")
+
+
+@pytest.mark.gpu
+def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
+    """fp8, link host: the default lists of a Pro-sized layer name chunk=1 (order version 3) and the tile swizzle,
+    differ from order version 1, and the whole layer matches the float32 reference with every schedule x
+    assignment bit-identical on both ranks (fresh seed, combine poisoned first)."""
+    from xstage.ranks import OneGPUWorld
+
+    world = OneGPUWorld(2, link="host")
+    seed = random.randrange(2**30)
+    case = MP.as_case(PRO_LIKE, seed)
+    s = case.shape
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = MP.default_tiles("fp8", case.tokens * 2 * s.topk / s.experts)
+    lay = MP.routing_of(case, 2)[2][0]
+    grid = MP.TileGrid.of(lay, s.hidden, s.intermediate, tiles, MP.TILE_SWIZZLE)
+    assert grid.n2 == 56 and MP.order_group(grid, sms) == 1 and len(MP.expert_waves(grid, sms)) >= 3
+    il = MP.build_schedule("interleaved", grid, sms)
+    assert il.param == f"chunk=1,swizzle={MP.TILE_SWIZZLE}", il.param
+    assert not np.array_equal(il.tasks, MP.build_schedule("interleaved", grid, sms, order=1).tasks)
+    res = M.check_job(world, [PRO_LIKE], seed, "fp8", None, MP.SCHEDULES, None, M.MAX_POLLS, None, MP.ASSIGNMENTS)
+    print(f"one GPU, link host, fp8, Pro-sized layer, seed {seed}: " + "; ".join(
+        f"rank {r['rank']}: rel_l2 {r['rel_l2']:.3g} ({r['runs']} runs bit-identical)" for r in res))
+    assert len(res) == 2 and all(r["runs"] == len(MP.SCHEDULES) * len(MP.ASSIGNMENTS) for r in res)

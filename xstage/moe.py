@@ -39,9 +39,9 @@ from .kernels.moe import dispatch_push_kernel, megamoe_kernel
 from .kernels.sync import PEER_MAX_POLLS
 from .model import BurstGapParams
 from .moe_plan import (ACT_DTYPES, ASSIGNMENTS, FP8_BLOCK, INT32_MAX, KIND_L1, META_FIELDS, OUT_DTYPES,
-                       REL_L2_FLOOR, SCHEDULES, STATUS_FIELDS, UNFUSED_REL_L2, CostModel, MoECase, RankLayout,
-                       TaskList, TileConfig, TileGrid, as_case, build_schedule, check_tasks, default_dtype,
-                       default_tiles, routing_of, validate_dtype, validate_problem)
+                       REL_L2_FLOOR, SCHEDULES, STATUS_FIELDS, TILE_SWIZZLE, UNFUSED_REL_L2, CostModel, MoECase,
+                       RankLayout, TaskList, TileConfig, TileGrid, as_case, build_schedule, check_tasks,
+                       default_dtype, default_tiles, routing_of, validate_dtype, validate_problem)
 from .numeric import check_bit_identical, rel_l2
 from .ranks import epoch_barrier
 
@@ -574,6 +574,7 @@ class Problem:
     wts: list[torch.Tensor]
     layouts: list[RankLayout]
     inputs: dict[int, RankInputs]
+    swizzle: int = TILE_SWIZZLE     # tile order inside an expert (moe_plan.TileGrid; 0: row-block-major)
 
     @property
     def cap_rows(self) -> int:
@@ -581,7 +582,7 @@ class Problem:
 
     def grid(self, rank: int) -> TileGrid:
         s = self.case.shape
-        return TileGrid.of(self.layouts[rank], s.hidden, s.intermediate, self.tiles)
+        return TileGrid.of(self.layouts[rank], s.hidden, s.intermediate, self.tiles, self.swizzle)
 
 
 def make_problem(world, case: MoECase, dtype: str, tiles: TileConfig | None = None, weight_seed: int = 0,

@@ -522,7 +522,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                      rounds: int | None = None) -> Path:
     """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path.
     ``cases``: default GEMM_CASES (ladder, order) or all 84 in table order (gemm, controls)."""
-    from .moe_plan import ORDER_VERSION, TILES_VERSION
+    from .moe_plan import ORDER_VERSION, TILE_SWIZZLE, TILES_VERSION
 
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
@@ -544,7 +544,8 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                   link="local", observed_rank=0, variants={d: {n: str(ch) for n, ch in VARIANTS[d].items()}
                                                            for d in dtypes},
                   prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
-                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION)
+                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION,
+                  tile_swizzle=TILE_SWIZZLE)
     meta = env.provenance(command, params)
     env.apply_safe_env()
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes

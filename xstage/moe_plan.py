@@ -437,16 +437,20 @@ def build_layouts(ids: Sequence[torch.Tensor], experts: int) -> list[RankLayout]
 # --------------------------------------------------------------------------------------- tiles, schedules
 @dataclass(frozen=True)
 class TileGrid:
-    """The tiles of one rank's experts: row blocks of BM rows per local expert, N1 / N2 column blocks."""
+    """The tiles of one rank's experts: row blocks of BM rows per local expert, N1 / N2 column blocks, and their
+    order inside an expert (``swizzle``, TILE_SWIZZLE)."""
 
     expert_rows: tuple[int, ...]
     block_m: int
     n1: int                        # Linear-1 column blocks (I / BN1)
     n2: int                        # Linear-2 column blocks (Hd / BN2)
+    swizzle: int = 0               # 0: row-block-major; G >= 1: groups of G row blocks, column-major inside
 
     @classmethod
-    def of(cls, layout: RankLayout, hidden: int, inter: int, tiles: TileConfig) -> "TileGrid":
-        return cls(layout.expert_rows, tiles.block_m, inter // tiles.block_n1, hidden // tiles.block_n2)
+    def of(cls, layout: RankLayout, hidden: int, inter: int, tiles: TileConfig, swizzle: int = 0) -> "TileGrid":
+        if swizzle < 0:
+            raise ValueError(f"swizzle must be >= 0 row blocks (0: row-block-major), got {swizzle}")
+        return cls(layout.expert_rows, tiles.block_m, inter // tiles.block_n1, hidden // tiles.block_n2, swizzle)
 
     @cached_property              # (the grid is frozen: computed once, read for every tile)
     def row_blocks(self) -> list[int]:
@@ -462,10 +466,15 @@ class TileGrid:
         return sum(self.row_blocks)
 
     def tiles(self, kind: int, expert: int) -> list[tuple[int, int, int, int, int]]:
-        """(kind, expert, row block, column block, pool block) of one expert, row-block-major."""
+        """(kind, expert, row block, column block, pool block) of one expert: row-block-major (swizzle 0), or in
+        groups of ``swizzle`` row blocks, column-block-major inside a group (the tiles that read the same weight
+        column block follow each other)."""
         n = self.n1 if kind == KIND_L1 else self.n2
-        p0 = self.pool_start[expert]
-        return [(kind, expert, rb, cb, p0 + rb) for rb in range(self.row_blocks[expert]) for cb in range(n)]
+        p0, R, G = self.pool_start[expert], self.row_blocks[expert], self.swizzle
+        if G <= 0:
+            return [(kind, expert, rb, cb, p0 + rb) for rb in range(R) for cb in range(n)]
+        return [(kind, expert, rb, cb, p0 + rb) for g0 in range(0, R, G) for cb in range(n)
+                for rb in range(g0, min(R, g0 + G))]
 
     def all_tiles(self) -> np.ndarray:
         rows = [t for k in (KIND_L1, KIND_L2) for e in range(len(self.expert_rows)) for t in self.tiles(k, e)]
@@ -530,6 +539,14 @@ def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
 #    version 1. (lag's version-1 list releases each ready row block at once, which is group 1's list too.)
 ORDER_VERSION = 3
 ORDER_VERSIONS = (1, ORDER_VERSION)    # what build_schedule builds; version 2's lists are 1's or 3's (its param)
+# Tile order inside an expert (every schedule; ``TileGrid.swizzle``, recorded as ``swizzle=G`` in schedule_param,
+# absent = 0, row-block-major, what every record before round 4 ran): groups of TILE_SWIZZLE row blocks, column
+# blocks outer, so the row blocks that read one weight column block run back to back (as a grouped GEMM
+# rasterises for L2 reuse). Why (round 4, docs/lab-megamoe4-draft.md): with row-block-major tiles a Linear-1 tile
+# re-reads its weight column block one row block (N1 tiles, ~43 MB for DeepSeek-V4-Pro fp8) later, about the
+# H200's 50 MB L2, and a mixing list puts Linear-2 tiles in between: an LRU model of the L2 over the list order
+# gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes, and their measured compute-only cost follows it.
+TILE_SWIZZLE = 8
 
 
 def order_group(grid: TileGrid, n_sms: int) -> int:
@@ -543,8 +560,9 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def schedule_interleaved(grid: TileGrid, n_sms: int, chunk: int | None = None) -> list[tuple]:
-    """``chunk`` row blocks of Linear-2 tiles per chunk (None: order version 1, single tiles); the next wave's
-    Linear-1 tiles cut into as many chunks, and the two chunk lists spread evenly (``_spread``)."""
+    """``chunk`` row blocks' worth of Linear-2 tiles (chunk x N2, in the grid's order) per chunk (None: order
+    version 1, single tiles); the next wave's Linear-1 tiles cut into as many chunks, and the two chunk lists
+    spread evenly (``_spread``)."""
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be >= 1 row block (None: order version 1), got {chunk}")
     waves = expert_waves(grid, n_sms)
@@ -567,7 +585,7 @@ def schedule_interleaved(grid: TileGrid, n_sms: int, chunk: int | None = None) -
 def schedule_lag(grid: TileGrid, lag: int, group: int | None = None) -> list[tuple]:
     """One Linear-1 stream; a row block's Linear-2 tiles are listed once ``lag`` Linear-1 tiles follow its last
     producer, ``group`` ready row blocks at a time (None: version 1, each as soon as it is ready: group 1's
-    list)."""
+    list); the released tiles in the grid's order (row-block-major, or swizzled)."""
     if group is not None and group < 1:
         raise ValueError(f"group must be >= 1 row block (None: order version 1), got {group}")
     experts = range(len(grid.expert_rows))
@@ -580,25 +598,30 @@ def schedule_lag(grid: TileGrid, lag: int, group: int | None = None) -> list[tup
     by_pool: dict[int, list] = {}
     for t in l2:
         by_pool.setdefault(t[4], []).append(t)
+    rank = {t: i for i, t in enumerate(_tiles_of(grid, KIND_L2, experts))}
+
+    def release(ps: list) -> list:   # row-block-major; a swizzled grid: its own order (the weight column outer)
+        ts = [t for p in ps for t in by_pool[p]]
+        return sorted(ts, key=rank.__getitem__) if grid.swizzle else ts
+
     out, ready, done = [], 0, 0
     for j, t in enumerate(l1):
         out.append(t)
         while ready < len(pools) and last[pools[ready]] + lag <= j:
             ready += 1
         if ready - done >= (group or 1):
-            for p in pools[done:ready]:
-                out += by_pool[p]
+            out += release(pools[done:ready])
             done = ready
-    for p in pools[done:]:
-        out += by_pool[p]
+    out += release(pools[done:])
     return out
 
 
 def parse_schedule_param(param: str) -> dict:
     """A recorded schedule_param -> {'choice': schedule name or None, 'lag': int or None, 'group': row blocks per
-    chunk or None, 'order': 1 or ORDER_VERSION}: a param naming a chunk (``chunk=G`` / ``group=G``) is a chunked
+    chunk or None, 'order': 1 or ORDER_VERSION, 'swizzle': the grid's tile order, 0 where absent}: a param naming
+    a chunk (``chunk=G`` / ``group=G``) is a chunked
     list of G row blocks (order version 2 wrote it for G > 1, version 3 for every G), none is order version 1."""
-    out = {"choice": None, "lag": None, "group": None, "order": 1}
+    out = {"choice": None, "lag": None, "group": None, "order": 1, "swizzle": 0}
     for tok in [t for t in str(param).split(",") if t and t != "nan"]:
         k, _, v = tok.partition("=")
         if not _:
@@ -609,6 +632,10 @@ def parse_schedule_param(param: str) -> dict:
             out["group"], out["order"] = int(v), ORDER_VERSION
             if out["group"] < 1:
                 raise ValueError(f"schedule_param {param!r}: {k} must be >= 1 row block")
+        elif k == "swizzle":
+            out["swizzle"] = int(v)
+            if out["swizzle"] < 1:
+                raise ValueError(f"schedule_param {param!r}: swizzle must be >= 1 row block (absent: 0)")
         else:
             raise ValueError(f"schedule_param {param!r}: unknown field {k!r}")
     return out
@@ -676,6 +703,8 @@ def check_tasks(tasks: np.ndarray, grid: TileGrid) -> None:
 
 
 def _task_list(name: str, param: str, rows: list[tuple], grid: TileGrid) -> TaskList:
+    if grid.swizzle:                                     # the tile order is part of what ran (absent: 0)
+        param = ",".join(x for x in (param, f"swizzle={grid.swizzle}") if x)
     tasks = np.array(rows, dtype=np.int32).reshape(-1, TASK_FIELDS)
     check_tasks(tasks, grid)
     return TaskList(name, param, tasks, grid, checked=True)
@@ -824,7 +853,7 @@ def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None, group: i
     best = cands[int(np.argmin(pred))]
     # the choice as a schedule_param: lag's own ("lag=N[,group=G]"), else the name (and its chunk)
     param = best.param if best.schedule == "lag" else ",".join(x for x in (best.schedule, best.param) if x)
-    return TaskList("model_guided", param, best.tasks, grid, checked=True)
+    return TaskList("model_guided", param, best.tasks, grid, checked=True)      # (best.param names the swizzle)
 
 
 # The schedules, in table order (the first is the baseline every speedup divides); the module docstring says
@@ -854,8 +883,9 @@ def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None
 
 
 def schedule_of_param(schedule: str, param: str, grid: TileGrid, n_sms: int) -> TaskList:
-    """The task list a recorded row ran (schedule and schedule_param; model_guided: its recorded choice). A param
-    without a chunk is order version 1 (what every record before order version 2 ran, and version 2 where its
+    """The task list a recorded row ran (schedule and schedule_param; model_guided: its recorded choice), on
+    ``grid`` with the row's tile order (``swizzle=G``; none: row-block-major). A param without a chunk is order
+    version 1 (what every record before order version 2 ran, and version 2 where its
     chunk was one row block)."""
     p = parse_schedule_param(param)
     if schedule == "model_guided":
@@ -863,6 +893,8 @@ def schedule_of_param(schedule: str, param: str, grid: TileGrid, n_sms: int) -> 
         if ch not in ("expert_wave", "interleaved", "lag"):
             raise ValueError(f"model_guided's recorded choice {param!r} names no candidate")
         schedule = ch
+    if p["swizzle"] != grid.swizzle:                     # the tile order the row ran (absent: row-block-major)
+        grid = replace(grid, swizzle=p["swizzle"])
     return build_schedule(schedule, grid, n_sms, lag=p["lag"], group=p["group"], order=p["order"])
 
 
@@ -898,7 +930,7 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
         pred: dict[str, list] = {}
         for r in range(int(P)):
             grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
-            ew = build_schedule("expert_wave", grid, n_sms)
+            ew = schedule_of_param("expert_wave", str(rows.schedule_param.get("expert_wave", "")), grid, n_sms)
             rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]))
             cost = CostModel(prm, rate, n_sms, out_bytes, assignment)
             remote = grid.remote_rows_per_block(layouts[r])

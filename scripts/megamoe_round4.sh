@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# MegaMoE on ONE GPU, round 4 (issue 15, items 3 and 4): one device call of at most LIMIT seconds, in order:
+#  1. install;
+#  2. (TESTS = 1) the one-GPU GPU tests (tests/test_moe_one_gpu.py -m gpu: the default tiles, order version 3 and
+#     the tile swizzle against the float32 reference on fresh inputs, combine poisoned, every schedule x assignment
+#     bit-identical, link local and host; a Pro-sized fp8 layer whose chunk is one row block; the planted
+#     dependency named);
+#  3. the host-link sweep with the current defaults (dynamic assignment, tiles v2, order v3, swizzle) over the 84
+#     configurations x bf16 / fp8 in the sweep's fixed order (shape by shape, bf16 then fp8) into the NEW folder
+#     $OUT/h200x1/megamoe_host_v2/ (never data/h200x1/megamoe_host/, the static tiles-v1 record), resumed from
+#     data/h200x1/megamoe_host_v2/ when that holds part of it, until LIMIT (a configuration is appended whole).
+#   scripts/megamoe_round4.sh [LIMIT] [TESTS]
+set -u
+: "${OUT:?set OUT}"
+LIMIT=${1:-450}; TESTS=${2:-1}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+HOST=$OUT/h200x1/megamoe_host_v2
+mkdir -p "$OUT/logs" "$HOST"
+for f in megamoe.csv megamoe.json; do [ -e data/h200x1/megamoe_host_v2/$f ] && cp data/h200x1/megamoe_host_v2/$f "$HOST/"; done
+stage() { local name=$1 secs=$2; shift 2; local t0=$SECONDS; echo "== $name (limit ${secs}s, at ${SECONDS}s)"
+  timeout --signal=INT --kill-after=10 "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
+  echo "   rc=$? in $((SECONDS - t0))s"; tail -n 12 "$OUT/logs/$name.log" | cut -c1-300 | sed 's/^/   | /'; }
+left() { echo $(( LIMIT - SECONDS )); }
+minutes() { python3 -c "print(max(0.1, ($1) / 60))"; }
+nvidia-smi -L
+stage install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
+[ "$TESTS" = 1 ] && stage test-one-gpu 120 python3 -m pytest -q -x -s -p no:cacheprovider -m gpu tests/test_moe_one_gpu.py
+L=$(( $(left) - 8 ))
+[ "$L" -gt 40 ] && stage host $L python3 -m xstage sweep megamoe --world one-gpu --ranks 2 --link host \
+  --dtypes bf16,fp8 --out "$HOST" --max-minutes "$(minutes "$L - 25")"
+grep -h "done in" "$OUT/logs/host.log" | awk '{print $2, $3, $6}' | tail -n 200 > "$OUT/logs/host_times.txt"
+wc -l "$HOST/megamoe.csv"
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+echo "total ${SECONDS}s"
