@@ -272,3 +272,35 @@ def test_sweep_job_flow_records_traffic_rows(tmp_path, monkeypatch, cpu_timing):
     assert not (tmp_path / "megamoe.csv").exists()
     MS.megamoe_job(tw, cases, str(tmp_path), meta, ["fp16"], scheds, 2, 1, PRM.as_dict(), 3, None, "dynamic")
     assert len(data.load(tmp_path, data.MEGAMOE_TRAFFIC)[0]) == 2          # resumed: nothing new
+
+
+# ------------------------------------------------------------------------------------------ sm_90 compile
+PUSH_COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+import xstage.traffic as t
+for fp8 in (False, True):
+    sig = {'x_like': '*u8' if fp8 else '*i16', 'src_x_table': '*i64', 'src_xs_table': '*i64', 'items_ptr': '*i32',
+           'x_table': '*i64', 'xs_table': '*i64', 'meta_table': '*i64', 'n_items': 'i32', 'Hd': 'i32',
+           'BLOCK_R': 'constexpr', 'BLOCK_H': 'constexpr', 'SCALE_COLS': 'constexpr', 'FP8': 'constexpr'}
+    src = triton.compiler.ASTSource(fn=t.traffic_push_kernel, signature=sig, constexprs=dict(
+        BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8), attrs={(i,): [['tt.divisibility', 16]]
+                                                                 for i in (0, 1, 2, 3, 4, 5, 6, 8)})
+    c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=4))
+    print('push', 'fp8' if fp8 else 'bf16', 'v4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-v4')
+"""
+
+
+def test_push_kernel_compiles_for_hopper_with_16_byte_stores():
+    """sm_90 compile on the CPU (TRITON_INTERPRET=0): the traffic push stores rows 16 bytes wide, as the dispatch
+    kernel does (tests/test_moe_cpu.py), for bf16 and fp8 rows."""
+    import os
+    import subprocess
+    import sys
+
+    env_ = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", PUSH_COMPILE], env=env_, capture_output=True, text=True, timeout=300)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["push bf16 v4", "push fp8 v4"], out.stdout

@@ -513,3 +513,33 @@ def sweep_job(world, traffic_ranks: int, *args) -> None:
     from .moe_sweep import megamoe_job
 
     megamoe_job(TrafficWorld(world, traffic_ranks), *args)
+
+
+# ------------------------------------------------------------------------------------------------ prediction
+def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link: str = "nvlink",
+                       assignment: str = "dynamic"):
+    """What the MegaMoE cost model (``xstage.moe_plan.repredict``, the stage model of ``link`` fitted in data/)
+    predicts for each schedule over Expert-Wave on recorded 2-rank rows ``df`` (schema megamoe; ``meta`` its
+    sidecar), once as recorded (P = 2) and once with each GPU's layer and egress those of a rank of a
+    ``traffic_ranks``-rank layer (P = traffic_ranks layouts; the per-program GEMM rate calibrated on the recorded
+    compute-only control, so the same rate per FLOP; the max over all logical ranks, of which a traffic run plays
+    two). A model, computed, never measured. Returns per configuration, dtype and schedule: ``measured_p2``
+    (recorded speedup), ``model_p2``, ``model_traffic``."""
+    import pandas as pd
+
+    from . import data
+    from .model import load_params
+    from .moe_plan import repredict
+    from .studies import LINK_MACHINES
+
+    prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
+    n_sms = int(meta.get("sm_count") or 132)
+    keys = ["shape", "tokens", "routing", "dtype", "schedule"]
+    base = df.set_index(["shape", "tokens", "routing", "dtype"])
+    ew = base[base.schedule == "expert_wave"].kernel_ms
+    meas = df.assign(measured_p2=ew.reindex(pd.MultiIndex.from_frame(df[["shape", "tokens", "routing", "dtype"]]))
+                     .to_numpy() / df.kernel_ms.to_numpy())[keys + ["measured_p2"]]
+    p2 = repredict(df, prm, n_sms, assignment).rename(columns={"model_speedup": "model_p2"})
+    t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment).rename(
+        columns={"model_speedup": "model_traffic"})
+    return meas.merge(p2[keys + ["model_p2"]], on=keys).merge(t8[keys + ["model_traffic"]], on=keys)
