@@ -155,10 +155,39 @@ def _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale,
 def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr,
                   SCALE_Q: tl.constexpr):
-    """One key block of the online softmax: the scores, then the softmax and P V (in that order)."""
-    qk = _scores(q, K, Kd, col, start_n, S, row_stride, HEAD_DIM, BLOCK_N, MASK_N, TMA)
-    return _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale, HEAD_DIM, BLOCK_N,
-                       MASK_N, TMA, SCALE_Q)
+    """One key block of the online softmax: acc[BM, D], l_i[BM] (row sums), m_i[BM] (running max, base 2).
+    TMA: K/V blocks come through tensor descriptors Kd/Vd over [S, Hl*D] at column ``col`` (rows past S read
+    as 0); otherwise through pointers K/V (this head's first element). K and V are both loaded before the
+    scores (the order the software pipeliner is given: round 3's first call, with V loaded after the softmax,
+    ran the base rung 14-20 % slower; docs/lab-ulysses3-draft.md). SCALE_Q: the scores are already scaled."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN] key rows
+    offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
+    key_ok = offs_n < S
+    if TMA:
+        k = Kd.load([start_n, col])                                    # [BN, D]
+        v = Vd.load([start_n, col])
+    else:
+        kv = offs_n[:, None] * row_stride + offs_d[None, :]            # [BN, D] element offsets from this head
+        if MASK_N:  # the last, partial key block (S % BN != 0): missing keys load 0 and score -inf
+            k = tl.load(K + kv, mask=key_ok[:, None], other=0.0)      # [BN, D]
+            v = tl.load(V + kv, mask=key_ok[:, None], other=0.0)      # [BN, D]
+        else:
+            k = tl.load(K + kv)
+            v = tl.load(V + kv)
+    qk = tl.dot(q, tl.trans(k))                                        # [BM, BN] fp32
+    if MASK_N:
+        qk = tl.where(key_ok[None, :], qk, float("-inf"))
+    if SCALE_Q:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))                         # [BM]
+        p = tl.math.exp2(qk - m_new[:, None])                          # [BM, BN]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)              # [BM]
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])               # [BM, BN]
+    alpha = tl.math.exp2(m_i - m_new)                                  # [BM] rescale of what came before
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)                                # [BM, D] fp32
+    return acc, l_i, m_new
 
 
 @triton.jit

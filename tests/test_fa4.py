@@ -146,3 +146,15 @@ def test_fa_table_ratios_are_the_medians_ratios():
     assert len(fig.data) == 6 and "host link" in fig.layout.title.text
     no_fused = studies.ulysses_fa_table(df[df.method != "fa_fused"])       # absent: NaN, not 0
     assert no_fused.fa_fused_e2e.isna().all() and (no_fused.fa > 0).all()
+
+
+def test_peer_table_follows_the_buffers_addresses_not_the_object():
+    """The fused kernel's table is cached by its values: the same buffers object (same id) at new addresses gets a
+    new table (run G2: a freed object's id came back for other buffers, and the kernel stored into freed memory)."""
+    from types import SimpleNamespace
+
+    bufs = SimpleNamespace(world_size=2, out=SimpleNamespace(ptrs=[1 << 20, 2 << 20]))
+    t1 = fa4._table(bufs, 64, 4, 64, 0, torch.device("cpu"))
+    bufs.out.ptrs = [3 << 20, 4 << 20]
+    t2 = fa4._table(bufs, 64, 4, 64, 0, torch.device("cpu"))
+    assert t1.tolist() == [32, 256, 0, 1 << 20, 2 << 20] and t2.tolist() == [32, 256, 0, 3 << 20, 4 << 20]

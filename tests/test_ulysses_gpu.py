@@ -102,7 +102,10 @@ def test_one_gpu_sweep_writes_and_resumes(tmp_path, link):
     csv = US.run_ulysses(tmp_path, world_size=2, shapes=shapes, repeats=2, warmup=1, tune=False, world="one-gpu",
                          link=link)
     df, meta = data.load(tmp_path, data.ULYSSES)
-    assert set(df.method) == set(U.METHODS) and len(df) == len(shapes) * len(U.METHODS) * 2
+    from xstage import fa4
+
+    methods = U.METHODS + (fa4.METHODS if fa4.available()[0] else ())    # every method the sweep has (item 6)
+    assert set(df.method) == set(methods) and len(df) == len(shapes) * len(methods) * 2
     assert meta["params"]["world"] == "one-gpu" and meta["params"]["link"] == link
     assert meta["params"]["fused_outputs"] == data.ULYSSES_FUSED_OUTPUTS      # where the fused outputs live
     assert set(meta["bursts"]) == set(meta["overlap_chunks"]) == {f"{s.name}/P2" for s in shapes}
