@@ -543,3 +543,42 @@ def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link:
     t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment).rename(
         columns={"model_speedup": "model_traffic"})
     return meas.merge(p2[keys + ["model_p2"]], on=keys).merge(t8[keys + ["model_traffic"]], on=keys)
+
+
+def drain_bound(df, traffic_ranks: int = TRAFFIC_RANKS, link: str = "nvlink"):
+    """Per configuration and dtype of recorded 2-rank MegaMoE rows ``df``: the remote combine bytes of the busiest
+    GPU as recorded (P = 2, ``remote_bytes``) and with 8-rank traffic (ranks L_0 / L_1 of the ``traffic_ranks``-rank
+    layouts, :func:`egress`), the time the fitted drain rate D of ``link`` needs for each (``drain_ms_*``: a
+    lower bound on the combine's link time, computed) and the recorded compute-only control ``compute_ms``
+    (Expert-Wave with every store local, measured at P = 2)."""
+    import pandas as pd
+
+    from . import data
+    from .model import load_params
+    from .moe_plan import CASES, OUT_DTYPES, routing_of
+    from .studies import LINK_MACHINES
+
+    D = load_params(data.machine_dir(LINK_MACHINES[link]), link).drain_gbps          # bytes / ns
+    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
+    tw = TrafficWorld(_Played(), traffic_ranks)
+    out = []
+    ew = df[df.schedule == "expert_wave"]
+    for row in ew.itertuples(index=False):
+        c = cases[(row.shape, row.tokens, row.routing)]
+        _, _, lays = routing_of(c, traffic_ranks)
+        eg = egress(tw, lays, c.shape.hidden, OUT_DTYPES[row.dtype].itemsize)
+        t8 = max(e["combine_remote"] for e in eg.values())
+        out.append(dict(shape=row.shape, tokens=row.tokens, routing=row.routing, dtype=row.dtype,
+                        remote_bytes_p2=int(row.remote_bytes), remote_bytes_traffic=t8,
+                        drain_ms_p2=row.remote_bytes / D / 1e6, drain_ms_traffic=t8 / D / 1e6,
+                        compute_ms=float(row.compute_ms)))
+    return pd.DataFrame(out)
+
+
+class _Played:
+    """A stand-in 2-rank base world for layout arithmetic only (no buffers, no devices)."""
+
+    world_size = 2
+    local_ranks = [0, 1]
+    emulated = True
+    link = "none"
