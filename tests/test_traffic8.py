@@ -304,3 +304,32 @@ def test_push_kernel_compiles_for_hopper_with_16_byte_stores():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[:2] == ["push bf16 v4", "push fp8 v4"], out.stdout
+
+
+# ------------------------------------------------------------------------------------------- 2 GPUs (multigpu)
+# small token counts of three shapes (Mixtral: one expert per rank at EP = 8) and one larger configuration
+GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform",
+             "deepseek_v4_pro_T2048_zipf"]
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_traffic_layer_against_reference_on_two_gpus(dtype):
+    """On 2 GPUs (TorchSymmWorld): every landed row within tolerance of the float32 reference, every other row
+    still NaN, all schedules x both assignments bit-identical, rows crossing NVLink from both GPUs."""
+    from xstage.ranks import spawn
+
+    spawn(TR.gpu_check_job, 2, 8, MP.cases_by_name(GPU_CASES), random.randrange(2**30), dtype, MP.SCHEDULES,
+          MP.ASSIGNMENTS)
+
+
+@pytest.mark.multigpu
+def test_traffic_sweep_writes_and_resumes_on_two_gpus(tmp_path):
+    folder = tmp_path / "traffic8"
+    cases = MP.cases_by_name(["qwen3_235b_T256_zipf"])
+    MS.run_megamoe(folder, PRM, cases=cases, dtypes=("bf16",), traffic_ranks=8)
+    df, meta = data.load(folder, data.MEGAMOE_TRAFFIC)
+    assert len(df) == 4 and (df.traffic_ranks == 8).all() and (df.gpus == 2).all() and (df.P == 8).all()
+    assert (df.kernel_ms > 0).all() and df.unfused_ms.isna().all() and meta["params"]["traffic_ranks"] == 8
+    MS.run_megamoe(folder, PRM, cases=cases, dtypes=("bf16",), traffic_ranks=8)
+    assert len(data.load(folder, data.MEGAMOE_TRAFFIC)[0]) == 4

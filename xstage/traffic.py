@@ -433,15 +433,22 @@ def check_schedules(world: TrafficWorld, prob, bufs, lists: Mapping[int, Mapping
     run's landed rows are bit-identical to the first's. ``lists[r][schedule]``: local rank r's task lists.
     ``assignments``: each schedule with each of them (default: ``dynamic`` or static). Returns {gpu: the first
     run's landed rows}. No unfused baseline: an 8-rank all-to-all has no 2-GPU equivalent."""
-    from .moe import agree_on_checks, megamoe_layer
+    from .moe import agree_on_checks, dispatch, megamoe_layer, run_experts
     from .numeric import check_bit_identical
 
     assignments = tuple(assignments or (("dynamic",) if dynamic else ("static",)))
     first: dict = {}
+    compiled: set = set()
     c = prob.case
     for sched in schedules:
         tasks = {r: lists[r][sched] for r in world.local_ranks}
         for a in assignments:
+            if not world.emulated and a not in compiled:   # compile before any barrier waits on a peer (GPUs)
+                dispatch(world, bufs, prob.inputs, barrier=False)
+                run_experts(world, bufs, prob.inputs, tasks, tiles, barrier=False, check=False, n_programs=n_programs,
+                            dynamic=a == "dynamic")
+                world.barrier()
+                compiled.add(a)
             poison(world, bufs)
             megamoe_layer(world, bufs, prob.inputs, tasks, tiles, n_programs=n_programs, dynamic=a == "dynamic")
             world.barrier()
@@ -506,6 +513,17 @@ def check_job(world: TrafficWorld, cases: Sequence, seed: int, dtype: str | None
         if dev0.type == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def gpu_check_job(world, traffic_ranks: int, cases: Sequence, seed: int, dtype: str, schedules: Sequence[str],
+                  assignments: Sequence[str]) -> None:
+    """:func:`check_job` on the traffic world over this process's GPU (``xstage.ranks.spawn`` runs it on 2 GPUs;
+    tests/test_traffic8.py). Every GPU pushes remote rows and each owner's rows cross: checked here too."""
+    world = TrafficWorld(world, traffic_ranks)
+    res = check_job(world, cases, seed, dtype, schedules=schedules, assignments=assignments)
+    for r in res:
+        if not (r["pushed_remote"] > 0 and r["combine_remote"] > r["combine_local"]):
+            raise AssertionError(f"{r['case']} GPU {r['gpu']}: nothing crossed ({r})")
 
 
 def sweep_job(world, traffic_ranks: int, *args) -> None:
