@@ -64,7 +64,32 @@ Compiled for sm_90a on the CPU: the base rung h holds 196 registers and 229 KB o
 warpgroups) per SM, and Triton waits for every wgmma group right after issuing it (q K^T, then P V), PIPE too:
 the softmax never runs under the tensor cores inside a program; two programs per SM is the overlap Triton leaves
 to the warp schedulers. BLOCK_M 192 / BLOCK_N 176 / 12 warps are not expressible (powers of two).
-  (measured rungs: see below, filled from the record)
+Measured (run G4, 2026-12-01, Triton 3.6 / torch 2.11, commit dc931ba; record data/h200x1/attention_vs_fa4/,
+``studies.attention_vs_fa4_summary``): every variant checked (float32 2.3e-3 .. 2.9e-3, fused bit for bit), every
+shape's three methods within 2.9e-3 of float32 on 256 sampled rows, then ours, cuDNN and FA4's kernel timed in the
+same rounds (medians of 10 samples of 2 back-to-back launches). [S, H, D] per rank; TFLOP/s, ours / FA4 in brackets:
+  rung (D = 128)                        8192x24     16384x24    32768x12    49152x12    32760x6     4096x12
+  h. 128x128 w8 s3 TMA pers (base)      544 (0.78)  523 (0.77)  524 (0.77)  535 (0.79)  506 (0.72)  449 (0.75)
+  l. 128x64 w8 s2 TMA r128 (2 per SM)   452 (0.67)  461 (0.66)  455 (0.65)  435 (0.64)  486 (0.69)  271 (0.54)
+  m. l, persistent, 2 programs per SM   439 (0.63)  431 (0.61)  453 (0.65)  439 (0.64)  459 (0.64)  252 (0.51)
+  n. 64x64 w4 s3 TMA (2 per SM)         512 (0.76)  496 (0.74)  492 (0.74)  497 (0.73)  422 (0.61)  355 (0.68)
+  o. h + SCALE_Q (237 registers)        462 (0.68)  465 (0.67)  461 (0.66)  466 (0.69)  505 (0.71)  371 (0.66)
+  FA4's kernel, same rounds (median)    681         693         696         679         707         525
+  rung (D = 64)                         30000x20    17776x24
+  p. 128x128 w4 s3 TMA (base)           428 (0.75)  419 (0.74)
+  q. 128x64 w8 s3 TMA                   406 (0.71)  388 (0.70)
+  r. 128x128 w8 s2 TMA r128             430 (0.76)  414 (0.74)
+  s. 64x128 w4 s2 TMA (3 per SM)        430 (0.77)  406 (0.76)
+  t. p + SCALE_Q                        438 (0.77)  421 (0.76)
+  FA4's kernel, same rounds (median)    569         557
+PIPE (128x64 w8 s3 TMA pers) was timed only in run G2 (record attention_vs_fa4_late_v, where every other rung ran
+with V loaded after the softmax): 434-460 TFLOP/s at D = 128, S >= 8K (0.63-0.68 of FA4), i.e. below h; it
+cannot launch where S is not a multiple of 64 (311 KB of shared memory with the masked tail block).
+No lever beats h at D = 128; at D = 64, r / s / t are within +0.4 .. +2.3 % of p at 30000x20 and -3.0 .. +0.6 % at
+17776x24: within the spread between timing blocks (FA4's own median moves 1.4-6 % between the blocks of one run at
+S >= 8K), so no default changed. Ours / FA4: 0.72-0.79 at S >= 8K (goal 0.95: not met). Two programs per SM do not overlap what FA
+overlaps: the cap to 128 registers is met without spills, yet l / m lose 10-20 %, so Triton's wgmma loop is not
+limited by a lack of co-resident warpgroups alone.
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
