@@ -232,3 +232,46 @@ def test_run_attention_vs_fa4_validates_then_needs_a_gpu(tmp_path):
     with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
         run_attention_vs_fa4(tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_beside_fa4_summary_is_same_round_medians_and_flags_the_goal():
+    from xstage import studies
+
+    rng = random.Random()
+    rows = []
+    for S in (4096, 8192):
+        for v in ("base", "other"):
+            for meth in ("triton", "cudnn", "fa4"):
+                for i in range(5):
+                    rows.append(dict(variant=v, shape=f"s{S}", S=S, H=2, D=128, method=meth, repeat=i,
+                                     ms=rng.uniform(1, 2), tflops=1.0))
+    df = pd.DataFrame(rows)
+    t = studies.attention_ladder_table(df)
+    med = df.groupby(["shape", "variant", "method"]).ms.median()
+    s = studies.attention_vs_fa4_summary(t).set_index("shape")
+    for S in (4096, 8192):
+        sh = f"s{S}"
+        best = min(("base", "other"), key=lambda v: med[sh, v, "triton"])
+        assert s.loc[sh, "best_variant"] == best and s.loc[sh, "base_variant"] == "base"
+        assert s.loc[sh, "best_over_fa"] == pytest.approx(med[sh, best, "fa4"] / med[sh, best, "triton"])
+        assert s.loc[sh, "base_over_fa"] == pytest.approx(med[sh, "base", "fa4"] / med[sh, "base", "triton"])
+        assert s.loc[sh, "met"] == (s.loc[sh, "best_over_fa"] >= studies.ATTENTION_LADDER_GOAL)
+    assert list(s.goal_applies) == [False, True]
+    assert studies.attention_vs_fa4_summary(studies.attention_ladder_table(df[df.method != "fa4"])).empty
+
+
+@pytest.mark.parametrize("record", ["attention_vs_fa4", "attention_vs_fa4_late_v"])
+def test_recorded_beside_fa4_loads_and_plots(record):
+    from xstage import figures, studies
+
+    try:
+        df, m = studies.attention_ladder_data("h200x1", record=record)
+    except ValueError:
+        pytest.skip(f"no recorded {record}")
+    t = studies.attention_ladder_table(df, m)
+    s = studies.attention_vs_fa4_summary(t)
+    assert len(s) == t["shape"].nunique() and (s.fa_tflops > 0).all() and set(s.D) <= {64, 128}
+    assert len(figures.attention_vs_fa4(s).data) == 2
+    assert len(figures.attention_ladder(t, against="fa").data) == t["shape"].nunique()
+    with pytest.raises(ValueError, match="record must be one of"):
+        studies.attention_ladder_data("h200x1", record="nope")
