@@ -333,3 +333,17 @@ def test_traffic_sweep_writes_and_resumes_on_two_gpus(tmp_path):
     assert (df.kernel_ms > 0).all() and df.unfused_ms.isna().all() and meta["params"]["traffic_ranks"] == 8
     MS.run_megamoe(folder, PRM, cases=cases, dtypes=("bf16",), traffic_ranks=8)
     assert len(data.load(folder, data.MEGAMOE_TRAFFIC)[0]) == 4
+
+
+def test_predictions_from_the_recorded_two_gpu_rows():
+    """traffic.drain_bound / predicted_speedups on one recorded configuration of data/h200x2: the remote combine
+    grows to ~7/8 of the rows (from ~1/2), the drain takes less than the compute, Expert-Wave's predicted speedup
+    is 1, every schedule has both predictions."""
+    df, meta = data.load(data.machine_dir("h200x2"), data.MEGAMOE)
+    one = df[(df["shape"] == "qwen3_235b") & (df.tokens == 256) & (df.routing == "uniform")]
+    d = TR.drain_bound(one)
+    assert len(d) == 2 and (abs(d.remote_bytes_traffic / d.remote_bytes_p2 - 1.75) < 0.2).all(), d
+    assert ((d.drain_ms_traffic > d.drain_ms_p2) & (d.drain_ms_traffic < d.compute_ms)).all(), d
+    p = TR.predicted_speedups(one[one.dtype == "bf16"], meta)
+    assert len(p) == 4 and p[["model_p2", "model_traffic"]].notna().all().all()
+    assert (p[p.schedule == "expert_wave"][["measured_p2", "model_p2", "model_traffic"]] == 1).all().all()
