@@ -9,13 +9,17 @@
 #     configurations x bf16 / fp8 in the sweep's fixed order (shape by shape, bf16 then fp8) into the NEW folder
 #     $OUT/h200x1/megamoe_host_v2/ (never data/h200x1/megamoe_host/, the static tiles-v1 record), resumed from
 #     data/h200x1/megamoe_host_v2/ when that holds part of it, until LIMIT (a configuration is appended whole).
-#   scripts/megamoe_round4.sh [LIMIT] [TESTS]
+#  4. (CTRL_S > 0, CTRL_CASES) study controls (xstage.moe_gemm: every schedule x assignment compute-only, and the
+#     old row-block-major tile order beside the swizzled default, variant swizzle0, same rounds) on CTRL_CASES
+#     into the NEW folder $OUT/h200x1/megamoe_round4/, fp8 then bf16, each half of CTRL_S, resumable.
+#   [CTRL_CASES=a,b,...] scripts/megamoe_round4.sh [LIMIT] [TESTS] [CTRL_S]
 set -u
 : "${OUT:?set OUT}"
-LIMIT=${1:-450}; TESTS=${2:-1}
+LIMIT=${1:-450}; TESTS=${2:-1}; CTRL_S=${3:-0}; CTRL_CASES=${CTRL_CASES:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-HOST=$OUT/h200x1/megamoe_host_v2
-mkdir -p "$OUT/logs" "$HOST"
+HOST=$OUT/h200x1/megamoe_host_v2; CTRL=$OUT/h200x1/megamoe_round4
+mkdir -p "$OUT/logs" "$HOST" "$CTRL"
+for f in megamoe_gemm.csv megamoe_gemm.json; do [ -e data/h200x1/megamoe_round4/$f ] && cp data/h200x1/megamoe_round4/$f "$CTRL/"; done
 for f in megamoe.csv megamoe.json; do [ -e data/h200x1/megamoe_host_v2/$f ] && cp data/h200x1/megamoe_host_v2/$f "$HOST/"; done
 stage() { local name=$1 secs=$2; shift 2; local t0=$SECONDS; echo "== $name (limit ${secs}s, at ${SECONDS}s)"
   timeout --signal=INT --kill-after=10 "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
@@ -25,9 +29,14 @@ minutes() { python3 -c "print(max(0.1, ($1) / 60))"; }
 nvidia-smi -L
 stage install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
 [ "$TESTS" = 1 ] && stage test-one-gpu 120 python3 -m pytest -q -x -s -p no:cacheprovider -m gpu tests/test_moe_one_gpu.py
-L=$(( $(left) - 8 ))
-[ "$L" -gt 40 ] && stage host $L python3 -m xstage sweep megamoe --world one-gpu --ranks 2 --link host \
+L=$(( $(left) - 8 - CTRL_S ))
+[ "$L" -gt 30 ] && stage host $L python3 -m xstage sweep megamoe --world one-gpu --ranks 2 --link host \
   --dtypes bf16,fp8 --out "$HOST" --max-minutes "$(minutes "$L - 25")"
+for d in fp8 bf16; do
+  L=$(( CTRL_S / 2 )); [ "$(left)" -lt "$L" ] && L=$(left)
+  [ "$CTRL_S" -gt 0 ] && [ -n "$CTRL_CASES" ] && [ "$L" -gt 25 ] && stage controls-$d $L python3 scripts/megamoe_gemm.py \
+    --study controls --cases "$CTRL_CASES" --dtypes $d --out "$CTRL" --max-minutes "$(minutes "$L - 18")"
+done
 grep -h "done in" "$OUT/logs/host.log" | awk '{print $2, $3, $6}' | tail -n 200 > "$OUT/logs/host_times.txt"
 wc -l "$HOST/megamoe.csv"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"

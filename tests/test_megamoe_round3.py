@@ -169,7 +169,7 @@ def tiny(monkeypatch, cpu_timing):
 
 def test_round3_studies_end_to_end(tmp_path, tiny):
     """Both round-3 studies through the launchers on the emulated world (~35 s on a CPU, the only check of the
-    controls path before a GPU call: 10 task lists checked, timed and timestamped under the interpreter): rows with
+    controls path before a GPU call: 14 task lists checked, timed and timestamped under the interpreter): rows with
     provenance, resume, the deadline, the summaries' ratios."""
     world = EmulatedWorld(2)
     meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
@@ -188,15 +188,20 @@ def test_round3_studies_end_to_end(tmp_path, tiny):
     MG.round3_job(world, tiny[:1], ["fp16"], str(tmp_path), meta, "controls", prm, None, rounds=5)
     df = data.load(tmp_path, data.MEGAMOE_GEMM)[0]
     ctl = df[df.study == "controls"]
-    assert len(ctl) == len(MP.SCHEDULES) * len(MP.ASSIGNMENTS) + 2
-    assert set(ctl.variant) == {"default", "order_v1"} and (ctl.ms > 0).all()
+    assert len(ctl) == len(MP.SCHEDULES) * len(MP.ASSIGNMENTS) + 2 + len(MP.SCHEDULES)
+    assert set(ctl.variant) == {"default", "order_v1", "swizzle0"} and (ctl.ms > 0).all()
+    sw = ctl[ctl.variant == "swizzle0"]        # round 4: every schedule with the old tile order, dynamic
+    assert set(sw.schedule) == set(MP.SCHEDULES) and (sw.assignment == "dynamic").all()
+    assert all(MP.parse_schedule_param(p)["swizzle"] == 0 for p in sw.note)
+    assert all(MP.parse_schedule_param(p)["swizzle"] == MP.TILE_SWIZZLE
+               for p in ctl[ctl.variant == "default"].note.replace("-", ""))
     dyn = ctl[ctl.assignment == "dynamic"]
     assert dyn.task_span_us.notna().all() and ctl[ctl.assignment == "static"].task_span_us.isna().all()
     v1 = ctl[ctl.variant == "order_v1"]
     assert set(v1.schedule) == {"interleaved", "lag"} and (v1.assignment == "dynamic").all()
     tab = studies.megamoe_round3_controls(df)
     assert set(tab.assignment) == {"static", "dynamic"}
-    ew = tab[tab.schedule == "expert_wave"]
+    ew = tab[(tab.schedule == "expert_wave") & (tab.variant == "default")]
     assert np.allclose(ew.over_ew, 1.0)
     g = studies.megamoe_round3_gemm(df)
     assert len(g) == 2 and g.vs_grouped_mm.notna().all() and g.v1_vs_grouped_mm.notna().all()

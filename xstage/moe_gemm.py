@@ -18,9 +18,10 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   Checked first: every variant's whole layer (combine poisoned) within tolerance of the float32 reference on
   rank 0; the default's static and dynamic runs bit-identical on every rank.
 - study ``controls`` (round 3, same order): the default tiles' compute-only time of every schedule x static /
-  dynamic (the current order version; round 3 ran version 2) and, under dynamic, interleaved and lag in order version 1 (variant ``order_v1``),
-  every list bit-identical to Expert-Wave static first (combine poisoned); then, under dynamic, one launch per
-  list with per-task device timestamps (the task_* columns: what the order costs, tile by tile).
+  dynamic (the current order version; round 3 ran version 2) and, under dynamic, interleaved and lag in order
+  version 1 (variant ``order_v1``) and (round 4) every schedule with the tiles row-block-major inside an expert
+  (variant ``swizzle0``, the order before moe_plan.TILE_SWIZZLE), every list bit-identical to Expert-Wave
+  static first (combine poisoned); then, under dynamic, one launch per list with per-task device timestamps (the task_* columns: what the order costs, tile by tile).
 
 Every method of a configuration is timed round-robin (warm-up of all, then each round one run of each method):
 clock drift between method blocks cannot favour one. One row per method (schema ``megamoe_gemm``, xstage.data),
@@ -429,10 +430,12 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
                                                                ranks=[0]), warmup=2, reps=3))
         runs = [(sch, a, "default") for a in ASSIGNMENTS for sch in SCHEDULES]
         runs += [(sch, "dynamic", "order_v1") for sch in ("interleaved", "lag")]
+        runs += [(sch, "dynamic", "swizzle0") for sch in SCHEDULES]      # the tile order before round 4
         for sch, a, var in runs:
             cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew, a),
                              sms, OUT_DTYPES[dtype].itemsize, a)
-            lists[(sch, a, var)] = {r: build_tasks(prob, sch, sms, r, cost=cost,
+            p = dataclasses.replace(prob, swizzle=0) if var == "swizzle0" else prob
+            lists[(sch, a, var)] = {r: build_tasks(p, sch, sms, r, cost=cost,
                                                    order=1 if var == "order_v1" else None)
                                     for r in world.local_ranks}
         # bit-identical first: every list vs expert_wave static (combine poisoned before each layer)
