@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import xstage.ranks
-from xstage import data, env
+from xstage import data, env, studies
 from xstage import moe as M
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -270,6 +270,8 @@ def test_sweep_job_flow_records_traffic_rows(tmp_path, monkeypatch, cpu_timing):
     assert (df.P == 8).all() and df.unfused_ms.isna().all() and (df.kernel_ms > 0).all()
     assert (df.remote_bytes > 0).all() and (df.predicted_ms > 0).all() and side["params"]["traffic_ranks"] == 8
     assert not (tmp_path / "megamoe.csv").exists()
+    summ = studies.megamoe_summary(df)                # what notebook 03 would show of a record (no record yet)
+    assert list(summ.schedule) == scheds and summ.geomean_speedup.notna().all() and summ.fused_geomean.isna().all()
     MS.megamoe_job(tw, cases, str(tmp_path), meta, ["fp16"], scheds, 2, 1, PRM.as_dict(), 3, None, "dynamic")
     assert len(data.load(tmp_path, data.MEGAMOE_TRAFFIC)[0]) == 2          # resumed: nothing new
 
