@@ -467,8 +467,8 @@ def check_schedules(world: TrafficWorld, prob, bufs, lists: Mapping[int, Mapping
 
 
 def check_job(world: TrafficWorld, cases: Sequence, seed: int, dtype: str | None = None, tiles=None,
-              schedules: Sequence[str] | None = None, n_sms: int | None = None, assignments: Sequence[str] = ("static",),
-              n_programs: int | None = None) -> list[dict]:
+              schedules: Sequence[str] | None = None, n_sms: int | None = None,
+              assignments: Sequence[str] = ("static",), n_programs: int | None = None) -> list[dict]:
     """``xstage.moe.check_job`` for a traffic world: per case, :func:`check_schedules` over every schedule and
     assignment (landing, the float32 reference, bit-identical runs). Returns one dict per (case, GPU) with what
     its GPU pushed and its egress (:func:`egress`)."""
