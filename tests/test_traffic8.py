@@ -315,6 +315,7 @@ GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash
 
 
 @pytest.mark.multigpu
+@pytest.mark.timeout(900)   # compiles of every tile configuration, 4 cases x 8 checked runs
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_traffic_layer_against_reference_on_two_gpus(dtype):
     """On 2 GPUs (TorchSymmWorld): every landed row within tolerance of the float32 reference, every other row
@@ -326,6 +327,7 @@ def test_traffic_layer_against_reference_on_two_gpus(dtype):
 
 
 @pytest.mark.multigpu
+@pytest.mark.timeout(900)
 def test_traffic_sweep_writes_and_resumes_on_two_gpus(tmp_path):
     folder = tmp_path / "traffic8"
     cases = MP.cases_by_name(["qwen3_235b_T256_zipf"])
