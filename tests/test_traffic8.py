@@ -223,6 +223,8 @@ def _layer_without_pushes():
     (lambda: TR.check_job(TR.TrafficWorld(EmulatedWorld(2)), [(64, 64, 12, 2, 16, "uniform")], 0, "fp16", TILES),
      r"experts \(12\) must be a positive multiple of the traffic ranks \(8\)"),
     (lambda: TR.check_job(EmulatedWorld(2), [(64, 64, 16, 2, 16, "uniform")], 0), r"needs a TrafficWorld"),
+    (lambda: M.check_job(TR.TrafficWorld(EmulatedWorld(2)), [(64, 64, 16, 2, 16, "uniform")], 0),
+     r"cannot check this world \(8-rank traffic on 2 GPUs\): use xstage.traffic.check_job"),
     (lambda: TR.TrafficWorld(EmulatedWorld(2)).gpu_of(3), r"logical rank 3 is played by no GPU"),
     (_layer_without_pushes, r"rank 4: no source pushes"),
     (lambda: MS.run_megamoe("/nonexistent/traffic8", PRM, world="one-gpu", link="host", traffic_ranks=8),

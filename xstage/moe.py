@@ -844,6 +844,8 @@ def check_job(world, cases: Sequence, seed: int, dtype: str | None = None, tiles
     schedule runs with each of them (``static``: task i on program i % n; ``dynamic``: atomic ticket), all
     bit-identical. Runs on every rank (GPU) or once for an emulated world. Returns one dict per (case, local
     rank)."""
+    if getattr(world, "traffic_ranks", None):   # rows of owners no GPU plays stay unwritten there, by design
+        raise ValueError(f"check_job cannot check this world ({world.label}): use xstage.traffic.check_job")
     P = world.world_size
     dtype = dtype or default_dtype()
     validate_dtype(dtype)
