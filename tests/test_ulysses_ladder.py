@@ -275,3 +275,13 @@ def test_recorded_beside_fa4_loads_and_plots(record):
     assert len(figures.attention_ladder(t, against="fa").data) == t["shape"].nunique()
     with pytest.raises(ValueError, match="record must be one of"):
         studies.attention_ladder_data("h200x1", record="nope")
+
+
+def test_beside_fa4_goal_row_is_the_smallest_ratio_at_8k_and_up():
+    from xstage import studies
+
+    s = pd.DataFrame(dict(goal_applies=[False, True, True], best_over_fa=[0.5, random.uniform(0.9, 1.0), 0.97]))
+    g = studies.attention_vs_fa4_goals(s, "w")
+    assert g.ours.iloc[0] == pytest.approx(min(s.best_over_fa[1:])) and "(w)" in g.quantity.iloc[0]
+    assert g.met.iloc[0] == (g.ours.iloc[0] >= studies.ATTENTION_LADDER_GOAL)
+    assert studies.attention_vs_fa4_goals(s[:1]).met.iloc[0] is None
