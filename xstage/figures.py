@@ -1695,3 +1695,38 @@ def megamoe_round3_controls_figure(per: pd.DataFrame, title: str = "") -> go.Fig
     fig.update_layout(title=title or "MegaMoE: each schedule's compute-only time / Expert-Wave's", height=640,
                       legend=dict(orientation="h", y=-0.08))
     return fig
+
+
+def megamoe_links_figure(table: pd.DataFrame, title: str = "") -> go.Figure:
+    """Records side by side (:func:`xstage.studies.megamoe_links_table`): per dtype (column) and schedule (x), each
+    record's geomean kernel speedup over Expert-Wave (bar; its label, which names world, link and defaults, in the
+    legend), its maximum (marker) and the model's geomean (open diamond); dotted: 1 (Expert-Wave). Traces: per
+    record and dtype 3."""
+    t = table[table.schedule != "expert_wave"]
+    dtypes = list(dict.fromkeys(t.dtype))
+    recs = list(dict.fromkeys(t.record))
+    if t.empty:
+        raise ValueError("the table has no schedule other than expert_wave")
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    fig = make_subplots(rows=1, cols=len(dtypes), shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=[f"{d}: schedule / Expert-Wave kernel time" for d in dtypes])
+    for c, d in enumerate(dtypes, 1):
+        for i, rec in enumerate(recs):
+            h = t[(t.dtype == d) & (t.record == rec)]
+            col = colors[i % len(colors)]
+            n = f"{int(h.configs.min())}-{int(h.configs.max())}" if h.configs.nunique() > 1 else str(int(h.configs.iloc[0]))
+            fig.add_trace(go.Bar(x=h.schedule, y=h.geomean_speedup, name=rec, legendgroup=rec, showlegend=c == 1,
+                                 marker_color=col, offsetgroup=str(i), text=[f"{v:.2f}" for v in h.geomean_speedup],
+                                 hovertemplate=f"{rec}<br>%{{x}}: geomean %{{y:.3f}} over {n} configurations"
+                                 "<extra></extra>"), row=1, col=c)
+            fig.add_trace(go.Scatter(x=h.schedule, y=h.max_speedup, mode="markers", name="max", legendgroup=rec,
+                                     showlegend=False, marker=dict(symbol="line-ew-open", size=14, color=col),
+                                     offsetgroup=str(i), hovertemplate="max %{y:.3f}<extra></extra>"), row=1, col=c)
+            fig.add_trace(go.Scatter(x=h.schedule, y=h.geomean_predicted, mode="markers", name="model geomean",
+                                     legendgroup=rec, showlegend=False, offsetgroup=str(i),
+                                     marker=dict(symbol="diamond-open", size=10, color=col),
+                                     hovertemplate="model geomean %{y:.3f}<extra></extra>"), row=1, col=c)
+        fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=c)
+    fig.update_layout(barmode="group", scattermode="group", height=520, legend=dict(orientation="h", y=-0.25),
+                      title=title or "MegaMoE: each record's geomean (bar), max (dash) and model geomean (diamond)")
+    return fig

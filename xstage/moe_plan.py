@@ -906,6 +906,54 @@ def routing_of(case: MoECase, P: int) -> tuple[list, list, list[RankLayout]]:
     return ids, wts, build_layouts(ids, s.experts)
 
 
+L2_CACHE_BYTES = 50 * 2**20     # the H200's L2 (the model below; a model parameter, not measured here)
+
+
+def l2_traffic(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, act_bytes: int,
+               cache_bytes: float = L2_CACHE_BYTES) -> dict:
+    """A model of the DRAM bytes a task list reads (computed, never measured): an LRU cache of ``cache_bytes``
+    walked in list order (dynamic assignment starts tasks in list order), each task reading its operand blocks --
+    Linear-1: the x row block (BM x Hd) and the W1 column block (Hd x 2 BN1), then writing the intermediate row
+    block (BM x I, kept in the cache, not read); Linear-2: the intermediate row block and the W2 column block
+    (I x BN2) -- in ``act_bytes`` per element (scales left out). A block not in the cache costs its bytes. It
+    ignores that ~n_sms tiles run at once (tiles in flight share what it counts as misses), so it overstates
+    misses whose reuse distance is under a round. Returns {'bytes': the modelled DRAM bytes, 'weights': of them
+    W1 + W2, 'unique': every operand block read once}."""
+    from collections import OrderedDict
+
+    bm, bn1, bn2 = tiles.block_m, tiles.block_n1, tiles.block_n2
+    size = {0: bm * hidden * act_bytes, 1: hidden * 2 * bn1 * act_bytes, 2: bm * inter * act_bytes,
+            3: inter * bn2 * act_bytes}                    # x, W1, intermediate, W2 blocks
+    lru: OrderedDict = OrderedDict()
+    used = miss = wmiss = 0
+    seen = set()
+
+    def touch(key: tuple, read: bool = True) -> None:
+        nonlocal used, miss, wmiss
+        seen.add(key)
+        if key in lru:
+            lru.move_to_end(key)
+            return
+        if read:
+            miss += size[key[0]]
+            wmiss += size[key[0]] if key[0] in (1, 3) else 0
+        lru[key] = None
+        used += size[key[0]]
+        while used > cache_bytes and lru:
+            k, _ = lru.popitem(last=False)
+            used -= size[k[0]]
+
+    for kind, e, rb, cb, _ in tl_.tasks.tolist():
+        if kind == KIND_L1:
+            touch((0, e, rb))
+            touch((1, e, cb))
+            touch((2, e, rb), read=False)
+        else:
+            touch((2, e, rb))
+            touch((3, e, cb))
+    return dict(bytes=float(miss), weights=float(wmiss), unique=float(sum(size[k[0]] for k in seen)))
+
+
 # --------------------------------------------------------------------------------- the model on recorded rows
 def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static") -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):

@@ -1181,12 +1181,37 @@ def megamoe_world_label(meta: dict) -> str:
     return label + (" (rank 0's times)" if world == "one-gpu" else "")
 
 
-def megamoe_world_data(world: str, link: str, dtypes=None, shapes=None) -> tuple[pd.DataFrame, dict]:
+# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 4's defaults
+# (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
+# v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
+MEGAMOE_HOST_RECORDS = ("megamoe_host_v2", "megamoe_host")
+
+
+def megamoe_defaults_label(meta: dict) -> str:
+    """The kernel defaults a MegaMoE record ran with, from its sidecar: e.g. 'dynamic assignment, tiles v2,
+    order v3, tile swizzle 8' (fields a record predates read as their first version: static, v1, row-block-major
+    tiles)."""
+    p = meta.get("params", {})
+    sw = p.get("tile_swizzle")
+    return (f"{p.get('assignment', 'static')} assignment, tiles v{p.get('tiles_version', 1)}, order "
+            f"v{p.get('order_version', 1)}, " + (f"tile swizzle {sw}" if sw else "row-block-major tiles"))
+
+
+def megamoe_world_data(world: str, link: str, dtypes=None, shapes=None,
+                       record: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The recorded MegaMoE sweep of ``world`` and ``link`` (:data:`MEGAMOE_WORLDS`): rows of the selection and
-    provenance (with ``label``: :func:`megamoe_world_label`). :class:`NoRecordedData` when it is not in data/."""
+    provenance (with ``label``: :func:`megamoe_world_label`). :class:`NoRecordedData` when it is not in data/.
+    ``record``: another folder of that world and link (one-GPU host link: :data:`MEGAMOE_HOST_RECORDS`); its
+    label then also names the record and its defaults (:func:`megamoe_defaults_label`)."""
     if (world, link) not in MEGAMOE_WORLDS:
         raise ValueError(f"(world, link) must be one of {sorted(MEGAMOE_WORLDS)}, got {(world, link)!r}")
     machine, sub, label = MEGAMOE_WORLDS[(world, link)]
+    if record is not None:
+        known = MEGAMOE_HOST_RECORDS if (world, link) == ("one-gpu", "host") else (sub,)
+        if record not in known:
+            raise ValueError(f"record must be one of {', '.join(known)} for world {world}, link {link}, got "
+                             f"{record!r}")
+        sub = record
     sel = megamoe_selection(dtypes=dtypes, shapes=shapes)
     folder = data.machine_dir(machine) / sub
     if not data.paths(folder, data.MEGAMOE)[0].is_file():
@@ -1197,7 +1222,31 @@ def megamoe_world_data(world: str, link: str, dtypes=None, shapes=None) -> tuple
     df = df[df.dtype.isin(sel["dtypes"]) & df["shape"].isin(sel["shapes"])].reset_index(drop=True)
     if df.empty:
         raise NoRecordedData(f"{folder} has no rows of dtypes {sel['dtypes']} and shapes {sel['shapes']}")
-    return df, {**meta, "source": "recorded", "label": megamoe_world_label(meta)}
+    label = megamoe_world_label(meta)
+    if record is not None:
+        label += f"; data/{machine}/{record}: {megamoe_defaults_label(meta)}"
+    return df, {**meta, "source": "recorded", "label": label}
+
+
+def megamoe_timing_noise(df: pd.DataFrame) -> pd.DataFrame:
+    """What the sweep's timing resolves, from one record's own rows: per dtype, the rows where model_guided chose
+    expert_wave (the very same task list, timed again in its own block of the run) as ratios to Expert-Wave's
+    (``same_list``: how many; ``kernel_min`` / ``kernel_max`` of kernel_ms, ``control_min`` / ``control_max`` of
+    compute_sched_ms) and Expert-Wave's compute-only control measured twice (``compute_sched_ms`` /
+    ``compute_ms``: ``ew_control_min``, ``ew_control_max``, ``ew_control_std`` of the log). A schedule's ratio
+    inside these ranges is not a difference the sweep can tell from 1."""
+    out = []
+    for dt, g in df.groupby("dtype", sort=False):
+        ew = g[g.schedule == MEGAMOE_BASELINE].set_index(MEGAMOE_KEYS)
+        mg = g[g.schedule == "model_guided"]
+        same = mg[mg.schedule_param.astype(str).str.split(",").str[0] == MEGAMOE_BASELINE].set_index(MEGAMOE_KEYS)
+        base = ew.reindex(same.index)
+        k, c = same.kernel_ms / base.kernel_ms, same.compute_sched_ms / base.compute_sched_ms
+        twice = (ew.compute_sched_ms / ew.compute_ms).dropna()
+        out.append(dict(dtype=dt, same_list=len(same), kernel_min=k.min(), kernel_max=k.max(), control_min=c.min(),
+                        control_max=c.max(), ew_twice=len(twice), ew_control_min=twice.min(),
+                        ew_control_max=twice.max(), ew_control_std=float(np.log(twice).std())))
+    return pd.DataFrame(out)
 
 
 def megamoe_schedule_controls(df: pd.DataFrame) -> pd.DataFrame:
