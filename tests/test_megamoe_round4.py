@@ -4,6 +4,7 @@ records of earlier versions read as what they ran."""
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -180,3 +181,66 @@ def test_l2_traffic_model_against_direct_counts():
             for k, gr in (("rb", rb), ("sw", sw)) for sch in ("expert_wave", "interleaved")}
     assert cost[("rb", "interleaved")] > 2 * cost[("rb", "expert_wave")]
     assert cost[("sw", "interleaved")] < 1.1 * cost[("rb", "expert_wave")]
+
+
+# ------------------------------------------------------------------ the host-link record with round 4's defaults
+def test_recorded_host_v2_names_its_defaults_and_rebuilds():
+    """data/h200x1/megamoe_host_v2: the sidecar names order version 3 and the tile swizzle, every row's param
+    names the swizzle and parses, a fresh sample of rows rebuilds rank 0's task list with the recorded task count,
+    the label names world, link, record and defaults; the links table's numbers are the rows' own."""
+    from xstage import studies
+    from xstage.numeric import geomean
+
+    df, meta = studies.megamoe_world_data("one-gpu", "host", record="megamoe_host_v2")
+    p = meta["params"]
+    assert (p["assignment"], p["tiles_version"], p["order_version"], p["tile_swizzle"]) == ("dynamic", 2, 3, 8)
+    assert "combine over PCIe" in meta["label"] and "dynamic assignment, tiles v2, order v3, tile swizzle 8" in \
+        meta["label"]
+    n = df.groupby("dtype")[["shape", "tokens", "routing"]].apply(lambda g: len(g.drop_duplicates()))
+    assert n["bf16"] == 84 and n["fp8"] >= 83
+    parsed = [MP.parse_schedule_param(x) for x in df.schedule_param.astype(str)]
+    assert all(q["swizzle"] == 8 for q in parsed)
+    cases = {c.name: c for c in MP.CASES}
+    rng = random.Random()
+    for i in rng.sample(range(len(df)), 4):
+        row = df.iloc[i]
+        c = cases[f"{row['shape']}_T{row.tokens}_{row.routing}"]
+        grid = MP.TileGrid.of(MP.routing_of(c, 2)[2][0], c.shape.hidden, c.shape.intermediate, MP.tiles_of_row(row))
+        par = str(row.schedule_param).split("|")[0]
+        tl_ = MP.schedule_of_param(row.schedule, par, grid, 132)
+        assert tl_.n_tasks == row.n_tasks and grid.swizzle == 0      # (the row's param carries the swizzle)
+    with pytest.raises(ValueError, match=r"record must be one of megamoe_host_v2, megamoe_host"):
+        studies.megamoe_world_data("one-gpu", "host", record="megamoe_round3")
+    t = studies.megamoe_links_table({meta["label"]: (df, meta)}).set_index(["dtype", "schedule"])
+    d = rng.choice(["bf16", "fp8"])
+    s = rng.choice(["interleaved", "lag", "model_guided"])
+    h = df[df.dtype == d].assign(k=lambda x: x["shape"] + x.tokens.astype(str) + x.routing)
+    ew, x = h[h.schedule == "expert_wave"].set_index("k"), h[h.schedule == s].set_index("k")
+    sp = ew.kernel_ms / x.kernel_ms
+    assert t.loc[(d, s), "geomean_speedup"] == pytest.approx(geomean(sp.dropna()))
+    assert t.loc[(d, s), "max_speedup"] == pytest.approx(sp.max())
+    assert t.loc[(d, s), "within_tolerance"] == pytest.approx(
+        float((abs(x.predicted_speedup / sp - 1) <= 0.1).mean()))
+
+
+def test_timing_noise_against_a_direct_computation():
+    from xstage import studies
+
+    rng = np.random.default_rng()
+    rows = []
+    for i in range(6):
+        ew = rng.uniform(1, 2)
+        rows.append(dict(shape="s", tokens=i, routing="uniform", P=2, dtype="bf16", schedule="expert_wave",
+                         schedule_param="swizzle=8", kernel_ms=ew, compute_sched_ms=ew * rng.uniform(0.9, 1.1),
+                         compute_ms=ew * rng.uniform(0.9, 1.1)))
+        choice = "expert_wave,swizzle=8" if i % 2 else "lag=132,group=2,swizzle=8"
+        rows.append(dict(rows[-1], schedule="model_guided", schedule_param=choice,
+                         kernel_ms=ew * rng.uniform(0.8, 1.2), compute_sched_ms=ew * rng.uniform(0.8, 1.2)))
+    df = pd.DataFrame(rows)
+    got = studies.megamoe_timing_noise(df).iloc[0]
+    e = df[df.schedule == "expert_wave"].set_index("tokens")
+    m = df[(df.schedule == "model_guided") & df.schedule_param.str.startswith("expert_wave")].set_index("tokens")
+    assert got.same_list == 3
+    assert got.kernel_max == pytest.approx((m.kernel_ms / e.kernel_ms.reindex(m.index)).max())
+    assert got.control_min == pytest.approx((m.compute_sched_ms / e.compute_sched_ms.reindex(m.index)).min())
+    assert got.ew_control_max == pytest.approx((e.compute_sched_ms / e.compute_ms).max())
