@@ -364,6 +364,9 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
                    "memory (data/h200x1/megamoe_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
                    "host --out data/h200x1/megamoe_host`",
+                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
+                   "memory (data/h200x1/megamoe_host_v2); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
+                   "host --out data/h200x1/megamoe_host_v2`",
                    "note: no recorded MegaMoE GEMM study for h200x1 (data/h200x1/megamoe_gemm); run `python3 "
                    "scripts/megamoe_gemm.py --out data/h200x1/megamoe_gemm`",
                    "note: no recorded MegaMoE round-3 study for h200x1 (data/h200x1/megamoe_round3); run `python3 "
