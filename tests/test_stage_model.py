@@ -26,8 +26,9 @@ def random_train(n=8):
     return (RNG.integers(1, 160, n) * 2048).astype(float), RNG.choice([0, 500, 3000, 30_000, 100_000], n).astype(float)
 
 
-def test_equal_shares_and_a_synchronous_start_keep_every_program_identical():
-    prm = random_params(spread=0.0)
+@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
+    prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
     start, end, _ = simulate_stage(prm, [132], b[None], g[None], [False])
     assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
@@ -36,35 +37,40 @@ def test_equal_shares_and_a_synchronous_start_keep_every_program_identical():
     # larger than any stage (132 x 4 MiB), so it contends whatever the random parameters drew
     b = b.copy()
     b[0] = 4 * 2**20
-    start, end, _ = simulate_stage(random_params(spread=0.8, drain_gbps=50.0), [132], b[None], g[None], [False])
+    start, end, _ = simulate_stage(random_params(arbitration=arb, spread=0.8, drain_gbps=50.0), [132], b[None], g[None], [False])
     assert np.ptp(end[0, :, 0]) > 0
 
 
-def test_a_program_alone_issues_at_its_own_rate():
-    prm = random_params(drain_gbps=500.0, issue_ns_per_kib=25.0)   # r = 41 GB/s < D: one program never stalls
+@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+def test_a_program_alone_issues_at_its_own_rate(arb):
+    prm = random_params(arbitration=arb, drain_gbps=500.0, issue_ns_per_kib=25.0)   # r = 41 GB/s < D: one program never stalls
     b, g = random_train()
     t = predict_train(prm, 1, b, g)
     assert np.allclose(t, prm.overhead_ns + b * prm.issue_ns_per_kib / KIB, rtol=1e-9)
 
 
-def test_a_long_gap_makes_every_burst_cost_like_the_first():
+@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     """The stage recovers fully in a long gap: with the grid barrier (every burst starts together) and with equal
     shares, every burst costs what the first did. (Free-running with unequal shares, the programs stay staggered
     by the first burst and stop contending: later bursts are cheaper, as measured.)"""
     b = np.full(6, RNG.integers(8, 320) * 2048.0)
     P = int(RNG.choice([16, 66, 132, 264]))
-    for prm, sync in ((random_params(), True), (random_params(spread=0.0), False)):
+    for prm, sync in ((random_params(arbitration=arb), True), (random_params(arbitration=arb, spread=0.0), False)):
         t = predict_train(prm, P, b, np.full(6, 1e9), sync=sync)
         assert np.allclose(t, t[0], rtol=1e-6), (sync, t)
-    t = predict_train(random_params(spread=0.9, drain_gbps=40.0), 132, b, np.full(6, 1e9))
+    t = predict_train(random_params(arbitration=arb, spread=0.9, drain_gbps=40.0), 132, b, np.full(6, 1e9))
     assert t[-1] < t[0]
 
 
-def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not():
+@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
     """The recorded sweeps' grid barrier is a release: it returns once the stage has drained, so with no gap at
     all every synchronised burst costs what the first did. A relaxed barrier leaves the stage full: with no gap,
     a burst that overflows the stage makes the next ones slower than the first."""
-    prm = random_params(drain_gbps=RNG.uniform(30, 100))
+    # (slots: with unequal slots the favoured programs' parts drain while the last one still issues, so
+    # only equal parts leave the whole stage full at the barrier)
+    prm = random_params(arbitration=arb, drain_gbps=RNG.uniform(30, 100), **({"spread": 0.0} if arb == "slots" else {}))
     P = int(RNG.choice([66, 132, 264]))
     b = np.full(5, 4 * float(prm.capacity_bytes(P)) / P)     # every burst overflows the stage
     gap = np.zeros(5)
@@ -80,9 +86,10 @@ def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not():
         predict_train(prm, P, b, gap, sync=True, barrier="acquire")
 
 
-def test_the_total_drain_never_exceeds_D():
+@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+def test_the_total_drain_never_exceeds_D(arb):
     """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst)."""
-    prm = random_params()
+    prm = random_params(arbitration=arb)
     P = int(RNG.choice([16, 66, 132, 264]))
     b, g = random_train(10)
     start, end, m = simulate_stage(prm, [P], b[None], g[None], [False])
@@ -94,8 +101,9 @@ def test_the_total_drain_never_exceeds_D():
     assert np.all(issued <= prm.capacity_bytes(P) + prm.drain_gbps * t + 1e-6 * issued)
 
 
-def test_sync_is_the_grids_span_and_free_running_is_faster_after_the_first_burst():
-    prm = random_params(spread=0.8, drain_gbps=60.0)
+@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+def test_sync_is_the_grids_span_and_free_running_is_faster_after_the_first_burst(arb):
+    prm = random_params(arbitration=arb, spread=0.8, drain_gbps=60.0)
     b, g = np.full(8, 128 * KIB), np.full(8, 30_000.0)
     sync, free = predict_train(prm, 132, b, g, sync=True), predict_train(prm, 132, b, g)
     assert free[0] <= sync[0] and free[-1] < 0.8 * sync[-1]

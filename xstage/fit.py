@@ -237,7 +237,12 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
                          "base_capacity_kib", "overhead_ns", "span_overhead_ns"),
          "shares": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
                     "base_capacity_kib", "spread", "overhead_ns", "span_overhead_ns"),
+         "pool": tuple(STAGE_PARAMS),
          "stage": tuple(STAGE_PARAMS)}
+# how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on the host link the full model
+# gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits its records better than one
+# pool (lab notebook, session 6); everywhere else, and in the rungs below, C(P) is one pool
+RUNG_ARBITRATION = {("stage", "host"): "slots"}
 
 
 @dataclass
@@ -446,9 +451,9 @@ def _initial(rung: str, link: str) -> dict:
     else:
         d = dict(issue_ns_per_kib=18.0, drain_gbps=360.0, capacity_kib=14000.0, capacity_per_program_kib=17.0,
                  base_capacity_kib=160.0, spread=0.6, stalled_fraction=0.7, overhead_ns=27.0, span_overhead_ns=235.0)
-    if rung not in ("shares", "stage"):
+    if rung not in ("shares", "pool", "stage"):
         d["spread"] = 0.0
-    if rung not in ("stage",):
+    if rung not in ("pool", "stage"):
         d["stalled_fraction"] = 1.0
     if rung == "fluid":
         from .model import NO_LIMIT_KIB
@@ -487,16 +492,17 @@ DRAIN_RECORD = "drain_programs"
 
 
 def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 5, seed: int = 0,
-              max_nfev: int = 40, measured: dict | None = None) -> StageFit:
+              max_nfev: int = 40, measured: dict | None = None, start: dict | None = None) -> StageFit:
     """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors.
     ``measured``: {parameter: (value, low, high)} measured directly (e.g. :func:`measured_drain`): fixed, with
-    that interval."""
+    that interval. ``start``: starting values (e.g. the rung below's fit) instead of the link's read-off ones."""
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
     measured = measured or {}
     free = [k for k in RUNGS[rung] if k not in measured]
-    init = {**_initial(rung, link), **{k: v[0] for k, v in measured.items()}}
+    init = {**_initial(rung, link), **(start or {}), **{k: v[0] for k, v in measured.items()}}
     fixed = {k: v for k, v in init.items() if k not in free}
+    fixed["arbitration"] = RUNG_ARBITRATION.get((rung, link), "pool")
     x0 = np.array([_to_x(k, init[k]) for k in free])
     sol, mask = _stage_solve(obs, x0, free, fixed, link, max_nfev)
     if any(k in PRESCAN for k in free):   # a second start from the coarse grid; the lower final cost wins
@@ -521,7 +527,8 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
         f = (lambda z: 1 / (1 + np.exp(-z))) if name in LOGIT else np.exp
         lo[name], hi[name] = float(f(max(xi - 1.96 * s, a))), float(f(min(xi + 1.96 * s, b)))
     for name in fixed:
-        lo[name] = hi[name] = float(fixed[name])
+        if name != "arbitration":
+            lo[name] = hi[name] = float(fixed[name])
     for name, (_, low, high) in measured.items():
         lo[name], hi[name] = float(low), float(high)
     table = _long(obs, predict_observations(obs, prm, so))
@@ -552,7 +559,19 @@ def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageF
     if d is not None:
         measured["drain_gbps"] = (d["drain_gbps"], d["low"], d["high"])
         obs.sources["drain_programs"] = d["source"]
-    res = fit_stage(obs, link, rung, k_folds, measured=measured)
+    from pathlib import Path
+
+    start = None
+    if RUNG_ARBITRATION.get((rung, link), "pool") != "pool":
+        # the slots model has the pool's parameters, read differently: it starts from the pool rung's fit (its
+        # cost moves in steps; from the read-off values it stalls in a worse minimum: lab notebook, session 6)
+        below = Path(folder) / stage_fit_name(link, "pool")
+        if below.is_file():
+            f = read_stage_fit(folder, link, "pool")
+            start = {k: float(f["params"][k]) for k in RUNGS[rung] if k in f["params"]}
+            start["span_overhead_ns"] = float(f["span_overhead_ns"])
+            obs.sources["start"] = dict(file=below.name)
+    res = fit_stage(obs, link, rung, k_folds, measured=measured, start=start)
     res.folder = str(folder)
     return res
 

@@ -288,8 +288,17 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 #             programs finish first, which is the drift measured in free-running trains (a contended burst's
 #             fastest program finishes at ~0.35-0.55 of the slowest). Other laws fitted no better on the host
 #             link's held-out trains (w = exp(-k u): 26 %; 1 - spread * u^a, a fitted: 21 %; uniform: 18 %).
+#   slots     (arbitration="slots", the full model) C(P) - C_0 is not one pool but every program's own store
+#             slots, a_i = (C(P) - C_0) w_i / sum(w) (weighted as the drain), and only C_0 is shared: a program
+#             below its slots, or with room in the shared part, issues at r; its stores drain at its weight's
+#             share of D among the programs holding stores (one FIFO drain's steady state); while the shared
+#             part is full, the programs beyond their slots share what leaves it, and a program at its slots
+#             keeps them full. Measured on the host link (first bursts into an empty stage, data/h200x1
+#             burst_train): past the onset most programs finish unimpeded while a tail waits 20-40x longer
+#             (P = 264 x 18 KiB: median 0.8 us, p90 8 us, max 16 us), which one pool shared by weight cannot
+#             give (there every program waits once the pool is full); arbitration="pool" is rung 4.
 #   overhead  o ns per burst inside the measured issue time (CTA barrier + timer reads); the stage drains then
-#   stall     once the stage has filled, it holds only phi * C(P) until it has emptied again: the issuers wait
+#   stall     once the stage (slots: its shared part) has filled, it holds only phi * C(P) until it has emptied again: the issuers wait
 #             until it drained to there. Measured on both links: a burst into an empty stage absorbs C (e.g. 2.2 MB
 #             in 0.4-0.5 us at P = 132), but sustained bursts settle on B / D minus a much smaller intercept
 #             (0.5-1 MB): the first stall costs (1 - phi) C / D once per busy period.
@@ -306,6 +315,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
+ARBITRATIONS = ("pool", "slots")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
@@ -325,6 +335,8 @@ class StageParams:
     base_capacity_kib: float = 0.0   # C_0: stage bytes present whatever the programs (KiB)
     sm_count: int = 132              # S: programs beyond one per SM add no stage (not fitted: the GPU's count)
     link: str = ""                   # "nvlink" or "host" (a label)
+    arbitration: str = "pool"        # "pool": C(P) is one shared stage, its drain shared by weight once full;
+                                     # "slots": C(P) - C_0 is every program's own slots (by weight), C_0 shared
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -341,6 +353,8 @@ class StageParams:
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
+        if self.arbitration not in ARBITRATIONS:
+            raise ValueError(f"arbitration must be one of {', '.join(ARBITRATIONS)}, got {self.arbitration!r}")
 
     def capacity_bytes(self, programs) -> np.ndarray:
         """C(P) in bytes."""
@@ -416,7 +430,15 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    stalled = np.zeros(N, bool)
+    private = prm.arbitration == "slots"
+    if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
+        C0 = np.full(N, KIB * prm.base_capacity_kib)
+        a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]
+        q = np.zeros((N, G))
+        stalled = np.zeros(N, bool)
+    else:
+        q = np.zeros(N)
+        stalled = np.zeros(N, bool)
     # phase: 0 overhead, 1 issuing, 2 gap, 3 waiting at the grid barrier (sync), 4 done
     phase = np.where(valid, 0, 4)
     k = np.zeros((N, G), int)
@@ -425,10 +447,9 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     end = np.full((N, G, n), np.nan)
     start[:, :, 0] = np.where(valid, 0.0, np.nan)
     t = np.zeros(N)
-    q = np.zeros(N)
     rows = np.arange(N)[:, None]
     eps_t = 1e-9
-    for _ in range(40 * G * n + 100):
+    for _ in range((160 if private else 40) * G * n + 100):   # slots: every program's slots fill and empty
         # transitions whose time is up (zero-length gaps and overheads chain within one pass of this loop)
         for _ in range(4):
             bb = b[rows, np.minimum(k, n - 1)]
@@ -437,7 +458,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             # the grid barrier: when every group of a sync configuration waits (and, with a release barrier, the
             # stage has drained), all start the gap together
             release = (sync & np.all((phase == 3) | ~valid, axis=1) & np.any(phase == 3, axis=1)
-                       & ((q <= C * 1e-12) | ~drains))
+                       & (((np.sum(m * q, axis=1) if private else q) <= C * 1e-12) | ~drains))
             if release.any():
                 rel = release[:, None] & (phase == 3)
                 phase = np.where(rel, 2, phase)
@@ -466,6 +487,53 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         if not active.any():
             break
         issuing = phase == 1
+        if private:
+            # per program: x = its stores in the stage, a = its own slots; beyond a it uses the shared pool (C_0,
+            # phi C_0 once stalled). Every program's stores drain at its weight's share of D among the programs
+            # holding stores (the steady state of one FIFO drain). A program below its slots, or with room in the
+            # pool, issues at r; while the pool is full its users share what leaves the pool, by weight.
+            holding = valid & ((q > 0) | issuing)
+            dr = np.where(holding, D * w / np.maximum((m * w * holding).sum(axis=1), 1e-300)[:, None], 0.0)
+            Cs = np.where(stalled, C0 * phi, C0)                                   # [N]
+            below = valid & (q < a * (1 - 1e-9))
+            beyond = valid & (q > a * (1 + 1e-9))
+            at = valid & ~below & ~beyond                                          # exactly at its slots
+            Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
+            over = Q > Cs * (1 + 1e-9) + 1e-6
+            full = ~over & (Q >= Cs * (1 - 1e-9) - 1e-6)
+            closed = (full | over)[:, None]
+            F = (m * dr * beyond).sum(axis=1)                                      # bytes/ns leaving the pool
+            shared = _water_fill(np.where(issuing & beyond & full[:, None], w, 0.0), m, F, r)
+            rate = np.where(issuing, r, 0.0)                                       # below its slots, or pool open
+            rate = np.where(issuing & at & closed, np.minimum(r, dr), rate)        # keeps its own slots full
+            rate = np.where(issuing & beyond & over[:, None], 0.0, rate)           # a stalled pool: wait
+            rate = np.where(issuing & beyond & full[:, None], shared, rate)        # share what leaves the pool
+            qdot = rate - dr
+            qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
+            Qdot = (m * qdot * (beyond | (at & (qdot > 0)))).sum(axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t_evt = np.where(issuing & (rate > 0), rem / rate,
+                                 np.where((phase == 0) | (phase == 2), rem, np.inf))
+                t_slot = np.where(below & (qdot > 0), (a - q) / qdot, np.inf)             # its slots fill
+                t_leave = np.where(beyond & (qdot < 0), (q - a) / -qdot, np.inf)         # it leaves the pool
+                t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
+                t_fill = np.where(~full & ~over & (Qdot > 0), (Cs - Q) / Qdot, np.inf)
+                t_unover = np.where(over & (Qdot < 0), (Q - Cs) / -Qdot, np.inf)
+            dt = np.minimum(np.minimum(t_evt, t_slot), np.minimum(t_leave, t_empty)).min(axis=1)
+            dt = np.minimum(dt, np.minimum(t_fill, t_unover))
+            dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
+            t = t + dt
+            near = dt[:, None] * (1 + 1e-12)
+            rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
+                                                                        rem - dt[:, None], rem))
+            rem = np.where(t_evt <= near, 0.0, rem)
+            q = np.maximum(q + qdot * dt[:, None], 0.0)
+            q = np.where((t_slot <= near) | (t_leave <= near), a, q)
+            q = np.where(t_empty <= near, 0.0, q)
+            filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
+            Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
+            stalled = (stalled | filled) & (Q > 0)
+            continue
         waiting = drains & np.all((phase == 3) | ~valid, axis=1) & np.any(phase == 3, axis=1)  # barrier: drain
         demand = np.where(issuing, m * r, 0.0).sum(axis=1)
         Ce = np.where(stalled, C * phi, C)

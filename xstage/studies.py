@@ -1312,7 +1312,7 @@ def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> di
 # pair, the host link (pinned host memory over PCIe) on one H200.
 LINK_MACHINES = {"nvlink": "h200x2", "host": "h200x1"}
 LINK_TARGET = {"nvlink": "remote", "host": "host"}
-RUNG_ORDER = ("fluid", "capacity(P)", "shares", "stage")
+RUNG_ORDER = ("fluid", "capacity(P)", "shares", "pool", "stage")
 
 
 def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
