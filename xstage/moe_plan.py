@@ -35,6 +35,9 @@ all Linear-1 tasks of its row block -- ``check_tasks`` -- so the persistent kern
                 round, so a consumer rarely spins).
   model_guided  the candidate (expert_wave, interleaved, lag = 0, n/2, n, 2n, 4n) with the best time predicted
                 by the Burst-Gap model (below); its ``param`` names the choice.
+Inside an expert every schedule lists its tiles in the grid's order (``TileGrid.swizzle``): row-block-major in
+every record before round 4, since then in groups of TILE_SWIZZLE row blocks with the weight column blocks outer
+(``swizzle=G`` in schedule_param); ``l2_traffic`` models what either order reads from DRAM.
 
 Prediction of a schedule's kernel time (``predict_kernel_ns``), documented formula. Program i % n runs task i,
 so the list falls into rounds k of n consecutive tasks (what the n programs work on at about the same time).
