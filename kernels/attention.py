@@ -148,13 +148,9 @@ def _scores(q, K, Kd, col, start_n, S, row_stride, HEAD_DIM: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale, HEAD_DIM: tl.constexpr,
-                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr, SCALE_Q: tl.constexpr):
-    """The online softmax of one key block's scores ``qk`` [BM, BN], then P V into acc[BM, D]: l_i[BM] (row
-    sums), m_i[BM] (running max, base 2). SCALE_Q: the scores are already scaled (q was multiplied by
-    ``qk_scale``), so no multiply here."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN]
-    offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
+def _online_softmax(acc, l_i, m_i, qk, qk_scale, SCALE_Q: tl.constexpr):
+    """One key block's step of the online softmax (base 2): the block's probabilities p [BM, BN], the rescaled
+    acc [BM, D] and row sums l_i [BM], the new running max [BM]. SCALE_Q: the scores are already scaled."""
     if SCALE_Q:
         m_new = tl.maximum(m_i, tl.max(qk, 1))                         # [BM]
         p = tl.math.exp2(qk - m_new[:, None])                          # [BM, BN]
@@ -164,6 +160,18 @@ def _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale,
     alpha = tl.math.exp2(m_i - m_new)                                  # [BM] rescale of what came before
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
+    return p, acc, l_i, m_new
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, qk, V, Vd, col, start_n, S, row_stride, qk_scale, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, TMA: tl.constexpr, SCALE_Q: tl.constexpr):
+    """The online softmax of one key block's scores ``qk`` [BM, BN], then P V into acc[BM, D]: l_i[BM] (row
+    sums), m_i[BM] (running max, base 2). SCALE_Q: the scores are already scaled (q was multiplied by
+    ``qk_scale``), so no multiply here."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN]
+    offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, qk, qk_scale, SCALE_Q)
     if TMA:
         v = Vd.load([start_n, col])                                    # [BN, D]
     else:
@@ -202,15 +210,7 @@ def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, q
     qk = tl.dot(q, tl.trans(k))                                        # [BM, BN] fp32
     if MASK_N:
         qk = tl.where(key_ok[None, :], qk, float("-inf"))
-    if SCALE_Q:
-        m_new = tl.maximum(m_i, tl.max(qk, 1))                         # [BM]
-        p = tl.math.exp2(qk - m_new[:, None])                          # [BM, BN]
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)              # [BM]
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])               # [BM, BN]
-    alpha = tl.math.exp2(m_i - m_new)                                  # [BM] rescale of what came before
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    p, acc, l_i, m_new = _online_softmax(acc, l_i, m_i, qk, qk_scale, SCALE_Q)
     acc = tl.dot(p.to(v.dtype), v, acc)                                # [BM, D] fp32
     return acc, l_i, m_new
 
