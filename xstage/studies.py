@@ -1640,14 +1640,16 @@ MEGAMOE_GEMM_GOALS = dict(geomean=0.95, min_big=0.9, min_rows=2048)    # issue 1
 MEGAMOE_ORDER_GOALS = dict(geomean=1.02, worst=1.05)                   # issue 15: schedule / Expert-Wave
 
 
-def megamoe_round3_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
-    """The recorded round-3 studies (``gemm``, ``controls``; schema ``megamoe_gemm``) of ``machine``: rows and
-    provenance; :class:`NoRecordedData` when they are not in data/."""
-    folder = data.machine_dir(machine) / MEGAMOE_ROUND3_SUB
+MEGAMOE_ROUND4_SUB = "megamoe_round4"   # data/<machine>/megamoe_round4/: controls, the tile swizzle beside swizzle0
+
+
+def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) -> tuple[pd.DataFrame, dict]:
+    """The recorded studies (``gemm``, ``controls``; schema ``megamoe_gemm``) of ``machine`` in ``sub`` (round 3,
+    or :data:`MEGAMOE_ROUND4_SUB`): rows and provenance; :class:`NoRecordedData` when they are not in data/."""
+    folder = data.machine_dir(machine) / sub
     if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
-        raise NoRecordedData(f"no recorded MegaMoE round-3 study for {machine} (data/{machine}/{MEGAMOE_ROUND3_SUB});"
-                             f" run `python3 scripts/megamoe_gemm.py --study gemm --out data/{machine}/"
-                             f"{MEGAMOE_ROUND3_SUB}`")
+        raise NoRecordedData(f"no recorded MegaMoE study for {machine} (data/{machine}/{sub});"
+                             f" run `python3 scripts/megamoe_gemm.py --study controls --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
     return df, {**meta, "source": "recorded"}
 
