@@ -105,8 +105,12 @@ def _ulysses_rows() -> list[str]:
 
 
 def _one_gpu_megamoe_rows() -> list[str]:
+    # the host-link record with the current defaults (round 4: dynamic assignment, tiles v2, order v3, swizzle)
     try:
-        df, meta = studies.megamoe_world_data("one-gpu", "host")
+        df, meta = studies.megamoe_world_data("one-gpu", "host", record="megamoe_host_v2")
+        cmd = ("`scripts/megamoe_round4.sh` (`xstage sweep megamoe --world one-gpu --ranks 2 --link host`, into "
+               "data/h200x1/megamoe_host_v2), notebook 03")
+        assignment = "dynamic assignment"
     except studies.NoRecordedData:
         return []
     summ = studies.megamoe_summary(df)
@@ -114,7 +118,6 @@ def _one_gpu_megamoe_rows() -> list[str]:
     s = summ.set_index(["dtype", "schedule"])
     n = " / ".join(f"{int(s.loc[(d, 'expert_wave'), 'configs'])} of {int(s.loc[(d, 'expert_wave'), 'expected'])}"
                    for d in dt)
-    cmd = "`xstage sweep megamoe --world one-gpu --ranks 2 --link host --assignment static`, notebook 03"
     def per_dtype(sched, col, fmt):
         return " / ".join(format(s.loc[(d, sched), col], fmt) for d in dt)
 
@@ -133,9 +136,28 @@ def _one_gpu_megamoe_rows() -> list[str]:
                         if (d, "interleaved") in ctl.index)
         rows.append(f"| MegaMoE, same run: Expert-Wave's kernel / its compute-only control (every store local) | "
                     f"geomean **{ew}** ({' / '.join(dt)}) | same |")
-        rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's (static assignment) | "
+        rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's ({assignment}) | "
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
-    return rows + _one_gpu_megamoe_round3_rows()
+    return rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows()
+
+
+def _one_gpu_megamoe_round4_rows() -> list[str]:
+    """MegaMoE round 4 (data/h200x1/megamoe_round4: link local, compute only, the configurations it holds): each
+    schedule's worst compute-only time / Expert-Wave's, the swizzled default beside swizzle0, same rounds."""
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND4_SUB)
+    except studies.NoRecordedData:
+        return []
+    cs = studies.megamoe_round3_controls_summary(studies.megamoe_round3_controls(df))
+    dyn = cs[(cs.assignment == "dynamic") & (cs.schedule != "expert_wave")]
+    if not len(dyn):
+        return []
+    cov = studies.megamoe_round3_coverage_line(df).split("; ")[-1].replace("controls: ", "")
+    per = "; ".join(f"{dt}: default {g[g.variant == 'default'].over_ew_worst.max():.3f}, swizzle0 "
+                    f"{g[g.variant == 'swizzle0'].over_ew_worst.max():.3f}" for dt, g in dyn.groupby("dtype", sort=False))
+    return [f"| MegaMoE, tile order A/B in the same rounds (DeepSeek-V4-Pro T >= 2048, {cov}): worst compute-only "
+            f"time of any schedule / Expert-Wave's, dynamic assignment | {per} | `CTRL_CASES=... "
+            f"scripts/megamoe_round4.sh`, notebook 03 |"]
 
 
 def _one_gpu_megamoe_round3_rows() -> list[str]:

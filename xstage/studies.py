@@ -1523,8 +1523,9 @@ def readme_stage_markdown() -> str:
                "spread": ("arbitration spread", "", ".3f"), "stalled_fraction": ("stall phi", "", ".3f")}
         vals = "; ".join(f"{lab} {p.value[k]:{f}}{(' ' + u) if u else ''} ({p.ci95_low[k]:{f}}-{p.ci95_high[k]:{f}})"
                          for k, (lab, u, f) in fmt.items())
-        rows.append(f"| {name} | stage model (95 % CI) | {vals} | `xstage fit --data data/{machine} --link {link} "
-                    f"--write` |")
+        arb = fits[(link, "stage")]["params"].get("arbitration", "pool")
+        rows.append(f"| {name} | stage model (95 % CI; the stage shared as {_ARB_LABEL[arb]}) | {vals} | `xstage fit "
+                    f"--data data/{machine} --link {link} --write` |")
         e = stage_errors({(link, "stage"): fits[(link, "stage")]})
         errs = "; ".join(f"{_KIND_LABEL[r.kind]} {r.median_abs_error:.1%} (p90 {r.p90_abs_error:.0%})"
                          for r in e.itertuples())
@@ -1543,6 +1544,7 @@ def readme_stage_markdown() -> str:
 
 
 _KIND_LABEL = {"sync": "synchronised", "free": "free-running regular", "train": "irregular trains"}
+_ARB_LABEL = {"pool": "one pool", "slots": "per-program slots beside a shared C_0"}
 
 
 # ----------------------------------------------------------------- MegaMoE on one GPU: GEMMs and order cost
