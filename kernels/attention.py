@@ -56,7 +56,7 @@ through it. Left: BM = 64 per warpgroup with explicit ping-pong (Gluon), a head-
 tile order.
 
 Round 3 (issue 14, beside FA4's CuTe Hopper forward in the same run: ``scripts/attention_vs_fa4.sh``, record
-data/h200x1/attention_vs_fa4/, docs/lab-ulysses3-draft.md). Levers added as constexprs (``AttnConfig`` fields):
+data/h200x1/attention_vs_fa4/, docs/lab-notebook.md, "Ulysses round 3"). Levers added as constexprs (``AttnConfig`` fields):
 PIPE (the key loop software-pipelined in the source: block j+1's q K^T issued before block j's softmax),
 SCALE_Q (softmax scale x log2 e folded into q once per tile), and two launch options: a register cap
 (``maxnreg``: 128 lets two 8-warp programs share an SM) and persistent programs per SM (``per_sm``).
@@ -192,7 +192,7 @@ def _attend_block(acc, l_i, m_i, q, K, V, Kd, Vd, col, start_n, S, row_stride, q
     TMA: K/V blocks come through tensor descriptors Kd/Vd over [S, Hl*D] at column ``col`` (rows past S read
     as 0); otherwise through pointers K/V (this head's first element). K and V are both loaded before the
     scores (the order the software pipeliner is given: round 3's first call, with V loaded after the softmax,
-    ran the base rung 14-20 % slower; docs/lab-ulysses3-draft.md). SCALE_Q: the scores are already scaled."""
+    ran the base rung 14-20 % slower; docs/lab-notebook.md, "Ulysses round 3"). SCALE_Q: the scores are already scaled."""
     offs_n = start_n + tl.arange(0, BLOCK_N)                           # [BN] key rows
     offs_d = tl.arange(0, HEAD_DIM)                                    # [D]
     key_ok = offs_n < S

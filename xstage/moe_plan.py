@@ -545,7 +545,7 @@ ORDER_VERSIONS = (1, ORDER_VERSION)    # what build_schedule builds; version 2's
 # Tile order inside an expert (every schedule; ``TileGrid.swizzle``, recorded as ``swizzle=G`` in schedule_param,
 # absent = 0, row-block-major, what every record before round 4 ran): groups of TILE_SWIZZLE row blocks, column
 # blocks outer, so the row blocks that read one weight column block run back to back (as a grouped GEMM
-# rasterises for L2 reuse). Why (round 4, docs/lab-megamoe4-draft.md): with row-block-major tiles a Linear-1 tile
+# rasterises for L2 reuse). Why (round 4, docs/lab-notebook.md, "MegaMoE on one GPU, round 4"): with row-block-major tiles a Linear-1 tile
 # re-reads its weight column block one row block (N1 tiles, ~43 MB for DeepSeek-V4-Pro fp8) later, about the
 # H200's 50 MB L2, and a mixing list puts Linear-2 tiles in between: an LRU model of the L2 over the list order
 # gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes, and their measured compute-only cost follows it.

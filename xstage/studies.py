@@ -563,7 +563,7 @@ def ulysses_ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 ULYSSES_FA_RECORD = "ulysses_fa"   # data/<machine>/ulysses_fa_<link>/: the one-GPU records with FA4's methods
-# records whose rows of our kernel ran an older loop (docs/lab-ulysses3-draft.md, run G2): captions name it
+# records whose rows of our kernel ran an older loop (docs/lab-notebook.md, "Ulysses round 3", run G2): captions name it
 ULYSSES_FA_LABELS = {"ulysses_fa_p4": "P = 4 (run G2): its rows of our kernel (fused, serial_triton, attention_only) "
                                       "ran the key loop with V loaded after the softmax (commit bbe1e4a, 14-20 % "
                                       "slower, fixed since); FA4's rows are unaffected."}
@@ -625,7 +625,7 @@ ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-clas
 ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",      # round 2: beside cuDNN
                             "attention_vs_fa4": "scripts/attention_vs_fa4.sh",      # round 3: beside FA4 too
                             "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh"}   # run G2 (label below)
-# records whose kernel differs from today's (docs/lab-ulysses3-draft.md, run G2): every figure names it
+# records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)"}
 
