@@ -38,3 +38,17 @@ def cpu_timing(monkeypatch):
 
     monkeypatch.setattr(bench, "time_ms", cpu_time_ms)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+
+def record_launches(monkeypatch, targets) -> list:
+    """Replace each (module, kernel name) in ``targets`` with a stand-in that records the grid it is launched
+    with instead of launching: the list of grids (what a bad-input test asserts stays empty)."""
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launched.append(grid)
+
+    for module, name in targets:
+        monkeypatch.setattr(module, name, Recorder())
+    return launched

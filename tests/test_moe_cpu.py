@@ -27,6 +27,7 @@ from xstage import moe_sweep as MS
 from xstage.numeric import check_bit_identical, rel_l2
 from xstage.model import BurstGapParams
 from xstage.ranks import EmulatedWorld
+from conftest import record_launches
 
 pytestmark = pytest.mark.interpreter
 
@@ -169,15 +170,8 @@ def test_check_close_names_unwritten_combine_rows():
 # -------------------------------------------------------------------------------------------- validation
 @pytest.fixture
 def no_launch(monkeypatch):
-    launched = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: launched.append(grid)
-
-    for name in ("megamoe_kernel", "dispatch_push_kernel"):
-        monkeypatch.setattr(M, name, Recorder())
-    monkeypatch.setattr(xstage.ranks, "epoch_barrier_kernel", Recorder())
+    launched = record_launches(monkeypatch, [(M, "megamoe_kernel"), (M, "dispatch_push_kernel"),
+                                             (xstage.ranks, "epoch_barrier_kernel")])
     yield launched
     assert not launched, "a kernel was launched although the inputs were bad"
 

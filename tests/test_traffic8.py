@@ -22,6 +22,7 @@ from xstage import traffic as TR
 from xstage.model import BurstGapParams
 from xstage.numeric import check_bit_identical
 from xstage.ranks import EmulatedWorld
+from conftest import record_launches
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.timeout(120)]
 
@@ -193,16 +194,8 @@ def test_gather_over_gpus_keeps_one_entry_per_gpu():
 # -------------------------------------------------------------------------------------------- bad inputs
 @pytest.fixture
 def no_launch(monkeypatch):
-    launched = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: launched.append(grid)
-
-    for name in ("megamoe_kernel", "dispatch_push_kernel"):
-        monkeypatch.setattr(M, name, Recorder())
-    monkeypatch.setattr(TR, "traffic_push_kernel", Recorder())
-    monkeypatch.setattr(xstage.ranks, "epoch_barrier_kernel", Recorder())
+    launched = record_launches(monkeypatch, [(M, "megamoe_kernel"), (M, "dispatch_push_kernel"),
+                                             (TR, "traffic_push_kernel"), (xstage.ranks, "epoch_barrier_kernel")])
     yield launched
     assert not launched, "a kernel was launched although the inputs were bad"
 

@@ -20,6 +20,7 @@ from xstage import ulysses as U
 from xstage import ulysses_sweep as US
 from xstage.numeric import check_bit_identical
 from xstage.ranks import EmulatedWorld
+from conftest import record_launches
 
 pytestmark = pytest.mark.interpreter
 
@@ -226,14 +227,7 @@ def test_barrier_timeout_job_with_three_ranks():
 # --------------------------------------------------------------------------------------------- validation
 @pytest.fixture
 def no_launch(monkeypatch):
-    launched = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: launched.append(grid)
-
-    monkeypatch.setattr(U, "ulysses_attention_kernel", Recorder())
-    monkeypatch.setattr(xstage.ranks, "epoch_barrier_kernel", Recorder())
+    launched = record_launches(monkeypatch, [(U, "ulysses_attention_kernel"), (xstage.ranks, "epoch_barrier_kernel")])
     yield launched
     assert not launched, "a kernel was launched although the inputs were bad"
 
