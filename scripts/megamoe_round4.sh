@@ -12,7 +12,8 @@
 #  4. (CTRL_S > 0, CTRL_CASES) study controls (xstage.moe_gemm: every schedule x assignment compute-only, and the
 #     old row-block-major tile order beside the swizzled default, variant swizzle0, same rounds) on CTRL_CASES
 #     into the NEW folder $OUT/h200x1/megamoe_round4/, fp8 then bf16, each half of CTRL_S, resumable.
-#   [CTRL_CASES=a,b,...] scripts/megamoe_round4.sh [LIMIT] [TESTS] [CTRL_S]
+#     CTRL_CASES=all: every configuration in table order (those the folder holds are skipped: resumable).
+#   [CTRL_CASES=a,b,...|all] scripts/megamoe_round4.sh [LIMIT] [TESTS] [CTRL_S]
 set -u
 : "${OUT:?set OUT}"
 LIMIT=${1:-450}; TESTS=${2:-1}; CTRL_S=${3:-0}; CTRL_CASES=${CTRL_CASES:-}
@@ -35,7 +36,8 @@ L=$(( $(left) - 8 - CTRL_S ))
 for d in fp8 bf16; do
   L=$(( CTRL_S / 2 )); [ "$(left)" -lt "$L" ] && L=$(left)
   [ "$CTRL_S" -gt 0 ] && [ -n "$CTRL_CASES" ] && [ "$L" -gt 25 ] && stage controls-$d $L python3 scripts/megamoe_gemm.py \
-    --study controls --cases "$CTRL_CASES" --dtypes $d --out "$CTRL" --max-minutes "$(minutes "$L - 18")"
+    --study controls $([ "$CTRL_CASES" = all ] || echo --cases "$CTRL_CASES") --dtypes $d --out "$CTRL" \
+    --max-minutes "$(minutes "$L - 18")"
 done
 grep -h "done in" "$OUT/logs/host.log" | awk '{print $2, $3, $6}' | tail -n 200 > "$OUT/logs/host_times.txt"
 wc -l "$HOST/megamoe.csv"
