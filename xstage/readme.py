@@ -155,7 +155,7 @@ def _one_gpu_megamoe_round4_rows() -> list[str]:
     cov = studies.megamoe_round3_coverage_line(df).split("; ")[-1].replace("controls: ", "")
     per = "; ".join(f"{dt}: default {g[g.variant == 'default'].over_ew_worst.max():.3f}, swizzle0 "
                     f"{g[g.variant == 'swizzle0'].over_ew_worst.max():.3f}" for dt, g in dyn.groupby("dtype", sort=False))
-    return [f"| MegaMoE, tile order A/B in the same rounds (DeepSeek-V4-Pro T >= 2048, {cov}): worst compute-only "
+    return [f"| MegaMoE, tile order A/B in the same rounds ({cov}): worst compute-only "
             f"time of any schedule / Expert-Wave's, dynamic assignment | {per} | `CTRL_CASES=... "
             f"scripts/megamoe_round4.sh`, notebook 03 |"]
 
