@@ -1650,8 +1650,9 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
     or :data:`MEGAMOE_ROUND4_SUB`): rows and provenance; :class:`NoRecordedData` when they are not in data/."""
     folder = data.machine_dir(machine) / sub
     if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
-        raise NoRecordedData(f"no recorded MegaMoE study for {machine} (data/{machine}/{sub});"
-                             f" run `python3 scripts/megamoe_gemm.py --study controls --out data/{machine}/{sub}`")
+        name, study = ("round-4", "controls") if sub == MEGAMOE_ROUND4_SUB else ("round-3", "gemm")
+        raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
+                             f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
     return df, {**meta, "source": "recorded"}
 
