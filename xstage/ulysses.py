@@ -356,7 +356,8 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     # peers store into every rank's output: a destination buffer (pinned host memory for the peers of
     # OneGPUWorld(link="host"), so the observed rank's fused stores cross PCIe; before this was marked, the
     # one-GPU host-link records' fused outputs were all in device memory (docs/lab-notebook.md, "Ulysses on the
-    # FA-class Hopper kernel")
+    # FA-class Hopper kernel"); the tables are each rank's own (``SymmTensor.table``: ``ptrs`` in every world but
+    # xstage.traffic.TrafficWorld, whose GPU g sends the rows of the ranks no GPU plays into sinks on its peer)
     out = world.symmetric_empty(numel, dtype, destination=True)
     flags = world.symmetric_empty(P, torch.int32)
     for r in world.local_ranks:
@@ -364,8 +365,8 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     dev = {r: world.device(r) for r in world.local_ranks}
     bufs = UlyssesBuffers(
         P, numel, dtype, out, flags,
-        {r: torch.tensor(out.ptrs, dtype=torch.int64, device=dev[r]) for r in world.local_ranks},
-        {r: torch.tensor(flags.ptrs, dtype=torch.int64, device=dev[r]) for r in world.local_ranks},
+        {r: torch.tensor(out.table(r), dtype=torch.int64, device=dev[r]) for r in world.local_ranks},
+        {r: torch.tensor(flags.table(r), dtype=torch.int64, device=dev[r]) for r in world.local_ranks},
         {r: torch.zeros(P, STATUS_FIELDS, dtype=torch.int64, device=dev[r]) for r in world.local_ranks})
     world.barrier()  # every rank's flags are zero before anyone signals
     return bufs
