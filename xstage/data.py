@@ -218,6 +218,22 @@ ULYSSES = Schema(
 #   tflops             attention FLOPs per rank (attention_flops / P) / end_to_end
 # params.fused_outputs (one-GPU world, sidecar): where the fused layer's outputs live, ULYSSES_FUSED_OUTPUTS.
 
+# ulysses_traffic (xstage.traffic_ulysses; `xstage sweep ulysses --traffic-ranks 8 --out data/h200x2/traffic8`):
+# Ulysses rows of 8-rank traffic on 2 GPUs, in a file of their own so that no reader of ulysses.csv takes them for
+# 8 GPUs. The ulysses columns (P = the layer's sequence-parallel size, i.e. traffic_ranks: H / P heads over the
+# full sequence per GPU, 7/P of its fused output stored to the peer; every time the max over the 2 GPUs, each
+# playing one rank) plus
+#   traffic_ranks      the logical ranks whose layer and per-GPU egress the GPUs carry (8)
+#   gpus               the GPUs that carry it (2)
+# Methods: fused (the fused layer and the end-of-attention barrier over the 2 GPUs), attention_only, and
+# serial_bytes: our attention, then ONE 2-rank NCCL all_to_all_single moving the bytes rank L_g moves at P ranks
+# (1/P of its output to itself, the rest to the peer) and the P-rank relayout: a timing of those bytes, not the
+# layer's output (an 8-rank all_to_all has no 2-GPU equivalent). Its version follows ulysses'.
+ULYSSES_TRAFFIC = Schema(
+    "ulysses_traffic", ULYSSES.version, {**ULYSSES.columns, "traffic_ranks": "int64", "gpus": "int64"},
+    ULYSSES.key, row=ULYSSES.row, times=ULYSSES.times, optional_times=ULYSSES.optional_times,
+)
+
 # Where the one-GPU world's fused outputs lived. Since commit 9b3934c (xstage.ulysses.ulysses_buffers) they are
 # destination buffers: on the host link the peers' outputs are pinned host memory, like the copies baselines'
 # receive buffers. Before it they were device memory on both links (run U2's data/h200x1/ulysses_host/). A sweep
@@ -252,7 +268,7 @@ ATTENTION_LADDER = Schema(
 #   ms       CUDA events around one launch; tflops = 4 S^2 H D / ms
 
 SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, MEGAMOE_TRAFFIC, MEGAMOE_GEMM, ULYSSES,
-                                 ATTENTION_LADDER)}
+                                 ULYSSES_TRAFFIC, ATTENTION_LADDER)}
 REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count", "driver", "torch", "triton",
                  "git_commit", "date_utc", "command", "params")
 
