@@ -19,11 +19,7 @@ mkdir -p "$OUT/logs" "$DEST" "$HOST"
 for f in megamoe.csv megamoe.json; do [ -e data/h200x1/megamoe_host_v2/$f ] && cp data/h200x1/megamoe_host_v2/$f "$HOST/"; done
 for f in megamoe_gemm.csv megamoe_gemm.json; do
   [ -e data/h200x1/megamoe_round3/$f ] && cp data/h200x1/megamoe_round3/$f "$DEST/"; done
-stage() { local name=$1 secs=$2; shift 2; local t0=$SECONDS; echo "== $name (limit ${secs}s, at ${SECONDS}s)"
-  timeout --signal=INT --kill-after=10 "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
-  echo "   rc=$? in $((SECONDS - t0))s"; tail -n 16 "$OUT/logs/$name.log" | cut -c1-300 | sed 's/^/   | /'; }
-left() { echo $(( LIMIT - SECONDS )); }
-minutes() { python3 -c "print(max(0.1, ($1) / 60))"; }
+STAGE_TAIL=16; . "$(dirname "$0")/megamoe_stages.sh"      # stage, left, minutes
 nvidia-smi -L
 stage install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
 for i in 0 1 2 3; do
