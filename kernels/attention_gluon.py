@@ -1,0 +1,171 @@
+"""Our attention forward in Gluon for Hopper (sm_90): asynchronous wgmma, so the softmax runs under the tensor cores.
+
+Why Gluon: Triton 3.6's ``tl.dot`` waits for every wgmma group right after issuing it (``wgmma.wait_group 0``
+after each commit, docs/lab-notebook.md "Ulysses round 3"), so in kernels/attention.py the softmax of a key block
+never overlaps a GEMM. Gluon (``triton.experimental.gluon``, in Triton 3.6) exposes the wgmma token
+(``warpgroup_mma(..., is_async=True)``, ``warpgroup_mma_wait(num_outstanding, deps)``), the TMA engine and
+mbarriers, so the schedule is written out (FA3's intra-warpgroup overlap):
+
+    S_0 = Q K_0^T ; softmax(S_0) -> P_0
+    for j = 1 .. n-1:
+        issue S_j = Q K_j^T            (async)
+        issue O  += P_{j-1} V_{j-1}    (async, P from registers)
+        wait until only the second is outstanding   -> S_j is in registers
+        softmax(S_j) -> P_j, alpha_j   (runs while the tensor cores do P_{j-1} V_{j-1})
+        wait for P_{j-1} V_{j-1}; O *= alpha_j
+        every warp of the CTA is past both reads: K_j's and V_{j-1}'s ring slots are refilled (TMA)
+    O += P_{n-1} V_{n-1}; O /= l
+
+The same online softmax in base 2 as kernels/attention.py (scores times ``qk_scale`` = sm_scale * log2 e inside
+the exp2, one FFMA per score; running max ``m``, row sums ``l``); the summation order differs from the Triton
+kernel's (different MMA shapes and overlap), so the two agree to bf16 rounding, not bit for bit: the checks are
+against a float32 reference.
+
+I/O contract (kernels/attention.py's forward, ``xstage.ulysses_gluon.attention_forward``): q, k, v [S, Hl, D] bf16
+contiguous, D 64 or 128, non-causal; out [S, Hl, D] bf16; optional lse [Hl, S] float32 (natural log of the softmax
+denominator, with the scale applied: lse = log sum_j exp(sm_scale * q k_j)).
+
+Tiles: one CTA = BLOCK_M query rows of one head; ``num_warps`` warps stacked along the rows (8 warps = two
+warpgroups of 64 rows each at BLOCK_M 128); K/V blocks of BLOCK_N keys through a ring of STAGES shared-memory
+slots filled by TMA (descriptors over [S, Hl * D], the head at column h * D: rows past S read as zero; their
+scores are masked to -inf when S % BLOCK_N != 0). Q is loaded once by TMA; its shared buffer stages the output
+tile for the TMA store (rows past S are clipped by the store). Program (m, h) has linear id h * cdiv(S, BM) + m,
+as in kernels/attention.py (consecutive programs share a head's K/V in L2).
+
+Every wait here is on hardware that completes by itself (TMA byte counts, wgmma groups); no wait depends on
+another CTA. Gluon does not run under Triton's CPU interpreter: ``AVAILABLE`` is False there (and where this
+Triton has no Gluon for Hopper), and the launcher says so in one line before any launch.
+"""
+try:  # Gluon's Hopper language: Triton >= 3.5 (the GPU machine has 3.6)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    AVAILABLE, WHY = True, ""
+except Exception as _e:  # noqa: BLE001 (ImportError, or an older Triton's different Gluon)
+    AVAILABLE, WHY = False, f"{type(_e).__name__}: {_e}"
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+if AVAILABLE:
+    @gluon.jit
+    def _issue_kv(desc, ring, bars, block, row0, col, STAGES: gl.constexpr, pred):
+        """TMA of key block ``block`` (rows row0 .. row0 + BLOCK_N of column ``col``) into its ring slot."""
+        slot = block % STAGES
+        bar = bars.index(slot)
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [row0, col], bar, ring.index(slot), pred=pred)
+
+    @gluon.jit
+    def _wait_kv(bars, block, STAGES: gl.constexpr):
+        mbarrier.wait(bars.index(block % STAGES), (block // STAGES) & 1)
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, start_n, S, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                      EVEN_N: gl.constexpr):
+        """One key block's online-softmax step on raw scores ``s`` [BM, BN] fp32: (p fp32, alpha, m_new, l_new);
+        alpha rescales what came before."""
+        if not EVEN_N:
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            s = gl.where(gl.expand_dims(offs_n < S, 0), s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        alpha = gl.exp2(m_i - m_new)
+        l_new = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, Hl, qk_scale,
+                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                               STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
+                               num_warps: gl.constexpr):
+        """One (query block, head) per CTA; see the module docstring. Descriptors over [S, Hl * D]: q/o blocks
+        [BLOCK_M, D], k/v blocks [BLOCK_N, D]. lse_ptr: *fp32 [Hl, S] (WRITE_LSE)."""
+        n_m = gl.cdiv(S, BLOCK_M)
+        pid = gl.program_id(0)
+        h = pid // n_m
+        off_m = (pid - h * n_m) * BLOCK_M
+        col = h * HEAD_DIM
+        dtype: gl.constexpr = q_desc.dtype
+
+        # wgmma layouts: warps stacked along the rows (16 rows each), instruction N = the tile's N
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        n_blocks = gl.cdiv(S, BLOCK_N)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_m, col], q_bar, q_smem)
+        for i in gl.static_range(STAGES):   # the ring's first fill
+            _issue_kv(k_desc, k_ring, k_bars, i, i * BLOCK_N, col, STAGES, i < n_blocks)
+            _issue_kv(v_desc, v_ring, v_bars, i, i * BLOCK_N, col, STAGES, i < n_blocks)
+
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+
+        # block 0: its scores, its softmax (nothing to overlap with yet)
+        mbarrier.wait(q_bar, 0)
+        _wait_kv(k_bars, 0, STAGES)
+        s_tok = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+        gl.thread_barrier()                 # every warp is past K_0: its slot takes K_STAGES
+        _issue_kv(k_desc, k_ring, k_bars, STAGES, STAGES * BLOCK_N, col, STAGES, STAGES < n_blocks)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        for j in range(1, n_blocks):
+            _wait_kv(k_bars, j, STAGES)
+            s_tok = warpgroup_mma(q_smem, k_ring.index(j % STAGES).permute((1, 0)), zero_s, use_acc=False,
+                                  is_async=True)
+            _wait_kv(v_bars, j - 1, STAGES)
+            o_tok = warpgroup_mma(p_op, v_ring.index((j - 1) % STAGES), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))          # S_j here, P_{j-1} V_{j-1} runs on
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            gl.thread_barrier()             # every warp is past K_j and V_{j-1}: refill both slots
+            nk = j + STAGES
+            _issue_kv(k_desc, k_ring, k_bars, nk, nk * BLOCK_N, col, STAGES, nk < n_blocks)
+            nv = j - 1 + STAGES
+            _issue_kv(v_desc, v_ring, v_bars, nv, nv * BLOCK_N, col, STAGES, nv < n_blocks)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        last = n_blocks - 1
+        _wait_kv(v_bars, last, STAGES)
+        o_tok = warpgroup_mma(p_op, v_ring.index(last % STAGES), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+
+        l_o = gl.convert_layout(l_i, row_o)
+        o = (acc / gl.expand_dims(l_o, 1)).to(dtype)
+        if WRITE_LSE:   # natural log: (m + log2 l) / log2 e
+            offs_m = off_m + gl.arange(0, BLOCK_M, layout=row_s)
+            lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+            gl.store(lse_ptr + h * S + offs_m, lse, mask=offs_m < S)
+        q_smem.store(o)                     # Q's buffer stages the output tile (every S wgmma has completed)
+        fence_async_shared()
+        gl.thread_barrier()                 # every warp's part of the tile is in shared memory
+        tma.async_copy_shared_to_global(o_desc, [off_m, col], q_smem)
+        tma.store_wait(pendings=0)
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))

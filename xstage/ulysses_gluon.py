@@ -1,0 +1,209 @@
+"""Our attention forward written in Gluon for Hopper (``xstage.kernels.attention_gluon``), a method beside the Triton
+kernel (issue 14, round 4): same I/O as ``xstage.ulysses.attention_forward`` ([S, Hl, D] bf16, D 64 / 128,
+non-causal), plus the optional log-sum-exp [Hl, S] float32.
+
+- ``available()``: (True, versions) on a Hopper GPU whose Triton has Gluon for Hopper; else (False, one line):
+  Gluon does not run under Triton's CPU interpreter, needs sm_90, and needs Triton >= 3.5.
+- ``attention_forward(q, k, v, config=GluonConfig(...))``: validated first (head dim, dtype, shape, the tile
+  against S and D, Gluon present), then one launch.
+- ``compile_sm90(config, D)``: the kernel compiled for sm_90a without a GPU (Triton's compiler and ptxas run on any
+  machine): registers, shared memory and the PTX facts that say whether the wgmma waits are the overlapped ones.
+
+The ladder (``xstage.ulysses_ladder``) times a ``GluonConfig`` as method ``gluon`` in the same rounds as FA4's kernel
+and cuDNN SDPA, after checking it against a float32 reference on fresh inputs; it has no fused (all-to-all)
+epilogue yet, so the fused layer's bit-exact check does not apply to it (recorded as such).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from . import env
+
+METHOD = "gluon"          # the ladder's method name for this kernel's rows
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Tile shape of the Gluon kernel: BLOCK_M query rows per CTA (num_warps / 4 warpgroups of 16 rows per warp),
+    BLOCK_N keys per block, STAGES K/V ring slots."""
+
+    block_m: int = 128
+    block_n: int = 128
+    num_warps: int = 8
+    stages: int = 2
+
+    @property
+    def label(self) -> str:
+        return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}"
+
+    def validate(self, D: int | None = None) -> None:
+        """One clear error (ValueError) for a tile the kernel cannot run; with ``D``, the shared-memory budget."""
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"Gluon attention: num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}")
+        if self.block_m != 16 * self.num_warps:
+            raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
+                             f"warp, warps stacked along the rows), got {self.block_m}")
+        if self.block_n not in (32, 64, 128, 256):
+            raise ValueError(f"Gluon attention: block_n must be 32, 64, 128 or 256, got {self.block_n}")
+        if not 1 <= self.stages <= 4:
+            raise ValueError(f"Gluon attention: stages must be in [1, 4], got {self.stages}")
+        if D is not None:
+            smem = 2 * D * (self.block_m + 2 * self.stages * self.block_n)
+            if smem > SMEM_LIMIT:
+                raise ValueError(f"Gluon attention {self.label} at D = {D}: {smem} B of shared memory for Q and the "
+                                 f"K/V ring (limit {SMEM_LIMIT})")
+
+
+SMEM_LIMIT = 227 * 1024   # Hopper's shared memory per CTA (opt-in maximum)
+CONFIGS = {128: (GluonConfig(128, 128, 8, 2),), 64: (GluonConfig(128, 128, 8, 3),)}
+
+
+_AVAILABLE: tuple[bool, str] | None = None
+
+
+def available() -> tuple[bool, str]:
+    """(True, "triton X") where the Gluon kernel can run; else (False, why), one line."""
+    global _AVAILABLE
+    if _AVAILABLE is not None:
+        return _AVAILABLE
+    if env.interpreted() or not torch.cuda.is_available():
+        _AVAILABLE = (False, "Gluon attention needs a Hopper GPU (none visible, or Triton's CPU interpreter: Gluon "
+                             "does not run under it)")
+        return _AVAILABLE
+    cap = torch.cuda.get_device_capability()
+    if cap[0] != 9:
+        _AVAILABLE = (False, f"Gluon attention is written for sm_90 (Hopper's wgmma); this GPU is sm_{cap[0]}{cap[1]}")
+        return _AVAILABLE
+    from .kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        _AVAILABLE = (False, f"this Triton has no Gluon for Hopper ({attention_gluon.WHY}); needs Triton >= 3.5")
+        return _AVAILABLE
+    import triton
+
+    _AVAILABLE = (True, f"triton {triton.__version__}")
+    return _AVAILABLE
+
+
+def require() -> None:
+    ok, why = available()
+    if not ok:
+        raise RuntimeError(why)
+
+
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonConfig) -> tuple[int, int, int]:
+    """q, k, v [S, Hl, D] bf16 contiguous on one CUDA device, D 64 or 128, a tile that fits -> (S, Hl, D); one
+    clear error before any launch (Gluon's absence included)."""
+    from .ulysses import HEAD_DIMS
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-D tensor [S, Hl, D], got {getattr(t, 'shape', type(t).__name__)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    S, Hl, D = q.shape
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {D}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"Gluon attention runs bf16, got {name} {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [S, Hl, D] (strides {t.stride()})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+    if S < 1 or Hl < 1 or S * Hl * D >= 2 ** 31:
+        raise ValueError(f"[S, Hl, D] = {tuple(q.shape)}: empty or beyond int32 offsets")
+    config.validate(D)
+    require()
+    if q.device.type != "cuda":
+        raise ValueError(f"Gluon attention runs on a CUDA device, got {q.device}")
+    return S, Hl, D
+
+
+def _layout(block, dtype):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(block, dtype)
+
+
+def _descriptors(q, k, v, out, config: GluonConfig):
+    """Gluon TMA descriptors over [S, Hl * D]: q / out blocks [BLOCK_M, D], k / v blocks [BLOCK_N, D]."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    S, Hl, D = q.shape
+    bq, bk = [config.block_m, D], [config.block_n, D]
+    lq, lk = _layout(bq, gl.bfloat16), _layout(bk, gl.bfloat16)
+    return (TensorDescriptor.from_tensor(q.view(S, Hl * D), bq, lq),
+            TensorDescriptor.from_tensor(k.view(S, Hl * D), bk, lk),
+            TensorDescriptor.from_tensor(v.view(S, Hl * D), bk, lk),
+            TensorDescriptor.from_tensor(out.view(S, Hl * D), bq, lq))
+
+
+LAST_LAUNCH: dict = {}   # "kernel": the compiled kernel of the last launch (registers, shared memory, PTX)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                      config: GluonConfig | None = None, out: torch.Tensor | None = None,
+                      lse: torch.Tensor | None = None) -> torch.Tensor:
+    """The Gluon attention (non-causal): [S, Hl, D] -> out [S, Hl, D]; ``lse`` (float32 [Hl, S], contiguous) gets
+    the natural-log softmax denominators when given."""
+    from .kernels.attention_gluon import gluon_attention_kernel
+
+    D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
+    config = config or CONFIGS.get(D, CONFIGS[128])[0]
+    S, Hl, D = validate(q, k, v, config)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or out.device != q.device:
+        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype} on {q.device}")
+    if lse is not None and (lse.shape != (Hl, S) or lse.dtype != torch.float32 or not lse.is_contiguous()
+                            or lse.device != q.device):
+        raise ValueError(f"lse must be contiguous float32 [{Hl}, {S}] on {q.device}")
+    scale = (1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)) * 1.4426950408889634
+    qd, kd, vd, od = _descriptors(q, k, v, out, config)
+    grid = (-(-S // config.block_m) * Hl,)
+    LAST_LAUNCH["kernel"] = gluon_attention_kernel[grid](
+        qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, HEAD_DIM=D, BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n, STAGES=config.stages, EVEN_N=S % config.block_n == 0, WRITE_LSE=lse is not None,
+        num_warps=config.num_warps)
+    return out
+
+
+# ------------------------------------------------------------------------------------ sm_90a compile, no GPU
+def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bool = False):
+    """The kernel compiled for sm_90a by this machine's Triton (no GPU needed): the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel
+
+    if not AVAILABLE:
+        raise RuntimeError(f"this Triton has no Gluon for Hopper ({WHY})")
+    config.validate(D)
+    S, Hl = 4 * config.block_n, 2
+    t = torch.empty(S, Hl, D, dtype=torch.bfloat16)
+    qd, kd, vd, od = _descriptors(t, t, t, t, config)
+    sig = {"q_desc": mangle_type(qd), "k_desc": mangle_type(kd), "v_desc": mangle_type(vd), "o_desc": mangle_type(od),
+           "lse_ptr": "*fp32", "S": "i32", "Hl": "i32", "qk_scale": "fp32",
+           "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr",
+           "EVEN_N": "constexpr", "WRITE_LSE": "constexpr", "num_warps": "constexpr"}
+    const = {"HEAD_DIM": D, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "STAGES": config.stages,
+             "EVEN_N": even_n, "WRITE_LSE": write_lse, "num_warps": config.num_warps}
+    src = GluonASTSource(gluon_attention_kernel, sig, constexprs={(list(sig).index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
+
+
+def ptx_facts(ptx: str) -> dict:
+    """What the PTX says about the schedule: wgmma instructions, their wait_group counts (a ``wait_group 1``
+    is the overlapped wait: one group left in flight), TMA loads and stores."""
+    waits = [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)]
+    return {"wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "wait_groups": sorted(set(waits)),
+            "wait_group_1": waits.count(1), "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.[^\n]*global", ptx)),
+            "setmaxnreg": "setmaxnreg" in ptx}
