@@ -5,6 +5,7 @@
                          [--world-size 2] [--source gpu|simulated]
   xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10] [--chunks 4]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
+                       [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
                        [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
@@ -196,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     ul.add_argument("--methods", type=_strs, default=(),
                     help="methods to time (default: all; FA4's fa, fa_serial, fa_fused are skipped, recorded as absent, "
                          "where the extra fa4 or a Hopper GPU is missing)")
+    ul.add_argument("--traffic-ranks", type=int, default=None,
+                    help="8-rank traffic on 2 GPUs (xstage.traffic_ulysses): each of the 2 GPUs plays one rank of a "
+                         "layer of this many ranks (H/8 heads over the full sequence: 7/8 of its output crosses "
+                         "NVLink); --world gpus --world-size 2 only, into a folder named traffic<N> (e.g. "
+                         "data/h200x2/traffic8); methods fused, serial_bytes, attention_only")
 
     from .moe_plan import ASSIGNMENT_REGISTRY, DTYPE_REGISTRY, DTYPES_GPU, SCHEDULE_REGISTRY, SCHEDULES
 
@@ -291,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
 
             shapes = shapes_by_name(args.shapes) if args.shapes else None
             one = args.world == "one-gpu"
+            if args.traffic_ranks is not None:   # 8-rank traffic on 2 GPUs: its own sweep and schema
+                from .traffic_ulysses import run as run_traffic
+
+                if args.chunks is not None:
+                    raise ValueError("--chunks is for the overlapped baseline, which --traffic-ranks does not run")
+                print(run_traffic(args.out, args.traffic_ranks, world_size=args.ranks if one else args.world_size,
+                                  shapes=shapes, repeats=args.repeats, tune=not args.no_tune, command=command,
+                                  world=args.world, link=args.link,
+                                  **({"methods": list(args.methods)} if args.methods else {})))
+                return 0
             if not one and args.link is not None:
                 raise ValueError(f"--link {args.link} is for --world one-gpu (the gpus world's peers are NVLink peers)")
             print(run_ulysses(args.out, world_size=args.ranks if one else args.world_size, repeats=args.repeats,
