@@ -35,7 +35,7 @@ is the same.
 import triton
 import triton.language as tl
 
-from .sync import clock64, fence_sys, globaltimer
+from .sync import clock64, fence_sys, globaltimer, smid
 
 PAYLOAD_MULT = tl.constexpr(-1640531535)  # 0x9E3779B1 as int32: Knuth's multiplicative hash
 
@@ -166,6 +166,7 @@ def burst_train_store_kernel(
     gap_ptr,               # *int64 [B] compute gap after burst k, in SM cycles
     ts_ptr,                # *int64 [P, B, 2] cycles: issue start, issue end of every program's every burst
     cal_ptr,               # *int64 [P, 2]: global timer (ns) and cycle counter at the program's start
+    sm_ptr,                # *int32 [P]: the SM each program ran on (%smid; -1 under the interpreter)
     seed,                  # int32 payload seed
     N_BURSTS: tl.constexpr,
     V: tl.constexpr,
@@ -182,6 +183,7 @@ def burst_train_store_kernel(
     offs = tl.max_contiguous(tl.multiple_of(offs, [V, V]), [1, V])
     tl.store(cal_ptr + pid * 2, globaltimer(DEVICE))
     tl.store(cal_ptr + pid * 2 + 1, clock64(DEVICE))
+    tl.store(sm_ptr + pid, smid(DEVICE))
     for b in range(N_BURSTS):
         n = tl.load(elems_ptr + b)
         base = tl.multiple_of(tl.load(base_ptr + b) + pid.to(tl.int64) * n, BLOCK)

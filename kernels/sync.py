@@ -44,6 +44,16 @@ def clock64(DEVICE: tl.constexpr):
 
 
 @triton.jit
+def smid(DEVICE: tl.constexpr):
+    """The SM this program runs on (%smid); -1 under the interpreter (not measured)."""
+    if DEVICE:
+        t = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        t = tl.full((), -1, tl.int32)
+    return t
+
+
+@triton.jit
 def clock_calibration_kernel(out_ptr, spin_ns, DEVICE: tl.constexpr):
     """Spin ``spin_ns`` on the global timer; write [g0, g1, c0, c1, smallest nonzero global-timer step].
 

@@ -65,6 +65,11 @@ for s in "$@"; do
        --gap-us 0,10 --bursts 3 --repeats 3 ;;
     trains:*) seed burst_train; stage trains "${s#trains:}" $PY -m xstage sweep trains --out "$SCRATCH" \
        ${TRAIN_TARGETS:+--targets $TRAIN_TARGETS} ;;
+    # the same trains per program, with each program's SM: who the stage favours, and whether it stays so
+    trains-programs:*) stage trains-programs "${s#trains-programs:}" $PY -m xstage sweep trains \
+       --out "$SCRATCH/train_programs" --targets host --per-program --repeats 3; \
+       for f in burst_program burst_train; do [ -e "$SCRATCH/train_programs/$f.csv" ] && \
+       gzip -f "$SCRATCH/train_programs/$f.csv"; done ;;
     bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
        --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;

@@ -1,11 +1,14 @@
 """The burst-gap kernel under Triton's CPU interpreter with emulated ranks: every destination holds exactly
 the bytes its sender stored (poisoned first, fresh random seeds), for 2, 4 and 8 ranks; the compiled kernel
 issues stores of the width asked for; bad parameters fail before any launch."""
+import json
 import os
 import random
 import subprocess
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -94,6 +97,68 @@ def test_train_sweep_rows_and_resume(tmp_path):
     assert (df.burst_bytes == [b for t in grid.trains() for b in t.burst_bytes]).all()
     sweep.train_job(world, grid, str(tmp_path), env.provenance("test", {}))   # resumes: nothing new
     assert len(data.read_rows(tmp_path / "burst_train.csv", data.BURST_TRAIN)) == 4
+
+
+def test_train_sweep_per_program_rows_summarise_to_the_train_rows_and_resume_without_a_launch(tmp_path,
+                                                                                             monkeypatch):
+    from xstage import env
+
+    grid = sweep.TrainGrid(count=2, n_bursts=3, programs=(2, 3), targets=("host",), repeats=2, per_program=True)
+    world = EmulatedWorld(1)
+    sweep.train_job(world, grid, str(tmp_path), env.provenance("test", {}))
+    pp = data.read_rows(tmp_path / "burst_program.csv", data.BURST_PROGRAM)
+    tr = data.read_rows(tmp_path / "burst_train.csv", data.BURST_TRAIN)
+    assert len(pp) == sum(t.programs * t.n_bursts for t in grid.trains()) * grid.repeats
+    assert len(tr) == sum(t.n_bursts for t in grid.trains()) * grid.repeats
+    assert (pp.smid == -1).all()                                   # the interpreter has no SM id
+    for t in grid.trains():                                        # every program's every burst, once
+        sel = pp[(pp.train == t.name) & (pp.programs == t.programs)]
+        assert sorted(set(sel.program)) == list(range(t.programs))
+        assert not sel.duplicated(["repeat", "program", "burst"]).any()
+        assert (sel.sort_values(["repeat", "program", "burst"]).burst_bytes.to_numpy()
+                == np.tile(t.burst_bytes, t.programs * grid.repeats)).all()
+    # a train whose per-program rows exist but whose summary does not: summarised from the record, no launch
+    rows = open(tmp_path / "burst_train.csv").read().splitlines()
+    keep = [rows[0]] + [r for r in rows[1:] if not r.startswith(grid.trains()[-1].name + ",")]
+    assert len(keep) < len(rows)
+    open(tmp_path / "burst_train.csv", "w").write("\n".join(keep) + "\n")
+    js = json.loads(open(tmp_path / "burst_train.json").read())
+    js.update(data.integrity(open(tmp_path / "burst_train.csv", "rb").read()))
+    open(tmp_path / "burst_train.json", "w").write(json.dumps(js))
+
+    def no_launch(*a, **k):
+        raise AssertionError("a recorded train was launched again")
+
+    monkeypatch.setattr(sweep, "launch_train", no_launch)
+    sweep.train_job(world, grid, str(tmp_path), env.provenance("test", {}))
+    again = data.read_rows(tmp_path / "burst_train.csv", data.BURST_TRAIN)
+    pd.testing.assert_frame_equal(again.sort_values(list(again.columns)).reset_index(drop=True),
+                                  tr.sort_values(list(tr.columns)).reset_index(drop=True))
+    assert len(data.read_rows(tmp_path / "burst_program.csv", data.BURST_PROGRAM)) == len(pp)
+
+
+def test_per_program_summary_is_the_train_statistics():
+    t = BurstTrain("x", "host", 5, (2048, 4096), (0, 100))
+    rng = np.random.default_rng()
+    t0 = rng.uniform(0, 1000, (5, 2)).round(1)
+    issue = rng.uniform(10, 5000, (5, 2)).round(1)
+    ts = np.stack([t0, t0 + issue], axis=-1)
+    rows = sweep.program_rows(t, 0, 0, ts, np.arange(5) * 7)
+    assert list(rows[rows.burst == 1].smid) == [0, 7, 14, 21, 28]
+    got = sweep.rows_from_programs(t, rows)
+    want = sweep.train_rows(t, 0, 0, sweep.summarize_train(ts))
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
+    with pytest.raises(data.DataError, match="expected 10"):
+        sweep.rows_from_programs(t, rows.iloc[1:])
+
+
+def test_simulated_trains_have_no_programs_to_record(tmp_path):
+    from xstage import model
+
+    grid = sweep.TrainGrid(count=1, n_bursts=2, programs=(2,), targets=("host",), repeats=1, per_program=True)
+    prm = model.StageParams(17.0, 51.0, 7000.0, 33.0, 0.5)
+    with pytest.raises(ValueError, match="simulated source has none"):
+        sweep.run_trains(grid, tmp_path, source="simulated", params=prm)
 
 
 def test_payload_reference_matches_kernel_on_a_fresh_seed():

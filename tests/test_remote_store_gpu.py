@@ -4,10 +4,12 @@ irregular free-running trains; a barrier that can never complete times out with 
 the sweeps resume. Skipped without the GPUs each needs."""
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
+from xstage import data
 from xstage.ranks import spawn
 from xstage.remote_store import (BurstGapPoint, BurstTrain, burst_gap_buffers, check_barrier_status,
                                  launch_burst_gap, train_family)
@@ -44,6 +46,21 @@ def test_train_sweep_resumes_on_one_gpu(tmp_path):
     n1 = len(open(tmp_path / "burst_train.csv").readlines())
     sweep.run_trains(grid, tmp_path, source="gpu")
     assert len(open(tmp_path / "burst_train.csv").readlines()) == n1 == 1 + 2 * 2 * 3
+
+
+@pytest.mark.gpu
+def test_per_program_trains_record_each_program_and_its_sm(tmp_path):
+    grid = sweep.TrainGrid(count=2, n_bursts=3, programs=(4, 132), targets=("host",), repeats=2, per_program=True)
+    sweep.run_trains(grid, tmp_path, source="gpu")
+    pp = data.read_rows(tmp_path / "burst_program.csv", data.BURST_PROGRAM)
+    tr = data.read_rows(tmp_path / "burst_train.csv", data.BURST_TRAIN)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    assert pp.smid.between(0, sm - 1).all() and (pp.issue_ns > 0).all()
+    assert pp[pp.programs == 132].groupby(["train", "repeat"]).smid.nunique().min() > 66   # spread over the SMs
+    for t in grid.trains():
+        got = sweep.rows_from_programs(t, pp[(pp.train == t.name) & (pp.programs == t.programs)])
+        want = tr[(tr.train == t.name) & (tr.programs == t.programs)].reset_index(drop=True)
+        assert np.allclose(got.issue_ns, want.issue_ns) and np.allclose(got.issue_p90_ns, want.issue_p90_ns)
 
 
 @pytest.mark.multigpu

@@ -321,6 +321,7 @@ class TrainGrid:
     repeats: int = 5
     world_size: int = 1
     store_bytes: int = 16
+    per_program: bool = False                         # also record every program's every burst (burst_program)
     kib: tuple[float, float] = TRAIN_KIB              # burst sizes per program (log-uniform), KiB
     gap_us: tuple[float, float] = TRAIN_GAP_US        # compute gaps (log-uniform, a quarter 0), us
 
@@ -347,6 +348,32 @@ def train_rows(tr: BurstTrain, rank: int, repeat: int, stats: dict[str, np.ndarr
                          "gap_ns": np.asarray(tr.gap_ns), **{k: np.round(v, 1) for k, v in stats.items()}})
 
 
+def program_rows(tr: BurstTrain, rank: int, repeat: int, ts_ns: np.ndarray, sm: np.ndarray) -> pd.DataFrame:
+    """burst_program rows of one run: ts_ns[P, B, 2] (issue start, issue end) and each program's SM sm[P]."""
+    P, B = tr.programs, tr.n_bursts
+    return pd.DataFrame({"train": tr.name, "target": tr.target, "programs": P, "store_bytes": tr.store_bytes,
+                         "n_bursts": B, "rank": rank, "repeat": repeat, "program": np.repeat(np.arange(P), B),
+                         "smid": np.repeat(np.asarray(sm, np.int64), B), "burst": np.tile(np.arange(B), P),
+                         "burst_bytes": np.tile(np.asarray(tr.burst_bytes), P),
+                         "gap_ns": np.tile(np.asarray(tr.gap_ns), P),
+                         "start_ns": np.round(ts_ns[..., 0], 1).ravel(),
+                         "issue_ns": np.round(ts_ns[..., 1] - ts_ns[..., 0], 1).ravel()})
+
+
+def rows_from_programs(tr: BurstTrain, pp: pd.DataFrame) -> pd.DataFrame:
+    """burst_train rows summarised from one train's burst_program rows (every rank and repeat)."""
+    out = []
+    for (r, rep), g in pp.groupby(["rank", "repeat"], sort=True):
+        g = g.sort_values(["program", "burst"])
+        if len(g) != tr.programs * tr.n_bursts:
+            raise data.DataError(f"burst_program: train {tr.name} (P = {tr.programs}) rank {r} repeat {rep} has "
+                                 f"{len(g)} rows, expected {tr.programs * tr.n_bursts}")
+        t0 = g.start_ns.to_numpy(np.float64).reshape(tr.programs, tr.n_bursts)
+        t1 = t0 + g.issue_ns.to_numpy(np.float64).reshape(tr.programs, tr.n_bursts)
+        out.append(train_rows(tr, int(r), int(rep), summarize_train(np.stack([t0, t1], axis=-1))))
+    return pd.concat(out, ignore_index=True)
+
+
 def check_train(world, dests: Destinations, tr: BurstTrain, seed: int) -> None:
     """One free-running train per rank, every destination checked bit for bit."""
     bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
@@ -355,13 +382,19 @@ def check_train(world, dests: Destinations, tr: BurstTrain, seed: int) -> None:
                       lambda r, buf, sender: check_train_destination(buf, tr, seed + sender))
 
 
-def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed: int, clock: dict) -> pd.DataFrame:
-    """A warm-up run, then ``repeats`` runs on every local rank; per-burst rows for every rank."""
+def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed: int, clock: dict,
+                  per_program: bool = False):
+    """A warm-up run, then ``repeats`` runs on every local rank; per-burst rows for every rank. With
+    ``per_program``: (burst_program rows, the burst_train rows summarised from them), so both agree exactly."""
     bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
     cpn = {r: clock[r]["cycles_per_ns"] for r in world.local_ranks}
-    return _timed_runs(world, repeats,
-                       lambda r: launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r]),
-                       lambda r: None,
+    launch = lambda r: launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r])  # noqa: E731
+    if per_program:
+        pp = _timed_runs(world, repeats, launch, lambda r: None,
+                         lambda r, rep: program_rows(tr, r, rep, _ns(bufs[r], tr.programs, tr.n_bursts, 2, cpn[r]),
+                                                     bufs[r]["sm"].cpu().numpy()))
+        return pp, rows_from_programs(tr, pp)
+    return _timed_runs(world, repeats, launch, lambda r: None,
                        lambda r, rep: train_rows(tr, r, rep, summarize_train(_ns(bufs[r], tr.programs,
                                                                                  tr.n_bursts, 2, cpn[r]))))
 
@@ -374,14 +407,40 @@ def train_job(world, grid: TrainGrid, folder: str, meta: dict) -> None:
     if not todo:
         return
     clock = _record_clock(world, folder, data.BURST_TRAIN)
+    # per program: its rows are appended first; a train whose burst_program rows exist but whose burst_train rows
+    # do not (stopped in between) gets its summary from the recorded rows, never a second measurement
+    pp_csv, pp_done = None, {}
+    if grid.per_program:
+        pp_csv, pp_todo, _ = resume.pending(world, folder, data.BURST_PROGRAM,
+                                            {**meta, "sm_count": _sm_count(world)}, todo, BurstTrain.key)
+        if rank0:
+            have = {tr.key() for tr in todo} - {tr.key() for tr in pp_todo}
+            if have:
+                rec = data.read_rows(pp_csv, data.BURST_PROGRAM)
+                for tr in todo:
+                    if tr.key() in have:
+                        sel = (rec.train == tr.name) & (rec.target == tr.target) & (rec.programs == tr.programs) \
+                            & (rec.store_bytes == tr.store_bytes)
+                        pp_done[tr.key()] = rows_from_programs(tr, rec[sel])
+        if not world.emulated:
+            msg = [sorted(pp_done)]
+            world.dist.broadcast_object_list(msg, src=0)
+            pp_done = {k: pp_done.get(k) for k in msg[0]}
     dests = allocate(world, max(t.dst_elems for t in todo), grid.targets)
     for t in grid.targets:  # bit-exact before timing: the largest train of each target
-        mine = [x for x in todo if x.target == t]
+        mine = [x for x in todo if x.target == t and x.key() not in pp_done]
         if mine:
             check_train(world, dests, max(mine, key=lambda x: x.dst_elems), seed + 104729)
     for i, tr in enumerate(tqdm(todo, desc="trains", disable=not rank0, file=sys.stderr, mininterval=2)):
-        _append_all_ranks(world, csv, data.BURST_TRAIN, measure_train(world, dests, tr, grid.repeats, seed + i,
-                                                                       clock))
+        if tr.key() in pp_done:
+            if rank0:
+                data.append_rows(csv, data.BURST_TRAIN, pp_done[tr.key()])
+            continue
+        rows = measure_train(world, dests, tr, grid.repeats, seed + i, clock, per_program=grid.per_program)
+        if grid.per_program:
+            _append_all_ranks(world, pp_csv, data.BURST_PROGRAM, rows[0])
+            rows = rows[1]
+        _append_all_ranks(world, csv, data.BURST_TRAIN, rows)
 
 
 def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=None, command: str = "") -> Path:
@@ -398,6 +457,9 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
     elif source == "simulated":
         from .model import simulated_train_rows
 
+        if grid.per_program:
+            raise ValueError("per_program records the GPU's programs (their SMs and timestamps): the simulated "
+                             "source has none; run it with source='gpu'")
         if params is None:
             raise ValueError("a simulated train study needs params (xstage.model.StageParams)")
         m = env.provenance(command, {**meta, "model": params.as_dict()})

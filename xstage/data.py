@@ -122,6 +122,20 @@ BURST_TRAIN = Schema(
 # programs, rank, repeat, burst); burst_bytes / gap_ns are that burst's size per program and the compute gap
 # after it; issue_* are statistics over the P programs of (issue end - issue start); start_ns is the median
 # program's issue start after the launch's earliest program start; *_skew_ns are max - min over programs.
+BURST_PROGRAM = Schema(
+    "burst_program", 1,
+    {"train": "str", "target": "str", "programs": "int64", "store_bytes": "int64", "n_bursts": "int64",
+     "rank": "int64", "repeat": "int64", "program": "int64", "smid": "int64", "burst": "int64",
+     "burst_bytes": "int64", "gap_ns": "int64", "start_ns": "float64", "issue_ns": "float64"},
+    ("train", "target", "programs", "store_bytes"),
+    row=("rank", "repeat", "program", "burst"),
+    times=("issue_ns",),
+    optional_times=("start_ns",),
+)
+# burst_program: the same trains per program (``xstage sweep trains --per-program``), beside burst_train in one
+# folder and from the same runs: one row per (train, target, programs, rank, repeat, program, burst); smid is
+# the SM the program ran on (%smid), start_ns its issue start after the launch's earliest program start and
+# issue_ns its issue end - issue start. burst_train's statistics of those runs are these rows summarised.
 MEGAMOE = Schema(
     "megamoe", 3,
     {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",
@@ -267,8 +281,8 @@ ATTENTION_LADDER = Schema(
 #   method   triton (our attention) or cudnn (torch SDPA, cuDNN backend), timed round-robin in the same rounds
 #   ms       CUDA events around one launch; tflops = 4 S^2 H D / ms
 
-SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, MEGAMOE, MEGAMOE_TRAFFIC, MEGAMOE_GEMM, ULYSSES,
-                                 ULYSSES_TRAFFIC, ATTENTION_LADDER)}
+SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, BURST_PROGRAM, MEGAMOE, MEGAMOE_TRAFFIC,
+                                 MEGAMOE_GEMM, ULYSSES, ULYSSES_TRAFFIC, ATTENTION_LADDER)}
 REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count", "driver", "torch", "triton",
                  "git_commit", "date_utc", "command", "params")
 

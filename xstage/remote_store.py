@@ -280,14 +280,16 @@ def train_family(seed: int, count: int, n_bursts: int = TRAIN_BURSTS, kib=TRAIN_
 
 
 def train_buffers(tr: BurstTrain, device) -> dict[str, torch.Tensor]:
-    """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, 2] and calibration cal[P, 2]."""
+    """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, 2], calibration cal[P, 2] and
+    the SM of every program sm[P]."""
     elems = torch.tensor([b // 4 for b in tr.burst_bytes], dtype=torch.int32)
     base = torch.zeros(tr.n_bursts, dtype=torch.int64)
     base[1:] = torch.cumsum(elems.to(torch.int64) * tr.programs, 0)[:-1]
     return {"elems": elems.to(device), "base": base.to(device),
             "gap": torch.zeros(tr.n_bursts, dtype=torch.int64, device=device),
             "ts": torch.empty(tr.programs * tr.n_bursts * 2, dtype=torch.int64, device=device),
-            "cal": torch.empty(tr.programs * 2, dtype=torch.int64, device=device)}
+            "cal": torch.empty(tr.programs * 2, dtype=torch.int64, device=device),
+            "sm": torch.empty(tr.programs, dtype=torch.int32, device=device)}
 
 
 def launch_train(dst_addr: int, bufs: dict[str, torch.Tensor], tr: BurstTrain, seed: int,
@@ -297,7 +299,7 @@ def launch_train(dst_addr: int, bufs: dict[str, torch.Tensor], tr: BurstTrain, s
     bufs["gap"].copy_(torch.tensor([int(round(g * cycles_per_ns)) for g in tr.gap_ns], dtype=torch.int64))
     v = tr.store_bytes // 4
     burst_train_store_kernel[(tr.programs,)](
-        dst_addr, bufs["elems"], bufs["base"], bufs["gap"], bufs["ts"], bufs["cal"], seed,
+        dst_addr, bufs["elems"], bufs["base"], bufs["gap"], bufs["ts"], bufs["cal"], bufs["sm"], seed,
         N_BURSTS=tr.n_bursts, V=v, R=32 * NUM_WARPS, DEVICE=not env.interpreted(), num_warps=NUM_WARPS)
 
 
