@@ -72,6 +72,7 @@ from .sync import STATUS_FIELDS, globaltimer, wait_flag
 
 TASK_FIELDS = tl.constexpr(5)       # kind, expert, row block, column block, pool block
 META_FIELDS = tl.constexpr(4)       # source rank, token, slot, weight bits
+ITEM_FIELDS = tl.constexpr(6)       # dispatch item (ITEMS): source, token, slot, owner rank, owner's row, weight bits
 FP8_BLOCK = tl.constexpr(128)       # scale block edge (1 x 128 activations, 128 x 128 weights)
 FP8_MAX = tl.constexpr(448.0)       # largest finite e4m3 value
 FP8_AMAX_FLOOR = tl.constexpr(1e-4)  # scale = max(amax, floor) / 448: an all-zero block stays finite
@@ -239,10 +240,13 @@ def megamoe_kernel(
 
 @triton.jit(do_not_specialize=["rank", "n_items"])
 def dispatch_push_kernel(
-    x_ptr,                 # [T, Hd] this rank's token rows (raw bits: the host passes an integer view)
-    xs_ptr,                # fp32 [T, Hd/128] activation scales (FP8)
-    dest_ptr,              # int32 [T*K, 2] per (token, slot) item: destination rank, destination row
-    wbits_ptr,             # int32 [T*K] router weight (float32 bits) per item
+    x_ptr,                 # [T, Hd] this rank's token rows (raw bits: the host passes an integer view); ITEMS: any
+    #                        tensor of the rows' raw element type (only its type is used)
+    xs_ptr,                # fp32 [T, Hd/128] activation scales (FP8); ITEMS: int64 [P] each source's scales
+    dest_ptr,              # int32 [T*K, 2] per (token, slot) item: destination rank, destination row; ITEMS: int32
+    #                        [n_items, 6] per item: source rank, token, slot, owner rank, owner's row, weight bits
+    wbits_ptr,             # int32 [T*K] router weight (float32 bits) per item; ITEMS: int64 [P] each source's token
+    #                        rows [T, Hd] (raw bits; 0 where no source is played here)
     x_table,               # int64 [P] every rank's receive rows [cap, Hd]
     xs_table,              # int64 [P] every rank's receive scales [cap, Hd/128] (FP8)
     meta_table,            # int64 [P] every rank's receive meta [cap, 4] int32
@@ -251,32 +255,62 @@ def dispatch_push_kernel(
     BLOCK_H: tl.constexpr,  # columns per store step (divides Hd)
     SCALE_COLS: tl.constexpr,  # power of two >= Hd / 128 (FP8)
     FP8: tl.constexpr,
+    ITEMS: tl.constexpr = False,  # an item list instead of one source's (token, slot) range (xstage.traffic)
 ):
-    """Push each (token, slot) item's row, meta and scales into the receive buffer of the expert's owner rank."""
+    """Push each (token, slot) item's row, meta and scales into the receive buffer of the expert's owner rank.
+    ITEMS (8-rank traffic on 2 GPUs, ``xstage.traffic.push``: one GPU pushes the rows of several sources and skips
+    items): each item of ``dest_ptr`` names its source rank, token, slot, owner and row, its row and scales read
+    from that source's through the tables ``wbits_ptr`` / ``xs_ptr`` (``rank`` and ``K`` unused). The plain branch
+    compiles to the kernel it was before ITEMS existed (same PTX for sm_90, tests/test_traffic8.py)."""
     pid = tl.program_id(0)
     items = pid * BLOCK_R + tl.arange(0, BLOCK_R)                      # [BR] (token, slot) items
     ok = items < n_items
-    tok = items // K
-    slot = items - tok * K
-    tok64 = tok.to(tl.int64)
-    d_rank = tl.load(dest_ptr + items * 2, mask=ok, other=0)           # [BR]
-    d_row = tl.load(dest_ptr + items * 2 + 1, mask=ok, other=0).to(tl.int64)
+    if ITEMS:
+        it = dest_ptr + items.to(tl.int64) * ITEM_FIELDS
+        src_rank = tl.load(it + 0, mask=ok, other=0)                   # [BR]
+        tok = tl.load(it + 1, mask=ok, other=0)
+        slot = tl.load(it + 2, mask=ok, other=0)
+        d_rank = tl.load(it + 3, mask=ok, other=0)
+        d_row = tl.load(it + 4, mask=ok, other=0).to(tl.int64)
+        wbits = tl.load(it + 5, mask=ok, other=0)
+        tok64 = tok.to(tl.int64)
+    else:
+        tok = items // K
+        slot = items - tok * K
+        tok64 = tok.to(tl.int64)
+        d_rank = tl.load(dest_ptr + items * 2, mask=ok, other=0)       # [BR]
+        d_row = tl.load(dest_ptr + items * 2 + 1, mask=ok, other=0).to(tl.int64)
     xb = tl.load(x_table + d_rank, mask=ok, other=0).to(tl.pointer_type(x_ptr.dtype.element_ty))
     xb = tl.multiple_of(xb, 16)
     cols = tl.arange(0, BLOCK_H)
-    src = x_ptr + tok64[:, None] * Hd + cols[None, :]                  # [BR, BH]
+    if ITEMS:
+        sb = tl.load(wbits_ptr + src_rank, mask=ok, other=0).to(tl.pointer_type(x_ptr.dtype.element_ty))
+        sb = tl.multiple_of(sb, 16)
+        src = sb[:, None] + tok64[:, None] * Hd + cols[None, :]        # [BR, BH] each item's source's rows
+    else:
+        src = x_ptr + tok64[:, None] * Hd + cols[None, :]              # [BR, BH]
     dst = xb[:, None] + d_row[:, None] * Hd + cols[None, :]            # [BR, BH] owner's receive rows
     for h in range(0, Hd, BLOCK_H):
         tl.store(dst + h, tl.load(src + h, mask=ok[:, None]), mask=ok[:, None])
     mb = tl.load(meta_table + d_rank, mask=ok, other=0).to(tl.pointer_type(tl.int32)) + d_row * META_FIELDS
-    tl.store(mb + 0, tok * 0 + rank, mask=ok)
-    tl.store(mb + 1, tok, mask=ok)
-    tl.store(mb + 2, slot, mask=ok)
-    tl.store(mb + 3, tl.load(wbits_ptr + items, mask=ok, other=0), mask=ok)
+    if ITEMS:
+        tl.store(mb + 0, src_rank, mask=ok)
+        tl.store(mb + 1, tok, mask=ok)
+        tl.store(mb + 2, slot, mask=ok)
+        tl.store(mb + 3, wbits, mask=ok)
+    else:
+        tl.store(mb + 0, tok * 0 + rank, mask=ok)
+        tl.store(mb + 1, tok, mask=ok)
+        tl.store(mb + 2, slot, mask=ok)
+        tl.store(mb + 3, tl.load(wbits_ptr + items, mask=ok, other=0), mask=ok)
     if FP8:
         n_sc = Hd // FP8_BLOCK
         sc = tl.arange(0, SCALE_COLS)
         smask = ok[:, None] & (sc[None, :] < n_sc)
         sb = tl.load(xs_table + d_rank, mask=ok, other=0).to(tl.pointer_type(tl.float32))
-        s = tl.load(xs_ptr + tok64[:, None] * n_sc + sc[None, :], mask=smask)
+        if ITEMS:
+            ssb = tl.load(xs_ptr + src_rank, mask=ok, other=0).to(tl.pointer_type(tl.float32))
+            s = tl.load(ssb[:, None] + tok64[:, None] * n_sc + sc[None, :], mask=smask)
+        else:
+            s = tl.load(xs_ptr + tok64[:, None] * n_sc + sc[None, :], mask=smask)
         tl.store(sb[:, None] + d_row[:, None] * n_sc + sc[None, :], s, mask=smask)

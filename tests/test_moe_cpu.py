@@ -642,9 +642,10 @@ for fp8 in (False, True):
     a = '*u8' if fp8 else '*i16'
     sig = {'x_ptr': a, 'xs_ptr': '*fp32', 'dest_ptr': '*i32', 'wbits_ptr': '*i32', 'x_table': '*i64',
            'xs_table': '*i64', 'meta_table': '*i64', 'rank': 'i32', 'n_items': 'i32', 'K': 'i32', 'Hd': 'i32',
-           'BLOCK_R': 'constexpr', 'BLOCK_H': 'constexpr', 'SCALE_COLS': 'constexpr', 'FP8': 'constexpr'}
+           'BLOCK_R': 'constexpr', 'BLOCK_H': 'constexpr', 'SCALE_COLS': 'constexpr', 'FP8': 'constexpr',
+           'ITEMS': 'constexpr'}
     src = triton.compiler.ASTSource(fn=k.dispatch_push_kernel, signature=sig, constexprs=dict(
-        BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8), attrs={(i,): [['tt.divisibility', 16]]
+        BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8, ITEMS=False), attrs={(i,): [['tt.divisibility', 16]]
                                                                  for i in (0, 1, 2, 3, 4, 5, 6, 10)})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=4))
     print('dispatch', 'fp8' if fp8 else 'bf16', 'v4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-v4')

@@ -195,7 +195,7 @@ def test_gather_over_gpus_keeps_one_entry_per_gpu():
 @pytest.fixture
 def no_launch(monkeypatch):
     launched = record_launches(monkeypatch, [(M, "megamoe_kernel"), (M, "dispatch_push_kernel"),
-                                             (TR, "traffic_push_kernel"), (xstage.ranks, "epoch_barrier_kernel")])
+                                             (TR, "dispatch_push_kernel"), (xstage.ranks, "epoch_barrier_kernel")])
     yield launched
     assert not launched, "a kernel was launched although the inputs were bad"
 
@@ -275,22 +275,25 @@ def test_sweep_job_flow_records_traffic_rows(tmp_path, monkeypatch, cpu_timing):
 PUSH_COMPILE = r"""
 import triton
 from triton.backends.compiler import GPUTarget
-import xstage.traffic as t
+import xstage.kernels.moe as k
 for fp8 in (False, True):
-    sig = {'x_like': '*u8' if fp8 else '*i16', 'src_x_table': '*i64', 'src_xs_table': '*i64', 'items_ptr': '*i32',
-           'x_table': '*i64', 'xs_table': '*i64', 'meta_table': '*i64', 'n_items': 'i32', 'Hd': 'i32',
-           'BLOCK_R': 'constexpr', 'BLOCK_H': 'constexpr', 'SCALE_COLS': 'constexpr', 'FP8': 'constexpr'}
-    src = triton.compiler.ASTSource(fn=t.traffic_push_kernel, signature=sig, constexprs=dict(
-        BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8), attrs={(i,): [['tt.divisibility', 16]]
-                                                                 for i in (0, 1, 2, 3, 4, 5, 6, 8)})
+    # the dispatch kernel with an item list (ITEMS, xstage.traffic.push): xs_ptr, dest_ptr and wbits_ptr are the
+    # sources' scale table, the items and the sources' row table
+    sig = {'x_ptr': '*u8' if fp8 else '*i16', 'xs_ptr': '*i64', 'dest_ptr': '*i32', 'wbits_ptr': '*i64',
+           'x_table': '*i64', 'xs_table': '*i64', 'meta_table': '*i64', 'rank': 'i32', 'n_items': 'i32', 'K': 'i32',
+           'Hd': 'i32', 'BLOCK_R': 'constexpr', 'BLOCK_H': 'constexpr', 'SCALE_COLS': 'constexpr',
+           'FP8': 'constexpr', 'ITEMS': 'constexpr'}
+    src = triton.compiler.ASTSource(fn=k.dispatch_push_kernel, signature=sig, constexprs=dict(
+        BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8, ITEMS=True), attrs={(i,): [['tt.divisibility', 16]]
+                                                                             for i in (0, 1, 2, 3, 4, 5, 6, 10)})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=4))
     print('push', 'fp8' if fp8 else 'bf16', 'v4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-v4')
 """
 
 
 def test_push_kernel_compiles_for_hopper_with_16_byte_stores():
-    """sm_90 compile on the CPU (TRITON_INTERPRET=0): the traffic push stores rows 16 bytes wide, as the dispatch
-    kernel does (tests/test_moe_cpu.py), for bf16 and fp8 rows."""
+    """sm_90 compile on the CPU (TRITON_INTERPRET=0): the traffic push (the dispatch kernel with ITEMS) stores rows
+    16 bytes wide, as the plain dispatch does (tests/test_moe_cpu.py), for bf16 and fp8 rows."""
     import os
     import subprocess
     import sys

@@ -14,15 +14,15 @@ and its egress are those of a rank of an L-rank layer. The layer runs through th
   7/8 of rank L_g's combine stores cross to the peer (1/8 into its real buffer, 6/8 into sinks), 1/8 stay local.
   Any other buffer (receive rows, meta, flags) has one slot per GPU; the table names the two real ranks and holds
   0 (no address) for the others: nothing is ever stored there.
-- Dispatch (:meth:`TrafficWorld.dispatch_push`, ``traffic_push_kernel``). GPU g pushes the rows that owner L_peer
+- Dispatch (:meth:`TrafficWorld.dispatch_push`, :func:`push`). GPU g pushes the rows that owner L_peer
   receives from the 7 sources other than L_peer (it makes those sources' seeded tokens, and every source's
   routing is planned on the host), plus source L_g's rows to itself; nothing goes into sinks. Every REAL receive
   buffer then holds exactly the rows an L-rank layer would put there, 7/8 of them from the peer, and GPU g's
   dispatch egress is the L-rank layer's in expectation (the rows L_peer gets from 7 sources, not the rows L_g
-  sends to 7 owners: equal counts only on average). The push is the dispatch kernel's code with an item list
-  (source, token, slot, owner, row, weight) instead of a source's (token, slot) range: ``dispatch_push_kernel``
-  (``xstage/kernels/moe.py``) derives token and slot from the item's position, so it cannot skip items; one
-  launch per GPU, as the real dispatch.
+  sends to 7 owners: equal counts only on average). The push is the dispatch kernel (``dispatch_push_kernel``,
+  ``kernels/moe.py``) with an item list (constexpr ITEMS: each item names source, token, slot, owner, row and
+  weight, instead of its position in one source's [T, K] list, so that items can be skipped); one launch per GPU,
+  as the real dispatch.
 - Barriers (:meth:`TrafficWorld.epoch_barrier`) run over the two GPUs (the logical ranks without a GPU never
   signal).
 
@@ -42,14 +42,11 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import torch
-import triton
-import triton.language as tl
 
 from . import env
-from .kernels.moe import FP8_BLOCK, META_FIELDS
+from .kernels.moe import FP8_BLOCK, dispatch_push_kernel
 
 TRAFFIC_RANKS = 8               # the paper's EP size
-ITEM_FIELDS = tl.constexpr(6)   # traffic_push_kernel's item: source, token, slot, owner, owner's row, weight bits
 SLOT_ALIGN = 256                # bytes: every slot of a symmetric buffer starts >= 16 B aligned (kernels assume it)
 
 
@@ -198,7 +195,7 @@ class TrafficWorld:
         return plan_pushes(self, case, dtype, rank, wts, layouts, own)
 
     def dispatch_push(self, bufs, inputs: Mapping, ranks: Sequence[int]) -> None:
-        """``xstage.moe.dispatch``'s pushes in this world: one ``traffic_push_kernel`` launch per GPU."""
+        """``xstage.moe.dispatch``'s pushes in this world: one dispatch-kernel launch (ITEMS) per GPU."""
         for r in ranks:
             if getattr(inputs[r], "pushes", None) is None:
                 raise ValueError(f"rank {r}: no source pushes: make the problem on this {self.label} world "
@@ -218,56 +215,6 @@ class _Slots:
 
 
 # --------------------------------------------------------------------------------------------------- dispatch
-@triton.jit(do_not_specialize=["n_items"])
-def traffic_push_kernel(
-    x_like,                # a tensor of the rows' raw element type (only the type is used)
-    src_x_table,           # int64 [L] each source's token rows [T, Hd] (raw bits) on this GPU; 0 if not played here
-    src_xs_table,          # int64 [L] each source's fp32 [T, Hd/128] scales (FP8)
-    items_ptr,             # int32 [n_items, 6] source, token, slot, owner rank, owner's row, router weight bits
-    x_table,               # int64 [L] every rank's receive rows [cap, Hd] (this GPU's table)
-    xs_table,              # int64 [L] every rank's receive scales [cap, Hd/128] (FP8)
-    meta_table,            # int64 [L] every rank's receive meta [cap, 4] int32
-    n_items, Hd,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, SCALE_COLS: tl.constexpr, FP8: tl.constexpr,
-):
-    """``dispatch_push_kernel`` (xstage/kernels/moe.py) over an item list: each item's row, meta and scales into
-    the receive buffer of its owner, the row read from its source's tokens."""
-    pid = tl.program_id(0)
-    i = pid * BLOCK_R + tl.arange(0, BLOCK_R)                          # [BR] items of this launch
-    ok = i < n_items
-    it = items_ptr + i.to(tl.int64) * ITEM_FIELDS
-    src_rank = tl.load(it + 0, mask=ok, other=0)
-    tok = tl.load(it + 1, mask=ok, other=0)
-    slot = tl.load(it + 2, mask=ok, other=0)
-    d_rank = tl.load(it + 3, mask=ok, other=0)
-    d_row = tl.load(it + 4, mask=ok, other=0).to(tl.int64)
-    wbits = tl.load(it + 5, mask=ok, other=0)
-    tok64 = tok.to(tl.int64)
-    ety = x_like.dtype.element_ty
-    sb = tl.load(src_x_table + src_rank, mask=ok, other=0).to(tl.pointer_type(ety))
-    sb = tl.multiple_of(sb, 16)
-    xb = tl.load(x_table + d_rank, mask=ok, other=0).to(tl.pointer_type(ety))
-    xb = tl.multiple_of(xb, 16)
-    cols = tl.arange(0, BLOCK_H)
-    src = sb[:, None] + tok64[:, None] * Hd + cols[None, :]            # [BR, BH] source's token rows
-    dst = xb[:, None] + d_row[:, None] * Hd + cols[None, :]            # [BR, BH] owner's receive rows
-    for h in range(0, Hd, BLOCK_H):
-        tl.store(dst + h, tl.load(src + h, mask=ok[:, None]), mask=ok[:, None])
-    mb = tl.load(meta_table + d_rank, mask=ok, other=0).to(tl.pointer_type(tl.int32)) + d_row * META_FIELDS
-    tl.store(mb + 0, src_rank, mask=ok)
-    tl.store(mb + 1, tok, mask=ok)
-    tl.store(mb + 2, slot, mask=ok)
-    tl.store(mb + 3, wbits, mask=ok)
-    if FP8:
-        n_sc = Hd // FP8_BLOCK
-        sc = tl.arange(0, SCALE_COLS)
-        smask = ok[:, None] & (sc[None, :] < n_sc)
-        ssb = tl.load(src_xs_table + src_rank, mask=ok, other=0).to(tl.pointer_type(tl.float32))
-        s = tl.load(ssb[:, None] + tok64[:, None] * n_sc + sc[None, :], mask=smask)
-        xsb = tl.load(xs_table + d_rank, mask=ok, other=0).to(tl.pointer_type(tl.float32))
-        tl.store(xsb[:, None] + d_row[:, None] * n_sc + sc[None, :], s, mask=smask)
-
-
 @dataclass
 class SourcePushes:
     """One GPU's dispatch in a traffic world (built once per problem, outside every timed region): the item list,
@@ -337,10 +284,12 @@ def push(bufs, pk: SourcePushes, tables: Mapping[str, torch.Tensor]) -> None:
     if n == 0:
         return
     Hd = pk.hidden
-    traffic_push_kernel[(-(-n // 16),)](
-        pk.raw[pk.rank], pk.src_x_table, pk.src_xs_table, pk.items, tables["x"], tables["xs"], tables["meta"], n, Hd,
-        BLOCK_R=16, BLOCK_H=_pow2_divisor(Hd, 512), SCALE_COLS=triton_next_pow2(max(Hd // FP8_BLOCK, 1)), FP8=pk.fp8,
-        num_warps=4)
+    # the dispatch kernel with an item list (ITEMS): x_ptr gives the rows' type, xs_ptr / dest_ptr / wbits_ptr are
+    # the sources' scale table, the items, the sources' row table (kernels/moe.py); rank and K are unused
+    dispatch_push_kernel[(-(-n // 16),)](
+        pk.raw[pk.rank], pk.src_xs_table, pk.items, pk.src_x_table, tables["x"], tables["xs"], tables["meta"], 0, n,
+        1, Hd, BLOCK_R=16, BLOCK_H=_pow2_divisor(Hd, 512), SCALE_COLS=triton_next_pow2(max(Hd // FP8_BLOCK, 1)),
+        FP8=pk.fp8, ITEMS=True, num_warps=4)
 
 
 # ----------------------------------------------------------------------------------------- landing, egress
