@@ -62,9 +62,34 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order", "gemm", "controls")
-ROUND3 = ("gemm", "controls")   # every configuration of the table in order, weights generated once per shape
-CONTROL_ROUNDS = 6           # controls: rounds (10 methods a configuration)
+STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists")
+ROUND3 = ("gemm", "controls", "tiles", "lists")   # the table's configurations in order, weights once per shape
+CONTROL_ROUNDS = 6           # controls, lists: rounds
+# Round 5 (issue 15, items 2 and 3), fixed before the run.
+# study tiles: bf16 tile variants beside the default and torch._grouped_mm, on every configuration with >= 2048
+# rows on rank 0 (the goal's domain, xstage.studies.MEGAMOE_GEMM_GOALS) in table order: name -> (change of
+# default_tiles, swizzle or None = the default's). sm_90 compiles on the CPU (Triton 3.9, ptxas -v, dynamic, BM
+# 128): default 255 registers, 8 B spilled, 192 KiB shared; s3 252 / 0 / 144 KiB; bn1_64 237 / 0 / 192 KiB;
+# bk128_s2 255 / 0 / 192 KiB.
+TILES5_VARIANTS = {"s3": (dict(num_stages=3), None), "bn1_64": (dict(block_n1=64), None),
+                   "bk128_s2": (dict(block_k=128, num_stages=2), None), "swz16": ({}, 16)}
+TILES5_MIN_ROWS = 2048
+# study lists: the mixing schedules' lists with lag's row blocks released one at a time (group 1) or eight at a
+# time beside the default (group = moe_plan.order_group), dynamic assignment, compute only, same rounds, on the
+# DeepSeek-V4-Pro and Qwen3 configurations with T >= 2048 (where round 4's three bf16 pairs over 5 % are):
+# name -> (schedule, group).
+LISTS5 = {"expert_wave": ("expert_wave", None), "interleaved": ("interleaved", None), "lag": ("lag", None),
+          "model_guided": ("model_guided", None), "lag_g1": ("lag", 1), "model_guided_g1": ("model_guided", 1),
+          "lag_g8": ("lag", 8)}
+LISTS5_CASES = tuple(f"{sh}_T{t}_{r}" for sh in ("deepseek_v4_pro", "qwen3_235b") for t in (2048, 4096, 8192)
+                     for r in ("uniform", "zipf", "hot"))
+
+
+def tiles5_cases() -> list[str]:
+    """Study tiles' configurations: every one of the table with >= TILES5_MIN_ROWS rows on rank 0 of 2 (from the
+    seeded routing), in table order."""
+    from .moe_plan import routing_of
+    return [c.name for c in CASES if routing_of(c, 2)[2][0].rows >= TILES5_MIN_ROWS]
 
 
 def variant_tiles(dtype: str, default: TileConfig, change) -> TileConfig:
@@ -391,18 +416,24 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     rpe = c.tokens * P * s.topk / s.experts
     d = default_tiles(dtype, rpe)
     variants = {"default": d}
+    swz = {}                                              # study tiles: a variant's tile order (swizzle)
     if study == "gemm":
         variants["v1"] = default_tiles(dtype, rpe, version=1)
         if dtype == "fp8" and d.block_m == 128:
             variants["bm64_s3"] = default_tiles(dtype, 0.0)
+    elif study == "tiles":
+        for name, (change, g) in TILES5_VARIANTS.items():
+            variants[name] = dataclasses.replace(d, **change)
+            if g is not None:
+                swz[name] = g
     prob = make_problem(world, c, dtype, d, weights=w, weight_seed=0)
     bufs = moe_buffers(world, max(prob.cap_rows, 1), c.tokens, s.hidden, s.intermediate, s.topk, s.experts // P,
                        dtype, min_block_m=min(t.block_m for t in variants.values()))
     inp = prob.inputs[0]
     what = f"{c.name} {dtype}"
     flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
-    rows, methods, info, lists = [], {}, {}, {}
-    if study == "gemm":
+    rows, methods, info, lists, notes = [], {}, {}, {}, {}
+    if study in ("gemm", "tiles"):
         ref_w = _layer_weights_f32(prob)
         ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
                None if dtype == "fp8" else moe_reference(inp.x, inp.ids, inp.wts, ref_w, dtype=OUT_DTYPES[dtype]))
@@ -410,7 +441,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             assign = "static" if name == "v1" else "dynamic"
             runs = [("expert_wave", "dynamic"), ("expert_wave", "static")] if name == "default" else \
                 [("expert_wave", assign)]
-            p = dataclasses.replace(prob, tiles=t)
+            p = dataclasses.replace(prob, tiles=t, swizzle=swz.get(name, prob.swizzle))
             ls = {(sch, a): {r: build_tasks(p, sch, sms, r) for r in world.local_ranks} for sch, a in runs}
             first = _runs_bit_identical(world, bufs, p, t, ls, f"{what} {tile_label(t)}")
             err = check_close(first[0], ref[0], ref[1], dtype, f"{what} {tile_label(t)}")[0]
@@ -420,8 +451,36 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
                 world, bufs, prob.inputs, tasks, t, barrier=False, check=False, local_combine=True, dynamic=dyn,
                 ranks=[0]))
             info[f"ours:{name}"] = ("ours", name, t, "expert_wave", assign, name == "default", err, None)
+            notes[f"ours:{name}"] = tasks[0].param
         del ref
         _add_library_methods(prob, inp, dtype, dev, study, flops, methods, info, rows, (float("nan"), None), wq)
+    elif study == "lists":
+        ew = build_tasks(prob, "expert_wave", sms, 0)
+        dispatch(world, bufs, prob.inputs)
+        ms_ew = bench.median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, {0: ew}, d, barrier=False,
+                                                               check=False, local_combine=True, dynamic=True,
+                                                               ranks=[0]), warmup=2, reps=3))
+        cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew,
+                                                               "dynamic"), sms, OUT_DTYPES[dtype].itemsize, "dynamic")
+        ref_lists = {("expert_wave[static]", "static"): {r: build_tasks(prob, "expert_wave", sms, r)
+                                                         for r in world.local_ranks}}
+        for name, (sch, g) in LISTS5.items():
+            lists[name] = {r: build_tasks(prob, sch, sms, r, cost=cost, group=g) for r in world.local_ranks}
+        # bit-identical first: every list (dynamic) vs expert_wave static, combine poisoned before each layer
+        _runs_bit_identical(world, bufs, prob, d, {**ref_lists, **{(n, "dynamic"): ls for n, ls in lists.items()}},
+                            what)
+        for name, ls in lists.items():
+            sch = LISTS5[name][0]
+            key = f"ours:{name}"
+            methods[key] = (lambda tl_={0: ls[0]}: run_experts(world, bufs, prob.inputs, tl_, d, barrier=False,
+                                                                check=False, local_combine=True, dynamic=True,
+                                                                ranks=[0]))
+            ts = torch.zeros(2 * max(ls[0].n_tasks, 1), dtype=torch.int64, device=dev)
+            run_experts(world, bufs, prob.inputs, {0: ls[0]}, d, barrier=False, check=True, local_combine=True,
+                        dynamic=True, ranks=[0], ts={0: ts})
+            info[key] = ("ours", name, d, sch, "dynamic", name == sch, float("nan"),
+                         task_stats(ls[0], ts, min(sms, ls[0].n_tasks)))
+            notes[key] = ls[0].param
     else:
         ew = build_tasks(prob, "expert_wave", sms, 0)
         dispatch(world, bufs, prob.inputs)
@@ -457,7 +516,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     times, inner = _round_robin(methods, rounds)
     for key in methods:
         method, variant, t, sch, a, is_def, err, task = info[key]
-        note = ""
+        note = notes.get(key, "") if study in ("tiles", "lists") else ""
         if study == "controls":
             sch_, a_, var_ = key.split(":")
             note = lists[(sch_, a_, var_)][0].param or ""
@@ -478,6 +537,9 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) 
             todo |= {(dtype, t, dyn, timed) for t in defaults for dyn, timed in ((False, False), (True, False),
                                                                                   (True, True))}
             todo |= {(dtype, default_tiles(dtype, rpe, version=1), False, False) for rpe in (32.0, 256.0)}
+            if dtype == "bf16":                                                    # round 5, study tiles
+                todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
+                         for ch, _ in TILES5_VARIANTS.values() if ch}
         else:
             defaults = {default_tiles(dtype, rpe, version=1) for rpe in (32.0, 256.0)}
             todo |= {(dtype, variant_tiles(dtype, d, ch), False, False) for d in defaults
@@ -530,7 +592,8 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
     if cases is None:
-        cases = [c.name for c in CASES] if study in ROUND3 else GEMM_CASES
+        cases = (tiles5_cases() if study == "tiles" else list(LISTS5_CASES) if study == "lists"
+                 else [c.name for c in CASES] if study in ROUND3 else GEMM_CASES)
     cs = cases_by_name(cases)
     if not dtypes or any(d not in VARIANTS for d in dtypes):
         raise ValueError(f"dtypes must be a non-empty subset of {tuple(VARIANTS)}, got {list(dtypes)}")
@@ -549,6 +612,11 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                   prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
                   tiles_version=TILES_VERSION, order_version=ORDER_VERSION,
                   tile_swizzle=TILE_SWIZZLE)
+    if study == "tiles":
+        params["tiles5_variants"] = {n: dict(change=str(ch), swizzle=g) for n, (ch, g) in TILES5_VARIANTS.items()}
+        params["tiles5_min_rows"] = TILES5_MIN_ROWS
+    if study == "lists":
+        params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
     meta = env.provenance(command, params)
     env.apply_safe_env()
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes

@@ -624,7 +624,8 @@ ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-clas
 
 ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",      # round 2: beside cuDNN
                             "attention_vs_fa4": "scripts/attention_vs_fa4.sh",      # round 3: beside FA4 too
-                            "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh"}   # run G2 (label below)
+                            "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh",   # run G2 (label below)
+                            "attention_vs_fa4_gluon": "STUDY=gluon scripts/attention_vs_fa4.sh"}   # round 4: Gluon
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)"}
@@ -655,7 +656,8 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
     from .ulysses import attention_flops
 
     flops = attention_flops(med.S.astype(float), med.H, med.D)
-    med["ours_ms"] = med["triton"]
+    # ours: our Triton kernel's rows, or the Gluon kernel's (method gluon: a variant has one of the two)
+    med["ours_ms"] = med["triton"].fillna(med["gluon"]) if "gluon" in med else med["triton"]
     med["cudnn_ms"] = med["cudnn"] if "cudnn" in med else np.nan
     med["ours_tflops"] = flops / med.ours_ms / 1e9
     med["cudnn_tflops"] = flops / med.cudnn_ms / 1e9
@@ -721,6 +723,9 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
     """xstage.ulysses.AttnConfig.label of each config dict (this module needs no torch)."""
     out = []
     for c in cfgs:
+        if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
+            out.append(f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}")
+            continue
         sw = "".join(f"-{n}" for n, k in (("tma", "tma"), ("ws", "ws"), ("pers", "persistent"), ("pipe", "pipe"),
                                            ("sq", "scale_q")) if c.get(k))
         if c.get("persistent") and c.get("per_sm", 1) > 1:
@@ -1650,7 +1655,8 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
     or :data:`MEGAMOE_ROUND4_SUB`): rows and provenance; :class:`NoRecordedData` when they are not in data/."""
     folder = data.machine_dir(machine) / sub
     if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
-        name, study = ("round-4", "controls") if sub == MEGAMOE_ROUND4_SUB else ("round-3", "gemm")
+        name, study = {MEGAMOE_ROUND4_SUB: ("round-4", "controls"), MEGAMOE_ROUND5_SUB: ("round-5", "tiles")}.get(
+            sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -1777,3 +1783,93 @@ def megamoe_round3_coverage_line(df: pd.DataFrame) -> str:
                for dt, g in d.groupby("dtype", sort=False)]
         parts.append(f"{study}: {', '.join(per) if per else 'none'} configurations")
     return "; ".join(parts)
+
+
+# ------------------------------------------ MegaMoE on one GPU, round 5: tile variants beside the library, lists
+MEGAMOE_ROUND5_SUB = "megamoe_round5"   # data/<machine>/megamoe_round5/: xstage.moe_gemm studies tiles, lists
+
+
+def megamoe_round5_tiles(df: pd.DataFrame) -> pd.DataFrame:
+    """Study ``tiles``, per configuration (table order): ``torch._grouped_mm``'s time / each of our variants'
+    (the default and xstage.moe_gemm.TILES5_VARIANTS, same rounds; > 1: ours faster), one column per variant,
+    with the configuration's shape and rows."""
+    d = df[(df.study == "tiles") & (df.status == "ok")].assign(config=lambda x: _config(x))
+    if d.empty:
+        return pd.DataFrame(columns=["config", "shape", "dtype", "rows", "default"])
+    key = ["config", "dtype"]
+    lib = d[d.method == "torch._grouped_mm"].drop_duplicates(key).set_index(key).ms
+    ours = d[d.method == "ours"].pivot_table(index=key, columns="variant", values="ms", aggfunc="first")
+    out = ours.rdiv(lib.reindex(ours.index), axis=0)
+    base = d[d.method == "ours"].drop_duplicates(key).set_index(key)[["shape", "rows"]]
+    out = base.join(out).reset_index()
+    order = {c.name: i for i, c in enumerate(_moe_cases())}
+    out.columns.name = None
+    return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable").drop(
+        columns="_o").reset_index(drop=True)
+
+
+def megamoe_round5_tiles_summary(t: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and variant of :func:`megamoe_round5_tiles` (every configuration the study holds: each has >=
+    2048 rows on rank 0): configurations, geomean and minimum of ours / torch._grouped_mm, how many below the goal
+    (0.9), the worst configuration; and the row ``best per shape``: per shape the variant with the highest
+    geomean over that shape's configurations (chosen on these same rows: an in-sample rule, labelled so)."""
+    variants = [c for c in t.columns if c not in ("config", "shape", "dtype", "rows")]
+    out = []
+    goal = MEGAMOE_GEMM_GOALS["min_big"]
+    for dt, g in t.groupby("dtype", sort=False):
+        for v in variants:
+            r = g[v].dropna()
+            if r.empty:
+                continue
+            out.append(dict(dtype=dt, variant=v, configs=len(r), geomean=geomean(r), min=float(r.min()),
+                            below_goal=int((r < goal).sum()), worst_config=g.loc[r.idxmin(), "config"]))
+        best = {sh: max(variants, key=lambda v: geomean(gs[v].dropna()) if gs[v].notna().any() else -1.0)
+                for sh, gs in g.groupby("shape", sort=False)}
+        r = pd.Series([row[best[row["shape"]]] for _, row in g.iterrows()], index=g.index).dropna()
+        if len(r):
+            out.append(dict(dtype=dt, variant="best per shape (in-sample): " + ", ".join(
+                f"{sh} {v}" for sh, v in best.items()), configs=len(r), geomean=geomean(r), min=float(r.min()),
+                below_goal=int((r < goal).sum()), worst_config=g.loc[r.idxmin(), "config"]))
+    return pd.DataFrame(out)
+
+
+def megamoe_round5_lists(df: pd.DataFrame) -> pd.DataFrame:
+    """Study ``lists``, per configuration, dtype and list (xstage.moe_gemm.LISTS5; dynamic assignment, compute
+    only, same rounds): the time over Expert-Wave's (``over_ew``), each tile kind's median time over Expert-Wave's
+    (``l1_tile_rel``, ``l2_tile_rel``), the busy share of the programs and the share of Linear-2 tiles that
+    waited, with the list's param (model_guided: its choice)."""
+    d = df[df.study == "lists"].assign(config=lambda x: _config(x))
+    cols = ["config", "dtype", "rows", "variant", "schedule", "param", "ms", "over_ew", "l1_tile_rel",
+            "l2_tile_rel", "task_busy", "ew_task_busy", "task_waited"]
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    key = ["config", "dtype"]
+    ew = d[d.variant == "expert_wave"].drop_duplicates(key).set_index(key)
+    base = ew.reindex(pd.MultiIndex.from_frame(d[key]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = d.assign(param=d.note, over_ew=d.ms.to_numpy() / base.ms.to_numpy(),
+                       l1_tile_rel=d.task_l1_us.to_numpy() / base.task_l1_us.to_numpy(),
+                       l2_tile_rel=d.task_l2_us.to_numpy() / base.task_l2_us.to_numpy(),
+                       ew_task_busy=base.task_busy.to_numpy())
+    order = {c.name: i for i, c in enumerate(_moe_cases())}
+    return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable")[cols].reset_index(
+        drop=True)
+
+
+def megamoe_round5_lists_summary(per: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and list of :func:`megamoe_round5_lists`: configurations, geomean and worst over Expert-Wave,
+    the worst configuration, whether the issue's goal holds (geomean <= 1.02, worst <= 1.05), and the per-task
+    evidence (geomean tile-time ratios, median busy share, median share of Linear-2 tiles that waited)."""
+    out = []
+    for (dt, v), g in per.groupby(["dtype", "variant"], sort=False):
+        r = g.over_ew.dropna()
+        if r.empty:
+            continue
+        gm, worst = geomean(r), float(r.max())
+        out.append(dict(dtype=dt, variant=v, configs=len(r), over_ew_geomean=gm, over_ew_worst=worst,
+                        worst_config=g.loc[r.idxmax(), "config"],
+                        goal_met=bool(gm <= MEGAMOE_ORDER_GOALS["geomean"] and worst <= MEGAMOE_ORDER_GOALS["worst"]),
+                        l1_tile_rel=geomean(g.l1_tile_rel.dropna()) if g.l1_tile_rel.notna().any() else float("nan"),
+                        l2_tile_rel=geomean(g.l2_tile_rel.dropna()) if g.l2_tile_rel.notna().any() else float("nan"),
+                        task_busy=float(g.task_busy.median()), task_waited=float(g.task_waited.median())))
+    return pd.DataFrame(out)
