@@ -41,6 +41,11 @@ try:  # Gluon's Hopper language: Triton >= 3.5 (the GPU machine has 3.6)
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
+    # the TMA copies' names: Triton 3.6 (the GPU machine) async_copy_global_to_shared / async_copy_shared_to_global;
+    # later Triton (3.9 on the CPU machines, for the sm_90a compile test) async_load / async_store
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier     # 3.6: thread_barrier; later: barrier
     AVAILABLE, WHY = True, ""
 except Exception as _e:  # noqa: BLE001 (ImportError, or an older Triton's different Gluon)
     AVAILABLE, WHY = False, f"{type(_e).__name__}: {_e}"
@@ -55,7 +60,7 @@ if AVAILABLE:
         slot = block % STAGES
         bar = bars.index(slot)
         mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(desc, [row0, col], bar, ring.index(slot), pred=pred)
+        _tma_load(desc, [row0, col], bar, ring.index(slot), pred=pred)
 
     @gluon.jit
     def _wait_kv(bars, block, STAGES: gl.constexpr):
@@ -112,7 +117,7 @@ if AVAILABLE:
 
         n_blocks = gl.cdiv(S, BLOCK_N)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_m, col], q_bar, q_smem)
+        _tma_load(q_desc, [off_m, col], q_bar, q_smem)
         for i in gl.static_range(STAGES):   # the ring's first fill
             _issue_kv(k_desc, k_ring, k_bars, i, i * BLOCK_N, col, STAGES, i < n_blocks)
             _issue_kv(v_desc, v_ring, v_bars, i, i * BLOCK_N, col, STAGES, i < n_blocks)
@@ -128,7 +133,7 @@ if AVAILABLE:
         s_tok = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
-        gl.thread_barrier()                 # every warp is past K_0: its slot takes K_STAGES
+        _cta_barrier()                 # every warp is past K_0: its slot takes K_STAGES
         _issue_kv(k_desc, k_ring, k_bars, STAGES, STAGES * BLOCK_N, col, STAGES, STAGES < n_blocks)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -142,7 +147,7 @@ if AVAILABLE:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            gl.thread_barrier()             # every warp is past K_j and V_{j-1}: refill both slots
+            _cta_barrier()             # every warp is past K_j and V_{j-1}: refill both slots
             nk = j + STAGES
             _issue_kv(k_desc, k_ring, k_bars, nk, nk * BLOCK_N, col, STAGES, nk < n_blocks)
             nv = j - 1 + STAGES
@@ -162,8 +167,8 @@ if AVAILABLE:
             gl.store(lse_ptr + h * S + offs_m, lse, mask=offs_m < S)
         q_smem.store(o)                     # Q's buffer stages the output tile (every S wgmma has completed)
         fence_async_shared()
-        gl.thread_barrier()                 # every warp's part of the tile is in shared memory
-        tma.async_copy_shared_to_global(o_desc, [off_m, col], q_smem)
+        _cta_barrier()                 # every warp's part of the tile is in shared memory
+        _tma_store(o_desc, [off_m, col], q_smem)
         tma.store_wait(pendings=0)
         mbarrier.invalidate(q_bar)
         for i in gl.static_range(STAGES):

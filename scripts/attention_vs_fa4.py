@@ -2,20 +2,30 @@
 round 3): every variant checked (float32, the fused layer bit for bit), every shape's methods checked against
 float32 on sampled rows, then timed round-robin.
 
-    OUT=... python3 scripts/attention_vs_fa4.py [deadline_s] [repeats] [launches]
-Records into $OUT/h200x1/attention_vs_fa4/ (copy into data/h200x1/attention_vs_fa4/). Needs the extra fa4 for the
+    [STUDY=gluon] OUT=... python3 scripts/attention_vs_fa4.py [deadline_s] [repeats] [launches]
+Records into $OUT/h200x1/attention_vs_fa4/ (copy into data/h200x1/attention_vs_fa4/); with STUDY=gluon (issue 14,
+round 4) the Gluon rungs beside the Triton base rung (xstage.ulysses_ladder.FA4_GLUON_VARIANTS) into
+$OUT/h200x1/attention_vs_fa4_gluon/. Needs the extra fa4 for the
 FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ulysses_ladder.run_attention_vs_fa4.
 """
 import os
 import sys
 
-from xstage.ulysses_ladder import LAUNCHES, run_attention_vs_fa4
+from xstage.ulysses_ladder import FA4_GLUON_VARIANTS, FA4_VARIANTS, LAUNCHES, run_attention_vs_fa4
+
+STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_gluon", FA4_GLUON_VARIANTS)}
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     launches = int(sys.argv[3]) if len(sys.argv) > 3 else LAUNCHES
-    out = os.path.join(os.environ["OUT"], "h200x1", "attention_vs_fa4")
-    csv = run_attention_vs_fa4(out, repeats=repeats, warmup=3, launches=launches, deadline_s=deadline,
-                               command="python3 scripts/attention_vs_fa4.py " + " ".join(sys.argv[1:]))
+    study = os.environ.get("STUDY", "")
+    if study not in STUDIES:
+        sys.exit(f"STUDY must be one of {sorted(STUDIES)} (empty: round 3's levers), got {study!r}")
+    record, variants = STUDIES[study]
+    out = os.path.join(os.environ["OUT"], "h200x1", record)
+    prefix = f"STUDY={study} " if study else ""
+    csv = run_attention_vs_fa4(out, variants=variants, repeats=repeats, warmup=3, launches=launches,
+                               deadline_s=deadline,
+                               command=prefix + "python3 scripts/attention_vs_fa4.py " + " ".join(sys.argv[1:]))
     print(f"attention_vs_fa4: wrote {csv}", file=sys.stderr)

@@ -10,21 +10,25 @@
 #   study:S   scripts/attention_vs_fa4.py: variants checked, then timed beside FA4 and cuDNN; no new variant
 #             starts after S - 40 s -> $OUT/h200x1/attention_vs_fa4/
 #   p4:S      xstage sweep ulysses --world one-gpu --ranks 4, links host then local, S / 2 each, with the FA
-#             methods -> $OUT/h200x1/ulysses_fa_p4_<link>/
+#             methods -> $OUT/h200x1/${P4_RECORD:-ulysses_fa_p4}_<link>/
+# Round 4: STUDY=gluon (the study's Gluon rungs, into $OUT/h200x1/attention_vs_fa4_gluon/), TESTS=<files> (the
+# tests stage's files), P4_RECORD=ulysses_fa_p4_v2 (the P = 4 re-run into new folders).
 # Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"
 [ -n "${OUT:-}" ] && mkdir -p "$OUT/logs" "$OUT/h200x1"
 SHAPES4=${SHAPES4:-seq_8k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
 METHODS4=${METHODS4:-fused,serial_triton,serial_cudnn,attention_only,sdpa_only,fa,fa_kernel,fa_serial,fa_fused}
+TESTS=${TESTS:-tests/test_ulysses_gpu.py tests/test_fa4_gpu.py}
+P4_RECORD=${P4_RECORD:-ulysses_fa_p4}
 for s in "$@"; do
   case $s in
     stash|install) bash "$(dirname "$0")/fa4_one_gpu.sh" "$s" ;;
     tests:*)
       t0=$SECONDS
       timeout --signal=INT --kill-after=10 "${s#tests:}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/test_ulysses_gpu.py tests/test_fa4_gpu.py >"$OUT/logs/tests_gpu.log" 2>&1
-      echo "== pytest -m gpu tests/test_ulysses_gpu.py tests/test_fa4_gpu.py: rc=$? in $((SECONDS - t0))s"
+        $TESTS >"$OUT/logs/tests_gpu.log" 2>&1
+      echo "== pytest -m gpu $TESTS: rc=$? in $((SECONDS - t0))s"
       tail -n 15 "$OUT/logs/tests_gpu.log" ;;
     study:*)
       t0=$SECONDS; lim=${s#study:}
@@ -37,10 +41,10 @@ for s in "$@"; do
       for link in host local; do
         t0=$SECONDS
         timeout --signal=INT --kill-after=15 "$lim" python3 -m xstage sweep ulysses --world one-gpu --ranks 4 \
-          --link $link --shapes "$SHAPES4" --methods "$METHODS4" --out "$OUT/h200x1/ulysses_fa_p4_$link" \
-          >"$OUT/logs/ulysses_fa_p4_$link.log" 2>&1
+          --link $link --shapes "$SHAPES4" --methods "$METHODS4" --out "$OUT/h200x1/${P4_RECORD}_$link" \
+          >"$OUT/logs/${P4_RECORD}_$link.log" 2>&1
         echo "== ulysses P=4 $link: rc=$? in $((SECONDS - t0))s"
-        grep -v "^ulysses: tune\|UserWarning\|exe_args" "$OUT/logs/ulysses_fa_p4_$link.log" | tail -n 8
+        grep -v "^ulysses: tune\|UserWarning\|exe_args" "$OUT/logs/${P4_RECORD}_$link.log" | tail -n 8
       done ;;
     pack) tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
     *) echo "unknown stage $s"; exit 2 ;;

@@ -624,7 +624,8 @@ ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-clas
 
 ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",      # round 2: beside cuDNN
                             "attention_vs_fa4": "scripts/attention_vs_fa4.sh",      # round 3: beside FA4 too
-                            "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh"}   # run G2 (label below)
+                            "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh",   # run G2 (label below)
+                            "attention_vs_fa4_gluon": "STUDY=gluon scripts/attention_vs_fa4.sh"}   # round 4: Gluon
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)"}
@@ -655,7 +656,8 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
     from .ulysses import attention_flops
 
     flops = attention_flops(med.S.astype(float), med.H, med.D)
-    med["ours_ms"] = med["triton"]
+    # ours: our Triton kernel's rows, or the Gluon kernel's (method gluon: a variant has one of the two)
+    med["ours_ms"] = med["triton"].fillna(med["gluon"]) if "gluon" in med else med["triton"]
     med["cudnn_ms"] = med["cudnn"] if "cudnn" in med else np.nan
     med["ours_tflops"] = flops / med.ours_ms / 1e9
     med["cudnn_tflops"] = flops / med.cudnn_ms / 1e9
@@ -721,6 +723,9 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
     """xstage.ulysses.AttnConfig.label of each config dict (this module needs no torch)."""
     out = []
     for c in cfgs:
+        if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
+            out.append(f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}")
+            continue
         sw = "".join(f"-{n}" for n, k in (("tma", "tma"), ("ws", "ws"), ("pers", "persistent"), ("pipe", "pipe"),
                                            ("sq", "scale_q")) if c.get(k))
         if c.get("persistent") and c.get("per_sm", 1) > 1:

@@ -46,6 +46,22 @@ from .data import ATTENTION_LADDER
 from .numeric import rel_l2
 from .ulysses import (AttnConfig, UlyssesShape, attention_flops, attention_forward, default_dtype,
                       receive_buffers, sdpa_cudnn, ulysses_buffers, validate_shape)
+from .ulysses_gluon import GluonConfig
+
+
+def ours(config) -> tuple[str, callable]:
+    """The method name of a variant's rows and its attention: ``triton`` for an AttnConfig (kernels/attention.py),
+    ``gluon`` for a GluonConfig (kernels/attention_gluon.py); fn(q, k, v) -> out [S, Hl, D]."""
+    if isinstance(config, GluonConfig):
+        from . import ulysses_gluon
+
+        return ulysses_gluon.METHOD, lambda q, k, v: ulysses_gluon.attention_forward(q, k, v, config=config)
+    return "triton", lambda q, k, v: attention_forward(q, k, v, config=config)
+
+
+def config_record(config) -> dict:
+    """A variant's fields for the sidecar (``kernel`` names which kernel: triton or gluon)."""
+    return {"kernel": ours(config)[0], **asdict(config)}
 
 # one layer on one GPU (24 heads, as the issue's FA-class table), and one head-dim-64 shape whose S is not a
 # multiple of any key block (the masked last block)
@@ -99,6 +115,20 @@ FA4_VARIANTS = {
          AttnConfig(64, 128, 4, 2, True),                                 # 3 one-warpgroup programs per SM
          AttnConfig(128, 128, 4, 3, True, scale_q=True)),
 }
+# issue 14 round 4: the Gluon rungs (xstage.ulysses_gluon, kernels/attention_gluon.py: asynchronous wgmma, the softmax
+# under P V) beside our Triton base rung and FA4, same rounds; record data/<machine>/attention_vs_fa4_gluon/. Run C1
+# (docs/lab-notebook.md, "Ulysses round 4"): one warpgroup per CTA, two CTAs per SM, was the fastest Gluon tile
+FA4_GLUON_VARIANTS = {
+    128: (AttnConfig(128, 128, 8, 3, True, persistent=True),              # h: the Triton base rung
+          GluonConfig(64, 64, 4, 2),                                      # 1 warpgroup, 80 KB: 2 CTAs per SM
+          GluonConfig(64, 64, 4, 3),                                      # deeper ring, 112 KB: 2 CTAs per SM
+          GluonConfig(128, 128, 8, 2)),                                   # 2 warpgroups, 164 KB: 1 CTA per SM
+    64: (AttnConfig(128, 128, 4, 3, True),                                # p: the Triton base rung at D = 64
+         GluonConfig(64, 128, 4, 3),                                      # 107 KB: 2 CTAs per SM
+         GluonConfig(64, 128, 4, 2),                                      # 74 KB: 3 CTAs per SM
+         GluonConfig(64, 64, 4, 3),
+         GluonConfig(128, 128, 8, 2)),
+}
 LAUNCHES = 2             # back-to-back launches per timed sample (run_attention_vs_fa4)
 SAMPLE_ROWS = 256        # query rows per head compared with float32 on each timed shape (fresh inputs)
 REF_TOL = 2e-2           # relative L2 of bf16 attention against float32 (fp16 under the interpreter: ~1e-3)
@@ -147,11 +177,20 @@ def check_variant(config: AttnConfig, D: int, seed: int, world=None) -> dict:
     dtype = default_dtype()
     qkv = _inputs(world, shape, dtype, seed, range(CHECK_P))
     q, k, v = qkv[0]
-    err = rel_l2(attention_forward(q, k, v, config=config), attention_reference(q, k, v))
-    facts = compiled_facts()
+    method, fn = ours(config)
+    if method != "triton":
+        from . import ulysses_gluon
+
+        ulysses_gluon.require()     # one line where the Gluon kernel cannot run (the interpreter, not Hopper)
+    err = rel_l2(fn(q, k, v), attention_reference(q, k, v))
+    facts = compiled_facts(method)
     if not err < REF_TOL:
         raise AssertionError(f"{config.label}: relative L2 {err:.3g} against the float32 reference "
                              f"(limit {REF_TOL})")
+    if method != "triton":   # no fused (all-to-all) epilogue in the Gluon kernel yet: nothing to check bit for bit
+        return {"rel_l2_vs_fp32": err, "reference_shape": [shape.S, shape.H // CHECK_P, shape.D],
+                "fused_bit_exact": None, "fused": "no fused epilogue in this kernel (Gluon rung)", "seed": seed,
+                **facts}
     bufs = ulysses_buffers(world, shape.S, shape.H, shape.D, dtype)
     recv = receive_buffers(world, shape.S, shape.H // CHECK_P, shape.D, dtype)
     _check_fused(world, shape, bufs, qkv, config, recv)
@@ -160,11 +199,15 @@ def check_variant(config: AttnConfig, D: int, seed: int, world=None) -> dict:
             **facts}
 
 
-def compiled_facts() -> dict:
-    """What the last attention launch compiled to (GPU; {} under the interpreter): registers, spills, shared
-    memory, and whether its PTX re-allocates registers between warp groups (``setmaxnreg``: the mark of
-    Hopper warp specialisation; without it ``ws`` compiled to the plain software pipeline)."""
-    from .ulysses import LAST_LAUNCH
+def compiled_facts(method: str = "triton") -> dict:
+    """What the last attention launch of ``method`` compiled to (GPU; {} under the interpreter): registers, spills,
+    shared memory, and whether its PTX re-allocates registers between warp groups (``setmaxnreg``: the mark of
+    Hopper warp specialisation; without it ``ws`` compiled to the plain software pipeline); for the Gluon kernel
+    also its wgmma waits (``xstage.ulysses_gluon.ptx_facts``: ``wait_group 1`` is the overlapped wait)."""
+    if method == "triton":
+        from .ulysses import LAST_LAUNCH
+    else:
+        from .ulysses_gluon import LAST_LAUNCH
 
     kern = LAST_LAUNCH.get("kernel")
     if kern is None or env.interpreted():
@@ -177,12 +220,16 @@ def compiled_facts() -> dict:
         ptx = kern.asm["ptx"]
         out.update(shared_bytes=int(kern.metadata.shared), setmaxnreg="setmaxnreg" in ptx,
                    ptx_sha256=__import__("hashlib").sha256(ptx.encode()).hexdigest()[:16])
+        if method != "triton":
+            from .ulysses_gluon import ptx_facts
+
+            out["ptx"] = ptx_facts(ptx)
     except (AttributeError, KeyError, TypeError):
         pass
     return out
 
 
-def _cudnn_agrees(q, k, v, config: AttnConfig) -> str | None:
+def _cudnn_agrees(q, k, v, config) -> str | None:
     """None when cuDNN SDPA runs here and agrees with our attention; else why not (one line)."""
     if q.device.type != "cuda":
         return "no CUDA device (cuDNN SDPA needs one)"
@@ -190,16 +237,16 @@ def _cudnn_agrees(q, k, v, config: AttnConfig) -> str | None:
 
     try:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            err = rel_l2(sdpa_cudnn(q, k, v), attention_forward(q, k, v, config=config))
+            err = rel_l2(sdpa_cudnn(q, k, v), ours(config)[1](q, k, v))
     except RuntimeError as e:
         return f"cuDNN SDPA failed: {str(e).splitlines()[0]}"
     return None if err < CUDNN_TOL else f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
 
 
-def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: bool, fa: bool = False,
+def time_pair(q, k, v, config, repeats: int, warmup: int, cudnn: bool, fa: bool = False,
               launches: int = 1) -> dict[str, list[float]]:
-    """{"triton": ms per repeat, "cudnn": ms per repeat (if ``cudnn``), "fa4": ms per repeat (if ``fa``: FA4's
-    kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each repeat round-robin over them (one sample
+    """{"triton" (or "gluon" for a GluonConfig: :func:`ours`): ms per repeat, "cudnn": ms per repeat (if ``cudnn``),
+    "fa4": ms per repeat (if ``fa``: FA4's kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each repeat round-robin over them (one sample
     each), so a clock drift falls on all alike. A sample is ``launches`` back-to-back launches between two events,
     divided by ``launches``."""
     from contextlib import nullcontext
@@ -208,7 +255,8 @@ def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: boo
         return lambda: [fn() for _ in range(launches)]
 
     out_fa = torch.empty_like(q) if fa else None
-    fns = {"triton": times(lambda: attention_forward(q, k, v, config=config))}
+    method, fn = ours(config)
+    fns = {method: times(lambda: fn(q, k, v))}
     if cudnn:
         fns["cudnn"] = times(lambda: sdpa_cudnn(q, k, v))
     if fa:
@@ -225,14 +273,15 @@ def time_pair(q, k, v, config: AttnConfig, repeats: int, warmup: int, cudnn: boo
     return {m: [t / launches for t in ts] for m, ts in ms.items()}
 
 
-def check_shape(q, k, v, config: AttnConfig, seed: int, cudnn: bool, fa: bool) -> dict:
+def check_shape(q, k, v, config, seed: int, cudnn: bool, fa: bool) -> dict:
     """Ours (``config``), FA4 (if ``fa``) and cuDNN SDPA (if ``cudnn``) against the float32 reference on
     ``SAMPLE_ROWS`` sampled query rows of this shape's inputs: {method: relative L2}; raises AssertionError naming
     the first method over ``REF_TOL``."""
     g = torch.Generator(device=q.device).manual_seed(seed)
     rows = sample_rows(q.shape[0], SAMPLE_ROWS, g)
     ref = attention_reference_rows(q, k, v, rows)
-    errs = {"triton": rel_l2(attention_forward(q, k, v, config=config)[rows], ref)}
+    method, fn = ours(config)
+    errs = {method: rel_l2(fn(q, k, v)[rows], ref)}
     if fa:
         from . import fa4
 
@@ -262,7 +311,7 @@ def validate_ladder(variants: Mapping[int, Sequence[AttnConfig]], shapes: Sequen
             raise ValueError(f"shape {s.name} has head dim {s.D}, for which no variant is given")
     for D, cfgs in variants.items():
         for c in cfgs:
-            c.validate()
+            c.validate(D) if isinstance(c, GluonConfig) else c.validate()
         labels = [c.label for c in cfgs]
         if len(set(labels)) != len(labels):
             raise ValueError(f"head dim {D}: variants repeat ({labels})")
@@ -310,7 +359,7 @@ def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[A
                   file=sys.stderr, flush=True)
             continue
         m = data.read_meta(side, ATTENTION_LADDER)
-        m.setdefault("configs", {}).setdefault(str(D), {})[cfg.label] = asdict(cfg)
+        m.setdefault("configs", {}).setdefault(str(D), {})[cfg.label] = config_record(cfg)
         try:
             chk = check_variant(cfg, D, seed + 1000 * sum(map(len, m["configs"].values())), world)
         except Exception as e:  # noqa: BLE001 (compile errors, OutOfResources, failed checks: recorded)
@@ -351,9 +400,10 @@ def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[A
                     for meth, ts in times.items() for i, ms in enumerate(ts)]
             data.append_rows(csv, ATTENTION_LADDER, pd.DataFrame(rows))
             med = {meth: median(ts) for meth, ts in times.items()}
-            ratio = f", ours/cuDNN {med['cudnn'] / med['triton']:.3f}" if "cudnn" in med else ""
-            ratio += f", ours/FA4 {med['fa4'] / med['triton']:.3f}" if "fa4" in med else ""
-            print(f"ladder: {cfg.label} {s.name}: {flops / med['triton'] / 1e9:.0f} TFLOP/s{ratio}",
+            mine = med[ours(cfg)[0]]
+            ratio = f", ours/cuDNN {med['cudnn'] / mine:.3f}" if "cudnn" in med else ""
+            ratio += f", ours/FA4 {med['fa4'] / mine:.3f}" if "fa4" in med else ""
+            print(f"ladder: {cfg.label} {s.name}: {flops / mine / 1e9:.0f} TFLOP/s{ratio}",
                   file=sys.stderr, flush=True)
             del q, k, v
         m = data.read_meta(side, ATTENTION_LADDER)
@@ -400,13 +450,24 @@ def run_attention_vs_fa4(out: str | Path, variants: Mapping[int, Sequence[AttnCo
     if ok:
         for D in sorted({sh.D for sh in shapes}):
             fa_cfg[str(D)] = dict(zip(("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap"), fa4.fa_config(D)))
-    params = dict(variants={str(D): [asdict(c) for c in cs] for D, cs in variants.items()},
+    params = dict(variants={str(D): [config_record(c) for c in cs] for D, cs in variants.items()},
                   shapes=[asdict(s) for s in shapes], repeats=repeats, warmup=warmup, launches=launches, seed=seed,
                   deadline_s=deadline_s, source="gpu", ref_tol=REF_TOL, cudnn_tol=CUDNN_TOL,
                   sample_rows=SAMPLE_ROWS, check_shapes={str(D): asdict(s) for D, s in CHECK_SHAPES.items()},
                   check_P=CHECK_P, fa4=dict(available=ok, why=why, versions=fa4.versions(), config=fa_cfg,
                                             num_stages=fa4.NUM_STAGES, num_threads=fa4.NUM_THREADS),
+                  gluon=_gluon_params(variants),
                   timing=f"all warmed up, then each repeat round-robin: ours, cuDNN SDPA, FA4's kernel (CUDA "
                          f"events around {launches} back-to-back launches, divided by {launches})")
     return ladder_job(out, env.provenance(command, params), variants, shapes, repeats, warmup, seed, deadline_s,
                       fa=True, launches=launches)
+
+
+def _gluon_params(variants) -> dict | None:
+    """The Gluon kernel's availability for the sidecar (None when no variant is a Gluon one)."""
+    if not any(isinstance(c, GluonConfig) for cs in variants.values() for c in cs):
+        return None
+    from . import ulysses_gluon
+
+    ok, why = ulysses_gluon.available()
+    return dict(available=ok, why=why)

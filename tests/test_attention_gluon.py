@@ -1,0 +1,191 @@
+"""The Gluon attention (kernels/attention_gluon.py, xstage/ulysses_gluon.py; issue 14 round 4).
+
+Gluon does not run under Triton's CPU interpreter, so on the CPU: the kernel is compiled for sm_90a by this
+machine's Triton (a subprocess without the interpreter) and its PTX must hold the overlapped wgmma wait; bad inputs
+(head dim, dtype, shape, tile, Gluon missing) give one clear error before any launch; the ladder records a Gluon
+variant it cannot run as failed, never timed. On a Hopper GPU (``gpu``): every configuration the study times against
+a float32 reference on fresh random inputs (outputs poisoned with NaN first), masked key tails and the lse included.
+"""
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import record_launches
+from xstage import env
+from xstage import ulysses_gluon as G
+from xstage.ulysses_gluon import GluonConfig
+
+on_gpu = torch.cuda.is_available() and not env.interpreted()
+
+
+def test_gluon_is_gpu_only_here():
+    """The CPU side of the kernel's own check: under the interpreter it says so in one line; the run is the GPU
+    test below."""
+    if on_gpu:
+        pytest.skip("a GPU is visible: test_gluon_matches_float32_on_fresh_inputs runs the kernel")
+    ok, why = G.available()
+    assert not ok and "Hopper GPU" in why and "\n" not in why
+    pytest.skip(f"Gluon does not run under Triton's CPU interpreter ({why}); the GPU test runs it")
+
+
+COMPILE_CHECK = r"""
+import sys
+from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
+for D, c, even in ((128, GluonConfig(64, 64, 4, 2), True), (64, GluonConfig(128, 128, 8, 2), False)):
+    k = compile_sm90(c, D, even_n=even, write_lse=True)
+    f = ptx_facts(k.asm["ptx"])
+    print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, k.metadata.shared)
+"""
+
+
+def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
+    """sm_90a compile on the CPU: wgmma present, and a ``wait_group 1`` (the scores of block j waited for while
+    block j-1's P V stays in flight: the overlap Triton's tl.dot never emits), TMA loads, shared memory as sized."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", COMPILE_CHECK], env=e, capture_output=True, text=True, timeout=300)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
+    assert len(lines) == 2, out.stdout
+    for line, (D, label, bm, bn, st) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2),
+                                                   (64, "gluon-128x128w8s2", 128, 128, 2))):
+        f = line.split(" ", 2)
+        assert f[:2] == [str(D), label], line
+        assert int(f[2].split()[0]) > 0, line                               # wgmma instructions
+        assert "[0, 1] 1 True" in line, line                                # waits 0 and 1, one wait_group 1
+        smem = int(line.split()[-1])
+        assert smem >= 2 * D * (bm + 2 * st * bn), line                     # Q + the K/V ring
+
+
+def _bf16(*shape, device="cpu"):
+    g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
+    return torch.randn(*shape, generator=g, device=device).bfloat16()
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: [_bf16(64, 2, 96)] * 3, "head dim must be one of"),
+    (lambda: [_bf16(64, 2, 64).half()] * 3, "runs bf16"),
+    (lambda: [_bf16(64, 2, 64), _bf16(64, 2, 64), _bf16(32, 2, 64)], "shapes differ"),
+    (lambda: [_bf16(64, 2, 64).transpose(0, 1)] * 3, "3-D|contiguous|shapes"),
+    (lambda: [_bf16(64, 64)] * 3, "3-D tensor"),
+])
+def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
+    from xstage.kernels import attention_gluon
+
+    launched = record_launches(monkeypatch, [(attention_gluon, "gluon_attention_kernel")]) \
+        if attention_gluon.AVAILABLE else []
+    q, k, v = make()
+    with pytest.raises(ValueError, match=match):
+        G.attention_forward(q, k, v)
+    assert launched == []
+
+
+@pytest.mark.parametrize("cfg, D, match", [
+    (GluonConfig(128, 128, 4, 2), 128, "block_m must be 16 x num_warps"),
+    (GluonConfig(64, 64, 2, 2), 128, "num_warps must be 4 or 8"),
+    (GluonConfig(64, 48, 4, 2), 128, "block_n must be"),
+    (GluonConfig(64, 64, 4, 0), 128, "stages must be"),
+    (GluonConfig(128, 256, 8, 3), 128, "shared memory"),
+])
+def test_bad_tile_one_line(cfg, D, match):
+    with pytest.raises(ValueError, match=match):
+        cfg.validate(D)
+
+
+def test_gluon_missing_one_line_before_any_launch(monkeypatch):
+    """Where Gluon cannot run (the interpreter, no Hopper, an old Triton) a valid call ends in one line naming why."""
+    from xstage.kernels import attention_gluon
+
+    monkeypatch.setattr(G, "_AVAILABLE", (False, "this Triton has no Gluon for Hopper (test); needs Triton >= 3.5"))
+    launched = record_launches(monkeypatch, [(attention_gluon, "gluon_attention_kernel")]) \
+        if attention_gluon.AVAILABLE else []
+    q = _bf16(128, 2, 64)
+    with pytest.raises(RuntimeError, match="no Gluon for Hopper") as e:
+        G.attention_forward(q, q, q)
+    assert "\n" not in str(e.value) and launched == []
+
+
+def test_ladder_records_a_gluon_variant_it_cannot_run_as_failed(tmp_path, cpu_timing):
+    """On the CPU the ladder's Gluon rung is recorded in ``failed`` with the one line, and never timed; the Triton
+    base rung beside it is checked and timed."""
+    from xstage import data
+    from xstage.data import ATTENTION_LADDER
+    from xstage.ulysses import AttnConfig, UlyssesShape
+    from xstage.ulysses_ladder import ladder_job
+
+    if on_gpu:
+        pytest.skip("a GPU is visible")
+    variants = {64: (AttnConfig(64, 64, 4, 1), GluonConfig(64, 128, 4, 2))}
+    meta = {k: "cpu" for k in data.REQUIRED_META if k not in ("schema", "schema_version")}
+    ladder_job(tmp_path, meta, variants, [UlyssesShape("tiny", 96, 2, 64)], repeats=2, warmup=0,
+               seed=random.randrange(2**20))
+    df, m = data.load(tmp_path, ATTENTION_LADDER)
+    assert set(df.variant) == {"64x64w4s1"} and set(df.method) == {"triton"}
+    why = m["failed"]["64"]["gluon-64x128w4s2"]
+    assert "Gluon" in why and "\n" not in why
+    assert m["configs"]["64"]["gluon-64x128w4s2"]["kernel"] == "gluon"
+
+
+def test_the_table_reads_gluon_rows_as_ours():
+    """studies.attention_ladder_table: a Gluon variant's rows (method gluon) are that variant's ``ours``; the base
+    rung's are the Triton rows; ratios against FA4 from the same block."""
+    import pandas as pd
+
+    from xstage import studies
+
+    rng = random.Random()
+    t_tr, t_gl, t_fa = (rng.uniform(1, 2) for _ in range(3))
+    rows = [dict(variant=v, shape="s", S=8192, H=24, D=128, method=m, repeat=i, ms=t, tflops=1.0)
+            for v, meths in (("128x128w8s3-tma-pers", (("triton", t_tr), ("fa4", t_fa))),
+                             ("gluon-64x64w4s2", (("gluon", t_gl), ("fa4", t_fa))))
+            for m, t in meths for i in range(3)]
+    tab = studies.attention_ladder_table(pd.DataFrame(rows))
+    g = tab.set_index("variant")
+    assert g.loc["gluon-64x64w4s2", "ours_ms"] == pytest.approx(t_gl)
+    assert g.loc["128x128w8s3-tma-pers", "ours_ms"] == pytest.approx(t_tr)
+    assert g.loc["gluon-64x64w4s2", "ours_over_fa"] == pytest.approx(t_fa / t_gl)
+    assert g.loc["gluon-64x64w4s2", "vs_base"] == pytest.approx(t_tr / t_gl)
+    assert studies._ladder_labels([{"kernel": "gluon", "block_m": 64, "block_n": 64, "num_warps": 4, "stages": 2}]) \
+        == ["gluon-64x64w4s2"]
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+def _gpu_configs():
+    from xstage.ulysses_ladder import FA4_GLUON_VARIANTS
+
+    out = {(D, c) for D, cs in G.CONFIGS.items() for c in cs}
+    out |= {(D, c) for D, cs in FA4_GLUON_VARIANTS.items() for c in cs if isinstance(c, GluonConfig)}
+    return sorted(out, key=lambda dc: (dc[0], dc[1].label))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, cfg", _gpu_configs(), ids=lambda x: getattr(x, "label", str(x)))
+@pytest.mark.parametrize("S, H", [(256, 2), (3000, 3), (4100, 2)])
+def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
+    from xstage.ulysses_ladder import attention_reference
+
+    ok, why = G.available()
+    if not ok:
+        pytest.skip(why)
+    q, k, v = (_bf16(S, H, D, device="cuda") for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((H, S), float("nan"), device="cuda")
+    G.attention_forward(q, k, v, config=cfg, out=out, lse=lse)
+    ref = attention_reference(q, k, v)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    qf, kf = q.float().transpose(0, 1), k.float().transpose(0, 1)
+    lse_ref = torch.logsumexp(qf @ kf.transpose(1, 2) * D ** -0.5, dim=-1)
+    assert not out.isnan().any() and err < 1e-2, (cfg.label, err)
+    assert (lse - lse_ref).abs().max().item() < 1e-2
+    # the error of PyTorch's own bf16 attention, for scale: ours within 2x of it
+    base = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
+    assert err < 2 * ((base.float() - ref).norm() / ref.norm()).item() + 1e-3
