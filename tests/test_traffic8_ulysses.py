@@ -181,6 +181,8 @@ TW = lambda: TrafficWorld(EmulatedWorld(2))  # noqa: E731
      r"sequence length \(100\) must be a positive multiple of the number of ranks \(8\)"),
     (lambda: TU.check_job(EmulatedWorld(2), [(64, 8, 64)], 0), r"needs a TrafficWorld"),
     (lambda: TU.validate(EmulatedWorld(8), 64, 8, 64), r"needs a xstage.traffic.TrafficWorld"),
+    (lambda: U.check_job(TW(), [(64, 8, 64)], 0, torch.float16),
+     r"cannot check this world \(8-rank traffic on 2 GPUs\): use xstage.traffic_ulysses.check_job"),
     (lambda: TU.run("/nonexistent/traffic8", world="one-gpu"), r"traffic ranks are for the gpus world"),
     (lambda: TU.run("/nonexistent/traffic8", world_size=4), r"needs a 2-rank world .* got 4 ranks"),
     (lambda: TU.run("/nonexistent/traffic7", 7), r"multiple of the world size \(2\)"),
@@ -207,6 +209,22 @@ def test_sweep_refuses_mixed_folders_and_needs_two_gpus(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "the Ulysses sweep with 8-rank traffic on 2 GPUs needs 2 CUDA GPU" in err and len(err.strip().split("\n")) == 1
         assert not (tmp_path / "x").exists()
+
+
+def test_prediction_from_the_recorded_two_gpu_rows():
+    """predicted_fused_over_serial on data/h200x2's Ulysses record (P = 2): every shape whose heads divide by 8, the
+    bytes each GPU sends 7/16 of P = 2's, the attention shorter, the model never above its bound (a fused layer that
+    hides everything), the bound above 1; P != 2 rows refused."""
+    df, meta = data.load(data.machine_dir("h200x2"), data.ULYSSES)
+    p = TU.predicted_fused_over_serial(df, meta)
+    want = {s for s in set(df["shape"]) if df[df["shape"] == s].H.iloc[0] % 8 == 0}
+    assert set(p["shape"]) == want and len(p) >= 10
+    assert (p.bytes_traffic * 16 == p.bytes_p2 * 7).all()
+    assert (p.attention_ms_traffic < p.attention_ms_p2).all() and (p.bound_traffic > 1).all()
+    assert (p.model_traffic <= p.bound_traffic + 1e-12).all() and (p.model_traffic > 0.5).all()
+    assert p.attrs["alltoall_fit"]["gb_per_s"] > 0
+    with pytest.raises(ValueError, match="needs recorded P = 2 rows"):
+        TU.predicted_fused_over_serial(df.assign(P=8), meta)
 
 
 # ------------------------------------------------------------------------------------------- 2 GPUs (multigpu)

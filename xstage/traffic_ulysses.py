@@ -471,3 +471,57 @@ def run(out: str | Path, traffic_ranks: int = TRAFFIC_RANKS, world_size: int = 2
     spawn(sweep_job, world_size, traffic_ranks, list(shapes), str(out), meta, repeats, warmup, list(methods), tune,
           seed)
     return Path(out) / f"{data.ULYSSES_TRAFFIC.name}.csv"
+
+
+# ------------------------------------------------------------------------------------------------ prediction
+def predicted_fused_over_serial(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS) -> pd.DataFrame:
+    """What recorded 2-rank Ulysses rows ``df`` (schema ulysses, P = 2, one process per GPU; ``meta`` its sidecar)
+    predict for the same shapes with ``traffic_ranks``-rank traffic on 2 GPUs. A model, computed, never measured;
+    each shape anchored to its own P = 2 medians:
+
+    - attention: the shape's ``attention_only`` time per wave of output tiles (ceil(tiles / SMs), tiles =
+      cdiv(S, BLOCK_M) x heads per GPU, the shape's recorded BLOCK_M), times the waves of H / L heads;
+    - the all-to-all: the shape's ``serial_triton - attention_only`` scaled by the law latency + bytes / rate fitted
+      over every shape (least squares; bytes = ``xstage.ulysses.alltoall_bytes``), from the P = 2 bytes to the
+      bytes GPU g sends with L-rank traffic ((L-1)/L of its [S, H/L, D] output: what ``serial_bytes`` moves);
+    - the fused layer: the L-rank attention plus the shape's own ``fused - attention_only`` at P = 2 (the barrier and
+      whatever of the drain is not hidden; 7/16 of the P = 2 bytes cross now), at least 0: where the recorded fused
+      layer ran faster than attention alone (up to 6 %, the spread between timing blocks) it counts as 0, so that
+      the noise is not carried to an attention four times shorter.
+
+    Returns per shape the recorded ``measured_p2`` (serial_triton / fused), ``model_traffic`` (serial_bytes /
+    fused with L-rank traffic) and ``bound_traffic`` ((attention + all-to-all) / attention: a fused layer that
+    hides everything and pays nothing), with the times behind them (ms); ``attrs["alltoall_fit"]`` the law."""
+    import numpy as np
+
+    from .ulysses import alltoall_bytes
+
+    if set(df.P) != {2}:
+        raise ValueError(f"predicted_fused_over_serial needs recorded P = 2 rows, got P = {sorted(set(df.P))}")
+    sms = int(meta.get("sm_count") or 132)
+    med = df.groupby(["shape", "S", "H", "D", "method"]).end_to_end_ms.median().unstack("method").reset_index()
+    L = traffic_ranks
+
+    def waves(S, heads, bm):
+        return -(-(-(-S // bm) * heads) // sms)
+
+    b2 = np.array([alltoall_bytes(r.S, r.H, r.D, 2) for r in med.itertuples()], dtype=float)
+    comm2 = (med.serial_triton - med.attention_only).to_numpy()
+    fit = np.linalg.lstsq(np.stack([np.ones_like(b2), b2], 1), comm2, rcond=None)[0]
+    rows = []
+    for r, b, c2 in zip(med.itertuples(), b2, comm2):
+        if r.H % L or r.S % L:
+            continue
+        bm = int(meta.get("configs", {}).get(r.shape, {}).get("block_m", 128))
+        attn8 = r.attention_only * waves(r.S, r.H // L, bm) / waves(r.S, r.H // 2, bm)
+        b8 = (L - 1) * (r.S // L) * (r.H // L) * r.D * 2
+        comm8 = c2 * (fit[0] + fit[1] * b8) / (fit[0] + fit[1] * b)
+        over = max(r.fused - r.attention_only, 0.0)
+        rows.append(dict(shape=r.shape, S=r.S, H=r.H, D=r.D, measured_p2=r.serial_triton / r.fused,
+                         model_traffic=(attn8 + comm8) / (attn8 + over), bound_traffic=(attn8 + comm8) / attn8,
+                         attention_ms_p2=r.attention_only, attention_ms_traffic=attn8, alltoall_ms_p2=c2,
+                         alltoall_ms_traffic=comm8, fused_overhead_ms=over, bytes_p2=int(b), bytes_traffic=int(b8)))
+    out = pd.DataFrame(rows)
+    out.attrs["alltoall_fit"] = dict(latency_ms=float(fit[0]), gb_per_s=float(1e-6 / fit[1]) if fit[1] > 0
+                                     else float("inf"))
+    return out

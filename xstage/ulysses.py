@@ -675,6 +675,8 @@ def check_job(world, cases: Sequence, seed: int, dtype: torch.dtype | None = Non
     GPUs, torch indexing for emulated ranks), which also proves every element was written; (2) a relative L2
     error to the float32 reference at most 2x PyTorch's own at that dtype. Runs on every rank (GPU) or once for
     an emulated world. Returns one dict per (case, local rank) with both errors."""
+    if getattr(world, "traffic_ranks", None):   # rows of the ranks no GPU plays stay unwritten there, by design
+        raise ValueError(f"check_job cannot check this world ({world.label}): use xstage.traffic_ulysses.check_job")
     P = world.world_size
     dtype = dtype or default_dtype()
     validate_torch_dtype(dtype)
