@@ -150,7 +150,9 @@ def test_sweep_job_flow_records_traffic_rows(tmp_path, monkeypatch, cpu_timing):
     df, side = data.load(tmp_path, data.ULYSSES_TRAFFIC)
     assert sorted(set(df.method)) == sorted(TU.METHODS) and len(df) == 3 * 2
     assert (df.traffic_ranks == 8).all() and (df.gpus == 2).all() and (df.P == 8).all() and (df.end_to_end_ms > 0).all()
-    assert side["params"]["traffic_ranks"] == 8 and side["egress"]["tiny/P8"]["0"]["remote_share"] == 7 / 8
+    eg = side["egress"]["tiny/P8"]
+    assert side["params"]["traffic_ranks"] == 8 and set(eg) == {"0", "1"}
+    assert all(e["remote_share"] == 7 / 8 for e in eg.values()) and [eg["0"]["rank"], eg["1"]["rank"]] == [0, 4]
     assert not (tmp_path / "ulysses.csv").exists()
     TU.sweep_job(tw, 8, shapes, str(tmp_path), meta, 2, 1, list(TU.METHODS), False, 0)
     assert len(data.load(tmp_path, data.ULYSSES_TRAFFIC)[0]) == 6            # resumed: nothing new

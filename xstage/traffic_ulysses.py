@@ -391,10 +391,12 @@ def sweep_job(world, traffic_ranks: int, shapes: Sequence, folder: str, meta: di
             tw.dist.broadcast_object_list(choice, src=0)
         cfg = choice[0] or default_config(shape.D)
         res, extras = measure_shape(tw, shape, bufs, methods, repeats, warmup, cfg, seed)
-        parts = [res]
+        parts = [(res, extras["egress"])]
         if not tw.emulated:
             parts = [None] * L
-            tw.dist.all_gather_object(parts, res)              # one entry per GPU
+            tw.dist.all_gather_object(parts, (res, extras["egress"]))   # one entry per GPU
+        extras["egress"] = {g: e for _, eg in parts for g, e in eg.items()}        # every GPU's, from its table
+        parts = [p[0] for p in parts]
         if writer:
             flops = attention_flops(shape.S, shape.H, shape.D) / L
             rows = []
