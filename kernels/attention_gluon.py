@@ -174,3 +174,124 @@ if AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_bars.index(i))
             mbarrier.invalidate(v_bars.index(i))
+
+
+# ------------------------------------------------------------------------------------------ warp-specialised rung
+# FA3's CTA: a loader warp (TMA of Q, and of K/V into the ring, slot by slot as the consumers free it) and two
+# consumer warpgroups, each 64 query rows of one 128-row tile, each running the overlapped loop above on its own
+# rows and storing its own half. The consumers share the K/V ring (half the K/V traffic of two 64-row CTAs) and are
+# coupled only through the ring's mbarriers ("ready": the TMA's bytes landed; "empty": both consumers' wgmmas that
+# read the slot completed, two arrivals), so one warpgroup's softmax can run while the other's GEMMs use the tensor
+# cores (the ping-pong left to the warp schedulers; FA3 also orders it with named barriers, not done here).
+if AVAILABLE:
+    @gluon.jit
+    def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
+                   off_m, col, n_blocks, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr):
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        _tma_load(q_desc, [off_m, col], q_bar, q_smem.index(0))
+        _tma_load(q_desc, [off_m + HALF_M, col], q_bar, q_smem.index(1))
+        for j in range(n_blocks):
+            slot = j % STAGES
+            phase = ((j // STAGES) & 1) ^ 1          # a fresh barrier passes parity 1: the ring's first fill
+            mbarrier.wait(k_empty.index(slot), phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [j * BLOCK_N, col], k_ready.index(slot), k_ring.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [j * BLOCK_N, col], v_ready.index(slot), v_ring.index(slot))
+
+    @gluon.jit
+    def _ws_consumer(half, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HALF_M: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr):
+        dtype: gl.constexpr = o_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        q = q_smem.index(half)
+        zero_s = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+        acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
+        m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([HALF_M], gl.float32, layout=row_s)
+
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = n_blocks - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_ring.index(last % STAGES), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+        mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+
+        row0 = off_m + half * HALF_M
+        o = (acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)).to(dtype)
+        if WRITE_LSE:
+            offs_m = row0 + gl.arange(0, HALF_M, layout=row_s)
+            gl.store(lse_ptr + h * S + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < S)
+        q.store(o)                      # this warpgroup's Q half stages its output half (its last S wgmma is done)
+        fence_async_shared()
+        _cta_barrier()
+        _tma_store(o_desc, [row0, col], q)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, Hl, qk_scale,
+                                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                  STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
+                                  CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Warp-specialised: the default partition (4 warps) is consumer 0, worker 0 (4 warps) consumer 1, worker 1
+        (1 warp) the loader. q/o descriptors' blocks are [BLOCK_M / 2, D] (each consumer's half)."""
+        HALF_M: gl.constexpr = BLOCK_M // 2
+        n_m = gl.cdiv(S, BLOCK_M)
+        pid = gl.program_id(0)
+        h = pid // n_m
+        off_m = (pid - h * n_m) * BLOCK_M
+        col = h * HEAD_DIM
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)      # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=2)
+        fence_async_shared()
+        n_blocks = gl.cdiv(S, BLOCK_N)
+        gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                            k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_N,
+                                            HALF_M, STAGES, EVEN_N, WRITE_LSE)),
+                            (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                            k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_N,
+                                            HALF_M, STAGES, EVEN_N, WRITE_LSE)),
+                            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                          k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES))],
+                           [4, 1], [CONSUMER_REGS, 24])

@@ -21,11 +21,12 @@ from xstage.ulysses_gluon import CONFIGS, GluonConfig, available
 from xstage.ulysses_gluon import attention_forward as gluon_forward
 from xstage.ulysses_ladder import attention_reference
 
-CHECKS = [(128, 256, 2), (128, 3000, 3), (128, 4096, 2), (64, 256, 2), (64, 3000, 3), (64, 4100, 2)]
+CHECKS = [(128, 100, 1), (128, 256, 2), (128, 3000, 3), (128, 4096, 2), (64, 100, 1), (64, 256, 2), (64, 3000, 3),
+          (64, 4100, 2)]
 TIMED = [(8192, 24, 128), (30000, 20, 64)]
 BASE = {128: AttnConfig(128, 128, 8, 3, True, persistent=True), 64: AttnConfig(128, 128, 4, 3, True)}
-EXTRA = {128: (GluonConfig(128, 128, 8, 3), GluonConfig(128, 64, 8, 3), GluonConfig(64, 64, 4, 2)),
-         64: (GluonConfig(128, 128, 8, 2), GluonConfig(64, 128, 4, 3))}
+EXTRA = {128: (GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 64, 4, 2), GluonConfig(64, 64, 4, 3)),
+         64: (GluonConfig(128, 128, 4, 3, ws=True), GluonConfig(64, 128, 4, 3))}
 
 
 def main() -> int:

@@ -23,8 +23,10 @@ if __name__ == "__main__":
     if study not in STUDIES:
         sys.exit(f"STUDY must be one of {sorted(STUDIES)} (empty: round 3's levers), got {study!r}")
     record, variants = STUDIES[study]
+    skip = {v for v in os.environ.get("SKIP_VARIANTS", "").split(",") if v}    # labels left out (a failed first look)
+    variants = {D: tuple(c for c in cs if c.label not in skip) for D, cs in variants.items()}
     out = os.path.join(os.environ["OUT"], "h200x1", record)
-    prefix = f"STUDY={study} " if study else ""
+    prefix = (f"STUDY={study} " if study else "") + (f"SKIP_VARIANTS={','.join(sorted(skip))} " if skip else "")
     csv = run_attention_vs_fa4(out, variants=variants, repeats=repeats, warmup=3, launches=launches,
                                deadline_s=deadline,
                                command=prefix + "python3 scripts/attention_vs_fa4.py " + " ".join(sys.argv[1:]))

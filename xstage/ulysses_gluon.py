@@ -29,22 +29,34 @@ METHOD = "gluon"          # the ladder's method name for this kernel's rows
 @dataclass(frozen=True)
 class GluonConfig:
     """Tile shape of the Gluon kernel: BLOCK_M query rows per CTA (num_warps / 4 warpgroups of 16 rows per warp),
-    BLOCK_N keys per block, STAGES K/V ring slots."""
+    BLOCK_N keys per block, STAGES K/V ring slots. ``ws``: the warp-specialised kernel (a loader warp and two
+    consumer warpgroups of num_warps = 4 warps, 64 rows each, sharing the K/V ring; BLOCK_M 128), its consumers'
+    registers raised to ``regs`` (setmaxnreg)."""
 
     block_m: int = 128
     block_n: int = 128
     num_warps: int = 8
     stages: int = 2
+    ws: bool = False
+    regs: int = 232
 
     @property
     def label(self) -> str:
+        if self.ws:
+            return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}"
 
     def validate(self, D: int | None = None) -> None:
         """One clear error (ValueError) for a tile the kernel cannot run; with ``D``, the shared-memory budget."""
         if self.num_warps not in (4, 8):
             raise ValueError(f"Gluon attention: num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}")
-        if self.block_m != 16 * self.num_warps:
+        if self.ws:
+            if self.num_warps != 4 or self.block_m != 128:
+                raise ValueError(f"Gluon attention, warp-specialised: two consumer warpgroups of 4 warps and 64 rows "
+                                 f"(num_warps 4, block_m 128), got num_warps {self.num_warps}, block_m {self.block_m}")
+            if self.regs % 8 or not 128 <= self.regs <= 240:
+                raise ValueError(f"Gluon attention: regs must be a multiple of 8 in [128, 240], got {self.regs}")
+        elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
         if self.block_n not in (32, 64, 128, 256):
@@ -136,7 +148,7 @@ def _descriptors(q, k, v, out, config: GluonConfig):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     S, Hl, D = q.shape
-    bq, bk = [config.block_m, D], [config.block_n, D]
+    bq, bk = [config.block_m // 2 if config.ws else config.block_m, D], [config.block_n, D]
     lq, lk = _layout(bq, gl.bfloat16), _layout(bk, gl.bfloat16)
     return (TensorDescriptor.from_tensor(q.view(S, Hl * D), bq, lq),
             TensorDescriptor.from_tensor(k.view(S, Hl * D), bk, lk),
@@ -152,7 +164,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """The Gluon attention (non-causal): [S, Hl, D] -> out [S, Hl, D]; ``lse`` (float32 [Hl, S], contiguous) gets
     the natural-log softmax denominators when given."""
-    from .kernels.attention_gluon import gluon_attention_kernel
+    from .kernels.attention_gluon import gluon_attention_kernel, gluon_attention_ws_kernel
 
     D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
     config = config or CONFIGS.get(D, CONFIGS[128])[0]
@@ -167,10 +179,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     scale = (1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)) * 1.4426950408889634
     qd, kd, vd, od = _descriptors(q, k, v, out, config)
     grid = (-(-S // config.block_m) * Hl,)
-    LAST_LAUNCH["kernel"] = gluon_attention_kernel[grid](
+    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs}) if config.ws else \
+        (gluon_attention_kernel, {})
+    LAST_LAUNCH["kernel"] = kern[grid](
         qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, HEAD_DIM=D, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, STAGES=config.stages, EVEN_N=S % config.block_n == 0, WRITE_LSE=lse is not None,
-        num_warps=config.num_warps)
+        num_warps=config.num_warps, **extra)
     return out
 
 
@@ -182,7 +196,7 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel
+    from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel, gluon_attention_ws_kernel
 
     if not AVAILABLE:
         raise RuntimeError(f"this Triton has no Gluon for Hopper ({WHY})")
@@ -196,7 +210,11 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
            "EVEN_N": "constexpr", "WRITE_LSE": "constexpr", "num_warps": "constexpr"}
     const = {"HEAD_DIM": D, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "STAGES": config.stages,
              "EVEN_N": even_n, "WRITE_LSE": write_lse, "num_warps": config.num_warps}
-    src = GluonASTSource(gluon_attention_kernel, sig, constexprs={(list(sig).index(k),): v for k, v in const.items()})
+    if config.ws:
+        sig = {**{k: v for k, v in sig.items() if k != "num_warps"}, "CONSUMER_REGS": "constexpr",
+               "num_warps": "constexpr"}
+        const["CONSUMER_REGS"] = config.regs
+    src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig, constexprs={(list(sig).index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
 
 

@@ -122,11 +122,12 @@ FA4_GLUON_VARIANTS = {
     128: (AttnConfig(128, 128, 8, 3, True, persistent=True),              # h: the Triton base rung
           GluonConfig(64, 64, 4, 2),                                      # 1 warpgroup, 80 KB: 2 CTAs per SM
           GluonConfig(64, 64, 4, 3),                                      # deeper ring, 112 KB: 2 CTAs per SM
-          GluonConfig(128, 128, 8, 2)),                                   # 2 warpgroups, 164 KB: 1 CTA per SM
+          GluonConfig(128, 128, 4, 2, ws=True),                           # loader warp + 2 consumer warpgroups
+          GluonConfig(128, 128, 8, 2)),                                   # 2 warpgroups in step, 164 KB
     64: (AttnConfig(128, 128, 4, 3, True),                                # p: the Triton base rung at D = 64
          GluonConfig(64, 128, 4, 3),                                      # 107 KB: 2 CTAs per SM
          GluonConfig(64, 128, 4, 2),                                      # 74 KB: 3 CTAs per SM
-         GluonConfig(64, 64, 4, 3),
+         GluonConfig(128, 128, 4, 3, ws=True),
          GluonConfig(128, 128, 8, 2)),
 }
 LAUNCHES = 2             # back-to-back launches per timed sample (run_attention_vs_fa4)
