@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MegaMoE on ONE GPU, round 5 (issue 15, items 2 and 3, and round 4's A/B finished): one device call of at most
 # LIMIT seconds, in order:
-#  1. install; the round-5 bf16 tile variants compiled in the background (Triton's cache, no launch, 3 processes);
+#  1. install; (WARM = 1, the default) the round-5 bf16 tile variants compiled in the background (Triton's cache, no
+#     launch, 3 processes);
 #  2. (TESTS = 1) the one-GPU GPU tests (tests/test_moe_one_gpu.py -m gpu: the fused layer against the float32
 #     reference on fresh inputs, combine poisoned, every schedule x assignment bit-identical, link local / host);
 #  3. (CTRL_S > 0) round 4's controls A/B (the swizzled default beside swizzle0, same rounds) resumed over every
@@ -13,7 +14,7 @@
 #  5. study tiles (bf16 tile variants beside the default and torch._grouped_mm, every configuration with >= 2048
 #     rows on rank 0, table order) with the time left, into the same new folder.
 # Every study resumes from its folder under data/h200x1/ when that holds part of it.
-#   scripts/megamoe_round5.sh [LIMIT] [TESTS] [CTRL_S] [LISTS_S]
+#   [WARM=0|1] scripts/megamoe_round5.sh [LIMIT] [TESTS] [CTRL_S] [LISTS_S]
 set -u
 : "${OUT:?set OUT}"
 LIMIT=${1:-420}; TESTS=${2:-1}; CTRL_S=${3:-165}; LISTS_S=${4:-75}
@@ -26,7 +27,7 @@ for f in megamoe_gemm.csv megamoe_gemm.json; do
 STAGE_TAIL=12; . "$(dirname "$0")/megamoe_stages.sh"      # stage, left, minutes
 nvidia-smi -L
 stage install 60 python3 -m pip install -q --no-deps --no-build-isolation -e .
-for i in 0 1 2; do
+[ "${WARM:-1}" = 1 ] && for i in 0 1 2; do
   timeout 200 python3 scripts/megamoe_gemm.py --warm --dtypes bf16 --part $i --parts 3 >"$OUT/logs/warm$i.log" 2>&1 &
 done
 [ "$TESTS" = 1 ] && stage test-one-gpu 120 python3 -m pytest -q -x -s -p no:cacheprovider -m gpu tests/test_moe_one_gpu.py
