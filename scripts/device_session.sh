@@ -7,7 +7,9 @@
 #   WORLD_SIZE=1 scripts/device_session.sh install test-host bandwidth burst-gap-host:240 free-running-host:240 trains:300
 #   WORLD_SIZE=1 scripts/device_session.sh install test-host barrier-host:90 drain-host:90
 # Needs OUT. WORLD_SIZE (default 2) ranks, one per GPU; MACHINE defaults to h200x<WORLD_SIZE>; FRESH_ULYSSES=1
-# starts the Ulysses sweep afresh. On 8 GPUs, everything the notebooks need:
+# starts the Ulysses sweep afresh. 8-rank traffic on 2 GPUs (nvidia-h200-x2):
+#   scripts/device_session.sh install test-traffic8 ulysses-traffic8:400 megamoe-traffic8:8
+# On 8 GPUs, everything the notebooks need:
 #   WORLD_SIZE=8 scripts/device_session.sh install test-remote bandwidth burst-gap:300 ulysses:400 megamoe:9
 # A failing stage is logged and the next one still runs. Files over 16 MiB do not come back from the device
 # tool: the burst-gap CSV (~18 MB) is gzip-compressed when its stage ends (xstage.data reads .csv.gz).
@@ -81,6 +83,14 @@ for s in "$@"; do
     megamoe-dynamic:*) seed megamoe dynamic; m=${s#megamoe-dynamic:}
        stage megamoe-dynamic $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --out "$SCRATCH/dynamic" \
        --max-minutes "$m" --world-size "$WORLD_SIZE" --assignment dynamic ;;
+    # 8-rank traffic on 2 GPUs (issue 13; nvidia-h200-x2): the 2-GPU checks first, then the sweeps into traffic8/
+    test-traffic8) stage test-traffic8 900 $PY -m pytest -q -x -p no:cacheprovider -m multigpu tests/test_traffic8.py \
+       tests/test_traffic8_ulysses.py ;;
+    megamoe-traffic8:*) seed megamoe_traffic traffic8; m=${s#megamoe-traffic8:}
+       stage megamoe-traffic8 $(( m * 60 + 120 )) $PY -m xstage sweep megamoe --traffic-ranks 8 \
+       --out "$SCRATCH/traffic8" --max-minutes "$m" ;;
+    ulysses-traffic8:*) seed ulysses_traffic traffic8; stage ulysses-traffic8 "${s#ulysses-traffic8:}" $PY -m xstage \
+       sweep ulysses --traffic-ranks 8 --out "$SCRATCH/traffic8" ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
