@@ -211,6 +211,10 @@ def test_sweep_refuses_mixed_folders_and_needs_two_gpus(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "the Ulysses sweep with 8-rank traffic on 2 GPUs needs 2 CUDA GPU" in err and len(err.strip().split("\n")) == 1
         assert not (tmp_path / "x").exists()
+        shared = tmp_path / "y" / "traffic8"            # the MegaMoE traffic record's folder: its own file beside
+        data.start_file(shared, data.MEGAMOE_TRAFFIC, env.provenance("test", {}))
+        with pytest.raises(RuntimeError, match="needs 2 CUDA GPU"):
+            TU.run(shared, shapes=U.shapes_by_name(["seq_4k"]))
 
 
 def test_prediction_from_the_recorded_two_gpu_rows():
