@@ -277,3 +277,48 @@ def test_own_slots_let_the_favoured_programs_pass_a_full_stage():
     start, end, _ = simulate_stage(prm, [132], np.array([[b]]), np.zeros((1, 1)), [False])
     t = (end - start)[0, :, 0] / (prm.overhead_ns + b / prm.program_rate)
     assert t.min() < 1.0 + 1e-6 and t.max() > 5, t
+
+
+def _program_rows(favoured_sms, persistent: bool, seed: int, programs: int = 16, bursts: int = 6, repeats: int = 3):
+    """Per-program rows (schema burst_program) of contended bursts: every burst's issue times are drawn afresh,
+    and the programs on ``favoured_sms`` take half as long (persistent) or a random half do (not)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    sms = np.arange(programs) * 2
+    for rep in range(repeats):
+        for b in range(bursts):
+            base = rng.uniform(180e3, 220e3, programs)            # 64 KiB per program, ~50x its unimpeded issue
+            fav = np.isin(sms, favoured_sms) if persistent else rng.permutation(np.isin(sms, favoured_sms))
+            issue = np.where(fav, base / 2, base)
+            rows.append(pd.DataFrame({"train": "t", "target": "host", "programs": programs, "store_bytes": 16,
+                                      "n_bursts": bursts, "rank": 0, "repeat": rep, "program": np.arange(programs),
+                                      "smid": sms, "burst": b, "burst_bytes": 64 * KIB, "gap_ns": 0,
+                                      "start_ns": 0.0, "issue_ns": issue}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
+    from xstage import studies
+
+    fav = list(np.random.default_rng().choice(np.arange(16) * 2, 4, replace=False))
+    per_sm, summ = studies.program_favour(_program_rows(fav, True, seed=1))
+    got = per_sm.sort_values("rel", ascending=False).smid.head(4)
+    assert sorted(got) == sorted(fav)
+    assert summ.favoured_share.iloc[0] == 0.25 and summ.persistence_across_repeats.iloc[0] > 0.5
+    assert summ.next_burst_rank_spearman.iloc[0] > 0.3
+    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=2))
+    assert abs(shuffled.next_burst_rank_spearman.iloc[0]) < 0.3
+    assert shuffled.favour_max.iloc[0] < 1.5           # nobody is favoured in every burst
+
+
+def test_program_favour_of_the_recorded_trains():
+    from xstage import studies
+
+    pp, meta = studies.train_programs_data()
+    assert meta["params"]["grid"]["per_program"] and pp.smid.between(0, meta["sm_count"] - 1).all()
+    per_sm, summ = studies.program_favour(pp)
+    assert sorted(summ.programs) == sorted(meta["params"]["grid"]["programs"])
+    assert (summ.sms == np.minimum(summ.programs, meta["sm_count"])).all()
+    assert np.isfinite(summ.drop(columns="programs").to_numpy(float)).all()

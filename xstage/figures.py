@@ -1437,6 +1437,28 @@ def barrier_harness(rows: pd.DataFrame, configs=((66, 32), (66, 64), (264, 16)),
     return fig
 
 
+def program_favour(per_sm: pd.DataFrame, favoured: float = 1.2, link: str = "host") -> go.Figure:
+    """Which SMs the full stage favours: per SM, the median over its contended bursts of the drain it got
+    relative to its burst's median program (xstage.studies.program_favour), one trace per program count.
+    The SMs a grid runs on are fixed by its size (P = 16: SMs 0-14 even and 124-131; 66: the even SMs)."""
+    fig = go.Figure()
+    cols = sample_colorscale("Viridis", np.linspace(0.05, 0.85, max(per_sm.programs.nunique(), 2)))
+    for c, (P, g) in zip(cols, per_sm.groupby("programs")):
+        fig.add_trace(go.Scatter(x=g.smid, y=g.rel, mode="markers", name=f"P = {P}", marker=dict(size=7, color=c),
+                                 customdata=g.bursts, hovertemplate="SM %{x}: %{y:.2f}x the median program "
+                                 "(%{customdata} contended bursts)<extra>" + f"P = {P}</extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#444", dash="dot"))
+    fig.add_hline(y=favoured, line=dict(color="#b22", dash="dash"),
+                  annotation_text=f"favoured (>= {favoured:g}x)", annotation_position="top left")
+    fig.update_xaxes(title_text="SM (%smid)")
+    fig.update_yaxes(title_text="drain relative to the burst's median program")
+    fig.update_layout(**_LAYOUT)
+    fig.update_layout(title=_title(f"Who the full stage favours, {_LINK_NAME[link]}, one GPU",
+                                   "free-running trains (data/h200x1/train_programs), per SM: median over its "
+                                   "contended bursts"))
+    return fig
+
+
 def stage_parity(fits: dict) -> go.Figure:
     """Held-out prediction vs measurement for every (observation, burst) of each link's full stage model, one
     panel per link, coloured by kind of record. Traces: per (link, kind)."""
