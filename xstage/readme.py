@@ -138,7 +138,27 @@ def _one_gpu_megamoe_rows() -> list[str]:
                     f"geomean **{ew}** ({' / '.join(dt)}) | same |")
         rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's ({assignment}) | "
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
-    return rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows()
+    return rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
+
+
+def _one_gpu_megamoe_round5_rows() -> list[str]:
+    """MegaMoE round 5 (data/h200x1/megamoe_round5, study tiles: link local, compute only, the configurations with
+    >= 2048 rows on rank 0): bf16 ours / torch._grouped_mm for the default tiles and the best fixed variant."""
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND5_SUB)
+    except studies.NoRecordedData:
+        return []
+    t = studies.megamoe_round5_tiles(df)
+    if not len(t):
+        return []
+    sm = studies.megamoe_round5_tiles_summary(t)
+    fixed = sm[~sm.variant.str.startswith("best per shape")]
+    best = fixed.sort_values(["min", "geomean"], ascending=False).iloc[0]
+    d = fixed[fixed.variant == "default"].iloc[0]
+    return [f"| MegaMoE, bf16 GEMM phases / `torch._grouped_mm`, same rounds, {int(d.configs)} configurations with "
+            f">= 2048 rows (goal >= 0.9 on each) | default tiles: geomean {d.geomean:.3f}, min **{d['min']:.3f}**, "
+            f"{int(d.below_goal)} below 0.9; best fixed variant ({best.variant}): min {best['min']:.3f}, "
+            f"{int(best.below_goal)} below | `scripts/megamoe_round5.sh` (study tiles), notebook 03 |"]
 
 
 def _one_gpu_megamoe_round4_rows() -> list[str]:

@@ -1901,6 +1901,33 @@ def megamoe_round5_tiles_summary(t: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def megamoe_round5_tiles_noise(t: pd.DataFrame, df: pd.DataFrame, variant: str = "swz16") -> pd.DataFrame:
+    """Study tiles' noise floor and the tile order's effect: per configuration of :func:`megamoe_round5_tiles`
+    whether ``variant`` (a tile-order variant: the default tiles with another swizzle) ran the very task list
+    of the default (Expert-Wave, rank 0, rebuilt from the seeded routing: no expert has more row blocks than the
+    default swizzle groups), and ``gain`` = its ours / grouped_mm over the default's. Over the identical lists the
+    gain is timing noise of the same rounds; where the lists differ it is the tile order's effect plus that
+    noise. Columns: config, shape, rows, same_list, max_row_blocks (rank 0's largest expert), gain."""
+    from dataclasses import replace
+    from .moe_plan import CASES, build_schedule, routing_of, tiles_of_row, TileGrid, TILE_SWIZZLE
+
+    cases = {c.name: c for c in CASES}
+    d = df[(df.study == "tiles") & (df.method == "ours")].assign(config=lambda x: _config(x))
+    out = []
+    for _, r in t.iterrows():
+        c, sh = cases[r.config], cases[r.config].shape
+        row = d[(d.config == r.config) & (d.variant == "default")].iloc[0]
+        var = d[(d.config == r.config) & (d.variant == variant)].iloc[0]
+        g0 = TileGrid.of(routing_of(c, 2)[2][0], sh.hidden, sh.intermediate, tiles_of_row(row), TILE_SWIZZLE)
+        from .moe_plan import parse_schedule_param
+        g1 = replace(g0, swizzle=parse_schedule_param(var.note)["swizzle"])
+        same = bool(np.array_equal(build_schedule("expert_wave", g0, 132).tasks,
+                                   build_schedule("expert_wave", g1, 132).tasks))
+        out.append(dict(config=r.config, shape=r["shape"], rows=r.rows, same_list=same,
+                        max_row_blocks=max(g0.row_blocks), gain=r[variant] / r["default"]))
+    return pd.DataFrame(out)
+
+
 def megamoe_round5_lists(df: pd.DataFrame) -> pd.DataFrame:
     """Study ``lists``, per configuration, dtype and list (xstage.moe_gemm.LISTS5; dynamic assignment, compute
     only, same rounds): the time over Expert-Wave's (``over_ew``), each tile kind's median time over Expert-Wave's
