@@ -91,6 +91,32 @@ S >= 8K), so no default changed. Ours / FA4: 0.72-0.79 at S >= 8K (goal 0.95: no
 overlaps: the cap to 128 registers is met without spills, yet l / m lose 10-20 %, so Triton's wgmma loop is not
 limited by a lack of co-resident warpgroups alone.
 
+Round 4 (issue 14; run C3 of docs/lab-notebook.md "Ulysses round 4", 2026-12-01, commit 4c41c3d, Triton 3.6; record
+data/h200x1/attention_vs_fa4_gluon/, ``STUDY=gluon scripts/attention_vs_fa4.sh``): the same forward written in Gluon
+(kernels/attention_gluon.py: asynchronous wgmma, the softmax of key block j under P_{j-1} V_{j-1}; ``wgmma.wait_group 1``
+in its PTX), checked against float32 (2.2e-3 .. 2.3e-3) and timed beside the base rung h / p, FA4 and cuDNN in the same
+rounds (medians of 10 samples of 2 launches). It has no fused epilogue yet. TFLOP/s, ours / FA4 in brackets:
+  rung (D = 128)                        8192x24     16384x24    32768x12    49152x12    32760x6     4096x12
+  h. Triton base (this kernel)          540 (0.78)  537 (0.77)  535 (0.77)  544 (0.79)  512 (0.72)  453 (0.74)
+  u. gluon 128x128, 8 warps, 2 stages   461 (0.66)  458 (0.65)  460 (0.64)  471 (0.68)  429 (0.58)  324 (0.61)
+  v. gluon 64x64, 4 warps, 2 stages     507 (0.76)  519 (0.78)  526 (0.78)  528 (0.77)  456 (0.65)  372 (0.67)
+  w. gluon 64x64, 4 warps, 3 stages     531 (0.80)  538 (0.81)  547 (0.82)  551 (0.81)  499 (0.72)  372 (0.68)
+  x. gluon warp-specialised 128x128 s2  592 (0.88)  619 (0.92)  632 (0.93)  645 (0.94)  474 (0.66)  352 (0.66)
+  rung (D = 64)                         30000x20    17776x24
+  p. Triton base (this kernel)          430 (0.75)  419 (0.74)
+  y. gluon 64x128, 4 warps, 3 stages    446 (0.80)  432 (0.79)
+  -  gluon 64x128, 4 warps, 2 stages    446 (0.80)  428 (0.79)
+  -  gluon warp-specialised 128x128 s3  390 (0.67)  376 (0.66)
+  -  gluon 128x128, 8 warps, 2 stages   338 (0.58)  330 (0.57)
+u runs its two warpgroups in step (Triton puts a CTA-wide bar.sync before each mbarrier wait and between each TMA
+expect and copy when the same warps issue the TMA: 4 per key block); v / w are one warpgroup per CTA, two CTAs per
+SM; x is FA3's CTA (a 1-warp TMA loader partition, two consumer warpgroups of 64 rows sharing a 128-row tile's K/V
+ring through ready / empty mbarriers, setmaxnreg 248 / 232 / 24): +10 .. +19 % over h at S >= 8K with 12-24 heads,
+0.88-0.94 of FA4 there (goal 0.95: not met). A likely cause of its loss on 32760x6 and at D = 64 (S % 128 != 0 in all
+three): the Gluon kernel applies the key mask to every block when S is not a multiple of BLOCK_N, not only to the
+last one (neither changed nor measured yet). The fused Ulysses epilogue on the Gluon kernel can follow once it is at
+FA4's speed (not started).
+
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
 everywhere" has a time and a failure to arrive has a report instead of a hang.

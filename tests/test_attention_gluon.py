@@ -189,3 +189,30 @@ def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
     # the error of PyTorch's own bf16 attention, for scale: ours within 2x of it
     base = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
     assert err < 2 * ((base.float() - ref).norm() / ref.norm()).item() + 1e-3
+
+
+def test_recorded_gluon_study_ratios_are_the_rows_medians():
+    """The round-4 record (data/h200x1/attention_vs_fa4_gluon): every Gluon variant was checked against float32
+    before it was timed, and the summary's fastest / FA4 ratio per shape is the ratio of that variant block's raw
+    medians (FA4's over ours), recomputed here from the rows."""
+    from xstage import studies
+
+    try:
+        df, m = studies.attention_ladder_data("h200x1", record="attention_vs_fa4_gluon")
+    except ValueError:
+        pytest.skip("no recorded attention_vs_fa4_gluon")
+    gl_variants = set(df[df.method == "gluon"].variant)
+    assert gl_variants and all(v.startswith("gluon-") for v in gl_variants)
+    for D, checks in m["checks"].items():
+        for label, c in checks.items():
+            assert c["rel_l2_vs_fp32"] < 1e-2
+            if label.startswith("gluon-"):
+                assert c["fused_bit_exact"] is None and c["ptx"]["wait_group_1"] >= 1
+    s = studies.attention_vs_fa4_summary(studies.attention_ladder_table(df, m)).set_index("shape")
+    med = df.groupby(["shape", "variant", "method"]).ms.median()
+    for shape, row in s.iterrows():
+        mine = "gluon" if row.best_variant.startswith("gluon-") else "triton"
+        assert row.best_over_fa == pytest.approx(med[shape, row.best_variant, "fa4"] / med[shape, row.best_variant, mine])
+        ours_ms = {v: med[shape, v, "gluon" if v.startswith("gluon-") else "triton"]
+                   for v in df[df["shape"] == shape].variant.unique()}
+        assert row.best_variant == min(ours_ms, key=ours_ms.get)      # same FLOPs per shape: the fastest time
