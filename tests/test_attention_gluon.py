@@ -35,16 +35,20 @@ def test_gluon_is_gpu_only_here():
 COMPILE_CHECK = r"""
 import sys
 from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
-for D, c, even in ((128, GluonConfig(64, 64, 4, 2), True), (64, GluonConfig(128, 128, 8, 2), False)):
+for D, c, even in ((128, GluonConfig(64, 64, 4, 2), True), (64, GluonConfig(128, 128, 8, 2), False),
+                   (128, GluonConfig(128, 128, 4, 2, ws=True), False)):
     k = compile_sm90(c, D, even_n=even, write_lse=True)
     f = ptx_facts(k.asm["ptx"])
-    print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, k.metadata.shared)
+    print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"],
+          k.metadata.shared)
 """
 
 
 def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
     """sm_90a compile on the CPU: wgmma present, and a ``wait_group 1`` (the scores of block j waited for while
-    block j-1's P V stays in flight: the overlap Triton's tl.dot never emits), TMA loads, shared memory as sized."""
+    block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one per consumer warpgroup in the
+    warp-specialised kernel), TMA loads, shared memory as sized; only the warp-specialised kernel moves registers
+    between its partitions (setmaxnreg)."""
     from xstage.kernels import attention_gluon
 
     if not attention_gluon.AVAILABLE:
@@ -55,13 +59,14 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
-    assert len(lines) == 2, out.stdout
-    for line, (D, label, bm, bn, st) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2),
-                                                   (64, "gluon-128x128w8s2", 128, 128, 2))):
+    assert len(lines) == 3, out.stdout
+    for line, (D, label, bm, bn, st, w1, ws) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2, 1, False),
+                                                           (64, "gluon-128x128w8s2", 128, 128, 2, 1, False),
+                                                           (128, "gluon-ws-128x128s2r232", 128, 128, 2, 2, True))):
         f = line.split(" ", 2)
         assert f[:2] == [str(D), label], line
         assert int(f[2].split()[0]) > 0, line                               # wgmma instructions
-        assert "[0, 1] 1 True" in line, line                                # waits 0 and 1, one wait_group 1
+        assert f"[0, 1] {w1} True {ws}" in line, line                       # waits 0 and 1; the overlapped ones
         smem = int(line.split()[-1])
         assert smem >= 2 * D * (bm + 2 * st * bn), line                     # Q + the K/V ring
 
