@@ -278,7 +278,8 @@ ATTENTION_LADDER = Schema(
 )
 # attention_ladder (xstage.ulysses_ladder), per launch variant of our attention, shape, method, repeat:
 #   variant  AttnConfig.label (its fields in the sidecar's ``configs``; its checks in ``checks``)
-#   method   triton (our attention) or cudnn (torch SDPA, cuDNN backend), timed round-robin in the same rounds
+#   method   triton (our attention), gluon (our attention in Gluon, kernels/attention_gluon.py: a variant has one of
+#            the two), cudnn (torch SDPA, cuDNN backend), fa4 (FA4's kernel), timed round-robin in the same rounds
 #   ms       CUDA events around one launch; tflops = 4 S^2 H D / ms
 
 SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, BURST_PROGRAM, MEGAMOE, MEGAMOE_TRAFFIC,
