@@ -68,12 +68,18 @@ if AVAILABLE:
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, start_n, S, qk_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                      EVEN_N: gl.constexpr):
+                      EVEN_N: gl.constexpr, MASK_LAST: gl.constexpr = False):
         """One key block's online-softmax step on raw scores ``s`` [BM, BN] fp32: (p fp32, alpha, m_new, l_new);
-        alpha rescales what came before."""
+        alpha rescales what came before. Keys past S score -inf (S % BLOCK_N != 0): in every block, or with
+        MASK_LAST only in the block that holds them (a uniform branch; runs C3 measured the first way)."""
         if not EVEN_N:
-            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            s = gl.where(gl.expand_dims(offs_n < S, 0), s, float("-inf"))
+            if MASK_LAST:
+                if start_n + BLOCK_N > S:
+                    offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                    s = gl.where(gl.expand_dims(offs_n < S, 0), s, float("-inf"))
+            else:
+                offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                s = gl.where(gl.expand_dims(offs_n < S, 0), s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
         alpha = gl.exp2(m_i - m_new)
@@ -84,7 +90,7 @@ if AVAILABLE:
     def gluon_attention_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, Hl, qk_scale,
                                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
-                               num_warps: gl.constexpr):
+                               num_warps: gl.constexpr, MASK_LAST: gl.constexpr = False):
         """One (query block, head) per CTA; see the module docstring. Descriptors over [S, Hl * D]: q/o blocks
         [BLOCK_M, D], k/v blocks [BLOCK_N, D]. lse_ptr: *fp32 [Hl, S] (WRITE_LSE)."""
         n_m = gl.cdiv(S, BLOCK_M)
@@ -132,7 +138,7 @@ if AVAILABLE:
         _wait_kv(k_bars, 0, STAGES)
         s_tok = warpgroup_mma(q_smem, k_ring.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         _cta_barrier()                 # every warp is past K_0: its slot takes K_STAGES
         _issue_kv(k_desc, k_ring, k_bars, STAGES, STAGES * BLOCK_N, col, STAGES, STAGES < n_blocks)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -144,7 +150,8 @@ if AVAILABLE:
             _wait_kv(v_bars, j - 1, STAGES)
             o_tok = warpgroup_mma(p_op, v_ring.index((j - 1) % STAGES), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))          # S_j here, P_{j-1} V_{j-1} runs on
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N,
+                                               MASK_LAST)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             _cta_barrier()             # every warp is past K_j and V_{j-1}: refill both slots
@@ -203,7 +210,8 @@ if AVAILABLE:
     @gluon.jit
     def _ws_consumer(half, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
                      off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HALF_M: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr):
+                     HALF_M: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
+                     MASK_LAST: gl.constexpr):
         dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -223,7 +231,7 @@ if AVAILABLE:
         s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_blocks):
             slot = j % STAGES
@@ -234,7 +242,8 @@ if AVAILABLE:
             o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N,
+                                               MASK_LAST)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -260,7 +269,8 @@ if AVAILABLE:
     def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, Hl, qk_scale,
                                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                   STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
-                                  CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                  CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                                  MASK_LAST: gl.constexpr = False):
         """Warp-specialised: the default partition (4 warps) is consumer 0, worker 0 (4 warps) consumer 1, worker 1
         (1 warp) the loader. q/o descriptors' blocks are [BLOCK_M / 2, D] (each consumer's half)."""
         HALF_M: gl.constexpr = BLOCK_M // 2
@@ -288,10 +298,10 @@ if AVAILABLE:
         n_blocks = gl.cdiv(S, BLOCK_N)
         gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                             k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_N,
-                                            HALF_M, STAGES, EVEN_N, WRITE_LSE)),
+                                            HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST)),
                             (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                             k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_N,
-                                            HALF_M, STAGES, EVEN_N, WRITE_LSE)),
+                                            HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST)),
                             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                           k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES))],
                            [4, 1], [CONSUMER_REGS, 24])

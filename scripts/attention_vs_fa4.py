@@ -11,9 +11,11 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_ladder import FA4_GLUON_VARIANTS, FA4_VARIANTS, LAUNCHES, run_attention_vs_fa4
+from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_VARIANTS, LAUNCHES,
+                                   run_attention_vs_fa4)
 
-STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_gluon", FA4_GLUON_VARIANTS)}
+STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_gluon", FA4_GLUON_VARIANTS),
+           "gluon_next": ("attention_vs_fa4_gluon_next", FA4_GLUON_NEXT_VARIANTS)}   # not run yet
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

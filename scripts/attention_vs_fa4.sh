@@ -11,7 +11,8 @@
 #             starts after S - 40 s -> $OUT/h200x1/attention_vs_fa4/
 #   p4:S      xstage sweep ulysses --world one-gpu --ranks 4, links host then local, S / 2 each, with the FA
 #             methods -> $OUT/h200x1/${P4_RECORD:-ulysses_fa_p4}_<link>/
-# Round 4: STUDY=gluon (the study's Gluon rungs, into $OUT/h200x1/attention_vs_fa4_gluon/), TESTS=<files> (the
+# Round 4: STUDY=gluon (the study's Gluon rungs, into $OUT/h200x1/attention_vs_fa4_gluon/; STUDY=gluon_next: the
+# key mask on the last block only, not run yet), TESTS=<files> (the
 # tests stage's files), P4_RECORD=ulysses_fa_p4_v2 (the P = 4 re-run into new folders).
 # Logs: $OUT/logs.tgz (pack).
 set -u

@@ -36,7 +36,8 @@ COMPILE_CHECK = r"""
 import sys
 from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
 for D, c, even in ((128, GluonConfig(64, 64, 4, 2), True), (64, GluonConfig(128, 128, 8, 2), False),
-                   (128, GluonConfig(128, 128, 4, 2, ws=True), False)):
+                   (128, GluonConfig(128, 128, 4, 2, ws=True), False),
+                   (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True), False)):
     k = compile_sm90(c, D, even_n=even, write_lse=True)
     f = ptx_facts(k.asm["ptx"])
     print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"],
@@ -59,10 +60,11 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
-    assert len(lines) == 3, out.stdout
+    assert len(lines) == 4, out.stdout
     for line, (D, label, bm, bn, st, w1, ws) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2, 1, False),
                                                            (64, "gluon-128x128w8s2", 128, 128, 2, 1, False),
-                                                           (128, "gluon-ws-128x128s2r232", 128, 128, 2, 2, True))):
+                                                           (128, "gluon-ws-128x128s2r232", 128, 128, 2, 2, True),
+                                                           (128, "gluon-ws-128x128s2r232-ml", 128, 128, 2, 2, True))):
         f = line.split(" ", 2)
         assert f[:2] == [str(D), label], line
         assert int(f[2].split()[0]) > 0, line                               # wgmma instructions
@@ -159,16 +161,19 @@ def test_the_table_reads_gluon_rows_as_ours():
     assert g.loc["128x128w8s3-tma-pers", "ours_ms"] == pytest.approx(t_tr)
     assert g.loc["gluon-64x64w4s2", "ours_over_fa"] == pytest.approx(t_fa / t_gl)
     assert g.loc["gluon-64x64w4s2", "vs_base"] == pytest.approx(t_tr / t_gl)
-    assert studies._ladder_labels([{"kernel": "gluon", "block_m": 64, "block_n": 64, "num_warps": 4, "stages": 2}]) \
-        == ["gluon-64x64w4s2"]
+    from dataclasses import asdict
+
+    cfgs = [GluonConfig(64, 64, 4, 2), GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 128, 4, 3, mask_last=True)]
+    assert studies._ladder_labels([{"kernel": "gluon", **asdict(c)} for c in cfgs]) == [c.label for c in cfgs]
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
 def _gpu_configs():
-    from xstage.ulysses_ladder import FA4_GLUON_VARIANTS
+    from xstage.ulysses_ladder import FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS
 
     out = {(D, c) for D, cs in G.CONFIGS.items() for c in cs}
-    out |= {(D, c) for D, cs in FA4_GLUON_VARIANTS.items() for c in cs if isinstance(c, GluonConfig)}
+    out |= {(D, c) for vs in (FA4_GLUON_VARIANTS, FA4_GLUON_NEXT_VARIANTS) for D, cs in vs.items() for c in cs
+            if isinstance(c, GluonConfig)}
     return sorted(out, key=lambda dc: (dc[0], dc[1].label))
 
 
@@ -217,7 +222,8 @@ def test_recorded_gluon_study_ratios_are_the_rows_medians():
     med = df.groupby(["shape", "variant", "method"]).ms.median()
     for shape, row in s.iterrows():
         mine = "gluon" if row.best_variant.startswith("gluon-") else "triton"
-        assert row.best_over_fa == pytest.approx(med[shape, row.best_variant, "fa4"] / med[shape, row.best_variant, mine])
+        want = med[shape, row.best_variant, "fa4"] / med[shape, row.best_variant, mine]
+        assert row.best_over_fa == pytest.approx(want)
         ours_ms = {v: med[shape, v, "gluon" if v.startswith("gluon-") else "triton"]
                    for v in df[df["shape"] == shape].variant.unique()}
         assert row.best_variant == min(ours_ms, key=ours_ms.get)      # same FLOPs per shape: the fastest time

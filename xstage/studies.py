@@ -724,7 +724,9 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
     out = []
     for c in cfgs:
         if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
-            out.append(f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}")
+            ml = "-ml" if c.get("mask_last") else ""
+            out.append(f"gluon-ws-{c['block_m']}x{c['block_n']}s{c['stages']}r{c['regs']}{ml}" if c.get("ws") else
+                       f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}{ml}")
             continue
         sw = "".join(f"-{n}" for n, k in (("tma", "tma"), ("ws", "ws"), ("pers", "persistent"), ("pipe", "pipe"),
                                            ("sq", "scale_q")) if c.get(k))

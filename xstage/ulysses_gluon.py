@@ -39,12 +39,14 @@ class GluonConfig:
     stages: int = 2
     ws: bool = False
     regs: int = 232
+    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (not yet timed; run C3 masked every one)
 
     @property
     def label(self) -> str:
+        ml = "-ml" if self.mask_last else ""
         if self.ws:
-            return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}"
-        return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}"
+            return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
+        return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
 
     def validate(self, D: int | None = None) -> None:
         """One clear error (ValueError) for a tile the kernel cannot run; with ``D``, the shared-memory budget."""
@@ -184,7 +186,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     LAST_LAUNCH["kernel"] = kern[grid](
         qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, HEAD_DIM=D, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, STAGES=config.stages, EVEN_N=S % config.block_n == 0, WRITE_LSE=lse is not None,
-        num_warps=config.num_warps, **extra)
+        num_warps=config.num_warps, MASK_LAST=config.mask_last, **extra)
     return out
 
 
@@ -214,7 +216,10 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
         sig = {**{k: v for k, v in sig.items() if k != "num_warps"}, "CONSUMER_REGS": "constexpr",
                "num_warps": "constexpr"}
         const["CONSUMER_REGS"] = config.regs
-    src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig, constexprs={(list(sig).index(k),): v for k, v in const.items()})
+    sig["MASK_LAST"] = "constexpr"
+    const["MASK_LAST"] = config.mask_last
+    src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig,
+                         constexprs={(list(sig).index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
 
 

@@ -130,6 +130,16 @@ FA4_GLUON_VARIANTS = {
          GluonConfig(128, 128, 4, 3, ws=True),
          GluonConfig(128, 128, 8, 2)),
 }
+# the next study (not run yet): run C3's fastest Gluon rungs beside the same rungs with the key mask on the last block
+# only (GluonConfig.mask_last; S % 128 != 0 on the Wan and both D = 64 shapes, where C3's rungs lost)
+FA4_GLUON_NEXT_VARIANTS = {
+    128: (AttnConfig(128, 128, 8, 3, True, persistent=True),
+          GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(128, 128, 4, 2, ws=True, mask_last=True),
+          GluonConfig(64, 64, 4, 3), GluonConfig(64, 64, 4, 3, mask_last=True)),
+    64: (AttnConfig(128, 128, 4, 3, True),
+         GluonConfig(64, 128, 4, 3), GluonConfig(64, 128, 4, 3, mask_last=True),
+         GluonConfig(128, 128, 4, 3, ws=True), GluonConfig(128, 128, 4, 3, ws=True, mask_last=True)),
+}
 LAUNCHES = 2             # back-to-back launches per timed sample (run_attention_vs_fa4)
 SAMPLE_ROWS = 256        # query rows per head compared with float32 on each timed shape (fresh inputs)
 REF_TOL = 2e-2           # relative L2 of bf16 attention against float32 (fp16 under the interpreter: ~1e-3)
@@ -247,9 +257,9 @@ def _cudnn_agrees(q, k, v, config) -> str | None:
 def time_pair(q, k, v, config, repeats: int, warmup: int, cudnn: bool, fa: bool = False,
               launches: int = 1) -> dict[str, list[float]]:
     """{"triton" (or "gluon" for a GluonConfig: :func:`ours`): ms per repeat, "cudnn": ms per repeat (if ``cudnn``),
-    "fa4": ms per repeat (if ``fa``: FA4's kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each repeat round-robin over them (one sample
-    each), so a clock drift falls on all alike. A sample is ``launches`` back-to-back launches between two events,
-    divided by ``launches``."""
+    "fa4": ms per repeat (if ``fa``: FA4's kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each
+    repeat round-robin over them (one sample each), so a clock drift falls on all alike. A sample is ``launches``
+    back-to-back launches between two events, divided by ``launches``."""
     from contextlib import nullcontext
 
     def times(fn):
