@@ -4,48 +4,24 @@ claims, an event model beside the cost model's wait term, against study lists' m
 For every row of study ``lists`` (data/h200x1/megamoe_round5/: dynamic assignment, compute only, each list's
 measured time over Expert-Wave's and the share of its Linear-2 tiles whose dependency wait polled), the list is
 rebuilt from its param (xstage.moe_plan.schedule_of_param, rank 0's seeded routing) and walked twice:
-- ``event``: programs claim tasks in list order when they become free (as the kernel's atomic ticket); a Linear-1
-  tile takes t1, a Linear-2 tile starts when claimed, spins until its row block's last Linear-1 tile has ended,
-  then takes t2 (t1, t2: the measured median tile times of the configuration's Expert-Wave row, same launch
+- ``event`` (xstage.moe_plan.claim_walk): programs claim tasks in list order when they become free (as the
+  kernel's atomic ticket); a Linear-1 tile takes t1, a Linear-2 tile starts when claimed, spins until its row
+  block's last Linear-1 tile has ended, then takes t2 (t1, t2: the measured median tile times of the configuration's Expert-Wave row, same launch
   kind); the makespan and the share of Linear-2 tiles that spun;
 - ``cost model``: moe_plan.predict_kernel_ns without remote bytes (its wait term: a consumer d < n list positions
   behind its producer spins c1 (1 - d / n)), as model_guided uses it.
 A model, computed; nothing measured is changed.   Run: .venv/bin/python scripts/megamoe_wait_model.py
 """
-import heapq
-
 import numpy as np
 import pandas as pd
 
 from xstage import data, studies
 from xstage.model import BurstGapParams
-from xstage.moe_plan import (CASES, KIND_L1, CostModel, TileGrid, predict_kernel_ns, routing_of, schedule_of_param,
-                             tiles_of_row)
+from xstage.moe_plan import (CASES, CostModel, TileGrid, claim_walk, predict_kernel_ns, routing_of,
+                             schedule_of_param, tiles_of_row)
 from xstage.numeric import geomean
 
 N_SMS = 132
-
-
-def event_walk(tasks: np.ndarray, t1: float, t2: float, n: int) -> tuple[float, float]:
-    """(makespan, share of Linear-2 tiles that waited) of a dynamic claim of ``tasks`` by ``n`` programs."""
-    free = [(0.0, p) for p in range(n)]
-    heapq.heapify(free)
-    done: dict[int, float] = {}                  # pool block -> end of its latest Linear-1 tile so far
-    waited = n2 = 0
-    end_all = 0.0
-    for kind, _, _, _, pool in tasks.tolist():
-        t, p = heapq.heappop(free)
-        if kind == KIND_L1:
-            end = t + t1
-            done[pool] = max(done.get(pool, 0.0), end)
-        else:
-            n2 += 1
-            ready = done[pool]
-            waited += ready > t
-            end = max(t, ready) + t2
-        end_all = max(end_all, end)
-        heapq.heappush(free, (end, p))
-    return end_all, waited / max(n2, 1)
 
 
 df, _ = data.load("data/h200x1/megamoe_round5", data.MEGAMOE_GEMM)
@@ -66,7 +42,7 @@ for (cfg, dtype), g in rows.groupby(["config", "dtype"], sort=False):
     for x in g.itertuples():
         tl_ = schedule_of_param("expert_wave" if x.variant == "expert_wave" else x.schedule,
                                 "" if x.note == "-" else x.note, grid, N_SMS)
-        span, w = event_walk(tl_.tasks, t1, t2, N_SMS)
+        span, w = claim_walk(tl_.tasks, t1, t2, N_SMS)
         m = predict_kernel_ns(tl_, none, unit, s.hidden, s.intermediate, tiles)
         if x.variant == "expert_wave":
             base = (span, m["total_ns"])

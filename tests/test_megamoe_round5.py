@@ -116,3 +116,32 @@ def test_stage_helpers_are_one_sourced_file(tmp_path):
     for f in ("scripts/megamoe_round3.sh", "scripts/megamoe_round4.sh", "scripts/megamoe_round5.sh"):
         text = open(f).read()
         assert "megamoe_stages.sh" in text and "stage() {" not in text, f
+
+
+def test_claim_walk_places_claims_in_time():
+    """moe_plan.claim_walk (the event model of dynamic claims): hand cases, then a fresh random list against a
+    direct simulation that advances time program by program."""
+    L1, L2 = MP.KIND_L1, MP.KIND_L2
+    two_l1_then_l2 = np.array([[L1, 0, 0, 0, 0], [L1, 0, 0, 1, 0], [L2, 0, 0, 0, 0]])
+    assert MP.claim_walk(two_l1_then_l2, 1.0, 0.5, 2) == (1.5, 0.0)     # the L2 is claimed when a producer ends
+    assert MP.claim_walk(two_l1_then_l2, 1.0, 0.5, 3) == (1.5, 1.0)     # a third program claims it at 0: spins
+    rng = np.random.default_rng()
+    n, t1, t2 = int(rng.integers(2, 6)), float(rng.uniform(0.5, 2)), float(rng.uniform(0.1, 1))
+    rows = []
+    for pool in range(int(rng.integers(3, 8))):
+        rows += [[L1, 0, pool, c, pool] for c in range(int(rng.integers(1, 4)))]
+        rows += [[L2, 0, pool, c, pool] for c in range(int(rng.integers(1, 4)))]
+    tasks = np.array(rows)
+    free, ends, span, waits = [0.0] * n, {}, 0.0, []
+    for kind, _, _, _, pool in rows:
+        p = min(range(n), key=lambda q: (free[q], q))
+        t = free[p]
+        if kind == L1:
+            free[p] = t + t1
+            ends[pool] = max(ends.get(pool, 0.0), free[p])
+        else:
+            waits.append(ends[pool] > t)
+            free[p] = max(t, ends[pool]) + t2
+        span = max(span, free[p])
+    got = MP.claim_walk(tasks, t1, t2, n)
+    assert got[0] == pytest.approx(span) and got[1] == pytest.approx(np.mean(waits))

@@ -754,6 +754,33 @@ ASSIGNMENT_REGISTRY = Registry("assignment", (
 ASSIGNMENTS = ASSIGNMENT_REGISTRY.names
 
 
+def claim_walk(tasks: np.ndarray, t1: float, t2: float, n: int) -> tuple[float, float]:
+    """An event model of the dynamic assignment (computed, not measured; not used by ``predict_kernel_ns``):
+    ``n`` programs claim the tasks of the list in order as each becomes free (the kernel's atomic ticket); a
+    Linear-1 tile takes ``t1``; a Linear-2 tile, claimed at t, spins until the last Linear-1 tile of its row block
+    has ended, then takes ``t2``. Returns (makespan, share of Linear-2 tiles that spun). Unlike the cost model's
+    wait term (list positions), it places each claim in time, so short Linear-2 tiles between a producer and its
+    consumer bring the consumer's claim forward (scripts/megamoe_wait_model.py)."""
+    free = [(0.0, p) for p in range(n)]
+    heapq.heapify(free)
+    done: dict[int, float] = {}                  # pool block -> end of its latest Linear-1 tile so far
+    waited = n2 = 0
+    end_all = 0.0
+    for kind, _, _, _, pool in np.asarray(tasks).tolist():
+        t, p = heapq.heappop(free)
+        if kind == KIND_L1:
+            end = t + t1
+            done[pool] = max(done.get(pool, 0.0), end)
+        else:
+            n2 += 1
+            ready = done.get(pool, 0.0)
+            waited += ready > t
+            end = max(t, ready) + t2
+        end_all = max(end_all, end)
+        heapq.heappush(free, (end, p))
+    return end_all, waited / max(n2, 1)
+
+
 def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
                       hidden: int, inter: int, tiles: TileConfig) -> dict:
     """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds',
