@@ -33,22 +33,24 @@ def tiny(monkeypatch, cpu_timing):
 
 
 def test_round5_studies_end_to_end(tmp_path, tiny):
-    """Both round-5 studies through the launchers on the emulated world: every variant checked against the
-    float32 reference and timed beside torch._grouped_mm; every list bit-identical to Expert-Wave static, timed,
-    timestamped; rows with provenance, resume; the summaries' ratios against the rows."""
+    """Both round-5 studies through the launchers on the emulated world (~25 s on a CPU: 4 tile variants and 8
+    task lists run, timed and timestamped under the interpreter; the only check of these paths before a GPU
+    call): every variant checked against the float32 reference and timed beside torch._grouped_mm; every list
+    bit-identical to Expert-Wave static, timed, timestamped; rows with provenance, resume; the summaries' ratios
+    against the rows."""
     world = EmulatedWorld(2)
     meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
     prm = BurstGapParams.reference().as_dict()
-    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "tiles", prm, None, rounds=5)
+    MG.round3_job(world, tiny[:1], ["fp16"], str(tmp_path), meta, "tiles", prm, None, rounds=5)
     df, side = data.load(tmp_path, data.MEGAMOE_GEMM)
-    assert side["csv_rows"] == len(df) == 2 * (1 + 2 + 1) and set(df.study) == {"tiles"}
+    assert side["csv_rows"] == len(df) == 1 + 2 + 1 and set(df.study) == {"tiles"}
     ours = df[df.method == "ours"]
     assert set(ours.variant) == {"default", "bk16", "swz1"}
     assert (ours.rel_l2 > 0).all() and (ours.rel_l2 < 0.05).all() and (ours.assignment == "dynamic").all()
     assert set(ours[ours.variant == "bk16"].block_k) == {16} and set(ours[ours.variant == "swz1"].block_k) == {32}
     assert all(MP.parse_schedule_param(p)["swizzle"] == 1 for p in ours[ours.variant == "swz1"].note)
     assert all(MP.parse_schedule_param(p)["swizzle"] == MP.TILE_SWIZZLE for p in ours[ours.variant == "default"].note)
-    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "tiles", prm, None, rounds=5)      # resume: nothing
+    MG.round3_job(world, tiny[:1], ["fp16"], str(tmp_path), meta, "tiles", prm, None, rounds=5)  # resume: nothing
     assert len(data.load(tmp_path, data.MEGAMOE_GEMM)[0]) == len(df)
     t = studies.megamoe_round5_tiles(df)
     one = t.iloc[random.randrange(len(t))]
@@ -58,7 +60,7 @@ def test_round5_studies_end_to_end(tmp_path, tiny):
         assert one[v] == pytest.approx(lib / d0[(d0.method == "ours") & (d0.variant == v)].ms.iloc[0])
     sm = studies.megamoe_round5_tiles_summary(t)
     row = sm[sm.variant == "bk16"].iloc[0]
-    assert row.configs == 2 and row["min"] == t.bk16.min()
+    assert row.configs == 1 and row["min"] == t.bk16.min()
     assert row.geomean == pytest.approx(geomean(t.bk16.to_numpy()))
     assert sm.variant.str.startswith("best per shape").sum() == 1
 
