@@ -1516,8 +1516,8 @@ def stage_ladder(errors: pd.DataFrame, goal: float = 0.10) -> go.Figure:
     fig.update_layout(**_LAYOUT)
     fig.update_layout(barmode="group", title=_title(
         "The model's ladder: where each rung fails",
-        "fluid (the paper's 3 parameters) -> capacity(P) -> unequal shares -> stall (one pool) -> stage (host: "
-        "per-program slots); bursts >= 1 us"))
+        "fluid (the paper's 3 parameters) -> capacity(P) -> unequal shares -> stall (one pool) -> stage "
+        "(per-program slots); bursts >= 1 us"))
     return fig
 
 

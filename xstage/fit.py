@@ -239,10 +239,10 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
                     "base_capacity_kib", "spread", "overhead_ns", "span_overhead_ns"),
          "pool": tuple(STAGE_PARAMS),
          "stage": tuple(STAGE_PARAMS)}
-# how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on the host link the full model
-# gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits its records better than one
-# pool (lab notebook, session 6); everywhere else, and in the rungs below, C(P) is one pool
-RUNG_ARBITRATION = {("stage", "host"): "slots"}
+# how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
+# gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
+# one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
+RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots"}
 
 
 @dataclass
