@@ -308,17 +308,19 @@ def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
     assert sorted(got) == sorted(fav)
     assert summ.favoured_share.iloc[0] == 0.25 and summ.persistence_across_repeats.iloc[0] > 0.5
     assert summ.next_burst_rank_spearman.iloc[0] > 0.3
-    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=2))
+    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=2, bursts=12, repeats=4))   # 48 bursts
     assert abs(shuffled.next_burst_rank_spearman.iloc[0]) < 0.3
     assert shuffled.favour_max.iloc[0] < 1.5           # nobody is favoured in every burst
 
 
-def test_program_favour_of_the_recorded_trains():
+@pytest.mark.parametrize("sub", ["train_programs", "train_programs_p"])
+def test_program_favour_of_the_recorded_trains(sub):
     from xstage import studies
 
-    pp, meta = studies.train_programs_data()
+    pp, meta = studies.train_programs_data(sub=sub)
     assert meta["params"]["grid"]["per_program"] and pp.smid.between(0, meta["sm_count"] - 1).all()
     per_sm, summ = studies.program_favour(pp)
-    assert sorted(summ.programs) == sorted(meta["params"]["grid"]["programs"])
+    grid = set(meta["params"]["grid"]["programs"])   # a lone program never shares the drain: no contended burst
+    assert set(summ.programs) <= grid and {p for p in grid if p >= 16} <= set(summ.programs)
     assert (summ.sms == np.minimum(summ.programs, meta["sm_count"])).all()
     assert np.isfinite(summ.drop(columns="programs").to_numpy(float)).all()

@@ -1436,13 +1436,14 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0) -> tuple[pd
 
 
 TRAIN_PROGRAMS = "train_programs"   # under data/h200x1/: the seed-0 host trains again, per program with its SM
+TRAIN_PROGRAMS_P = "train_programs_p"   # under data/h200x1/: seed-7 trains at 12 program counts (another process)
 CONTENDED = 3.0                      # a burst is contended when its median program takes > 3x its unimpeded issue
 FAVOURED = 1.2                       # a program is favoured when it drains >= 1.2x its burst's median program
 
 
-def train_programs_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
-    """The per-program train record (schema xstage.data.BURST_PROGRAM, ``xstage sweep trains --per-program``)."""
-    return data.load(data.machine_dir(machine) / TRAIN_PROGRAMS, data.BURST_PROGRAM)
+def train_programs_data(machine: str = "h200x1", sub: str = TRAIN_PROGRAMS) -> tuple[pd.DataFrame, dict]:
+    """A per-program train record (schema xstage.data.BURST_PROGRAM, ``xstage sweep trains --per-program``)."""
+    return data.load(data.machine_dir(machine) / sub, data.BURST_PROGRAM)
 
 
 def program_rates(pp: pd.DataFrame, link: str = "host") -> pd.DataFrame:
