@@ -365,8 +365,8 @@ def sweep_job(world, traffic_ranks: int, shapes: Sequence, folder: str, meta: di
     (schema ``ulysses_traffic``; resumable, one shape at a time). ``world``: the base world of this process (a
     TrafficWorld is accepted as it is)."""
     from .resume import pending
-    from .ulysses import H200_CONFIGS, attention_flops, default_config, ulysses_buffers
-    from .ulysses_sweep import sidecar_key, tune_config
+    from .ulysses import H200_CONFIGS, default_config, ulysses_buffers
+    from .ulysses_sweep import record_shape, tune_config
 
     tw = world if isinstance(world, TrafficWorld) else TrafficWorld(world, traffic_ranks)
     L = tw.traffic_ranks
@@ -398,23 +398,7 @@ def sweep_job(world, traffic_ranks: int, shapes: Sequence, folder: str, meta: di
         extras["egress"] = {g: e for _, eg in parts for g, e in eg.items()}        # every GPU's, from its table
         parts = [p[0] for p in parts]
         if writer:
-            flops = attention_flops(shape.S, shape.H, shape.D) / L
-            rows = []
-            for m in parts[0]:
-                for i in range(repeats):
-                    sv = max(p[m][i][0] for p in parts)
-                    e2e = max(p[m][i][1] for p in parts)
-                    rows.append(dict(shape=shape.name, S=shape.S, H=shape.H, D=shape.D, P=L, method=m,
-                                     sender_visible_ms=sv, end_to_end_ms=e2e, repeat=i,
-                                     tflops=flops / (e2e * 1e-3) / 1e12, traffic_ranks=L, gpus=tw.gpus))
-            data.append_rows(csv, schema, pd.DataFrame(rows))
-            side = Path(folder) / f"{schema.name}.json"
-            m = data.read_meta(side, schema)
-            key = sidecar_key(shape.name, L)
-            m.setdefault("configs", {})[key] = asdict(cfg)
-            for name, value in extras.items():
-                m.setdefault(name, {})[key] = value
-            data.write_json_atomic(side, m)
+            record_shape(csv, folder, schema, shape, L, parts, repeats, cfg, extras, traffic_ranks=L, gpus=tw.gpus)
             print(f"ulysses ({tw.label}): {shape.name} P={L} done ({cfg})", file=sys.stderr, flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()

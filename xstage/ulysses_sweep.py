@@ -402,26 +402,34 @@ def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, 
             parts = [None] * P
             world.dist.all_gather_object(parts, res)
         if writer:
-            flops = attention_flops(shape.S, shape.H, shape.D) / P
-            rows = []
-            for m in parts[0]:
-                for i in range(repeats):
-                    sv = max(p[m][i][0] for p in parts)
-                    e2e = max(p[m][i][1] for p in parts)
-                    rows.append(dict(shape=shape.name, S=shape.S, H=shape.H, D=shape.D, P=P, method=m,
-                                     sender_visible_ms=sv, end_to_end_ms=e2e, repeat=i,
-                                     tflops=flops / (e2e * 1e-3) / 1e12))
-            data.append_rows(csv, ULYSSES, pd.DataFrame(rows))
-            side = Path(folder) / f"{ULYSSES.name}.json"
-            m = data.read_meta(side, ULYSSES)
-            key = sidecar_key(shape.name, P)
-            m.setdefault("configs", {})[key] = asdict(cfg)
-            for name, value in extras.items():
-                m.setdefault(name, {})[key] = value
-            data.write_json_atomic(side, m)
+            record_shape(csv, folder, ULYSSES, shape, P, parts, repeats, cfg, extras)
             print(f"ulysses: {shape.name} P={P} done ({cfg})", file=sys.stderr, flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def record_shape(csv, folder, schema, shape: UlyssesShape, P: int, parts, repeats: int, cfg: AttnConfig,
+                 extras: dict, **columns) -> None:
+    """One shape's rows (every method and repeat; a time is the slowest rank's: ``parts`` holds each rank's
+    {method: [(sender_visible_ms, end_to_end_ms)] per repeat}) appended to ``csv``, then its tuned config and
+    ``extras`` into the sidecar under the shape's key. ``columns``: constant columns the schema adds."""
+    flops = attention_flops(shape.S, shape.H, shape.D) / P
+    rows = []
+    for m in parts[0]:
+        for i in range(repeats):
+            sv = max(p[m][i][0] for p in parts)
+            e2e = max(p[m][i][1] for p in parts)
+            rows.append(dict(shape=shape.name, S=shape.S, H=shape.H, D=shape.D, P=P, method=m,
+                             sender_visible_ms=sv, end_to_end_ms=e2e, repeat=i,
+                             tflops=flops / (e2e * 1e-3) / 1e12, **columns))
+    data.append_rows(csv, schema, pd.DataFrame(rows))
+    side = Path(folder) / f"{schema.name}.json"
+    m = data.read_meta(side, schema)
+    key = sidecar_key(shape.name, P)
+    m.setdefault("configs", {})[key] = asdict(cfg)
+    for name, value in extras.items():
+        m.setdefault(name, {})[key] = value
+    data.write_json_atomic(side, m)
 
 
 def check_outputs_placement(out: str | Path, link: str) -> None:
