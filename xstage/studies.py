@@ -1810,12 +1810,18 @@ def megamoe_round3_controls(df: pd.DataFrame) -> pd.DataFrame:
     k = pd.MultiIndex.from_frame(d[["config", "dtype", "assignment"]])
     base = ew.reindex(k)
     st = ew.xs("static", level="assignment").reindex(pd.MultiIndex.from_frame(d[["config", "dtype"]]))
-    with np.errstate(divide="ignore", invalid="ignore"):   # timestamps of 0 under the interpreter: NaN ratios
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _over_expert_wave(d, base, cols, ew_over_static=base.ms.to_numpy() / st.ms.to_numpy())
+
+
+def _over_expert_wave(d: pd.DataFrame, base: pd.DataFrame, cols, **more) -> pd.DataFrame:
+    """Each row's compute-only time and median tile times over its Expert-Wave row ``base`` (aligned), in the
+    84-configuration table's order (timestamps of 0 under the interpreter give NaN ratios)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
         out = d.assign(param=d.note, over_ew=d.ms.to_numpy() / base.ms.to_numpy(),
-                       ew_over_static=base.ms.to_numpy() / st.ms.to_numpy(),
                        l1_tile_rel=d.task_l1_us.to_numpy() / base.task_l1_us.to_numpy(),
                        l2_tile_rel=d.task_l2_us.to_numpy() / base.task_l2_us.to_numpy(),
-                       ew_task_busy=base.task_busy.to_numpy())
+                       ew_task_busy=base.task_busy.to_numpy(), **more)
     order = {c.name: i for i, c in enumerate(_moe_cases())}
     return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable")[cols].reset_index(
         drop=True)
@@ -1944,14 +1950,7 @@ def megamoe_round5_lists(df: pd.DataFrame) -> pd.DataFrame:
     key = ["config", "dtype"]
     ew = d[d.variant == "expert_wave"].drop_duplicates(key).set_index(key)
     base = ew.reindex(pd.MultiIndex.from_frame(d[key]))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = d.assign(param=d.note, over_ew=d.ms.to_numpy() / base.ms.to_numpy(),
-                       l1_tile_rel=d.task_l1_us.to_numpy() / base.task_l1_us.to_numpy(),
-                       l2_tile_rel=d.task_l2_us.to_numpy() / base.task_l2_us.to_numpy(),
-                       ew_task_busy=base.task_busy.to_numpy())
-    order = {c.name: i for i, c in enumerate(_moe_cases())}
-    return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable")[cols].reset_index(
-        drop=True)
+    return _over_expert_wave(d, base, cols)
 
 
 def megamoe_round5_lists_summary(per: pd.DataFrame) -> pd.DataFrame:
