@@ -72,6 +72,18 @@ for s in "$@"; do
        --out "$SCRATCH/train_programs" --targets host --per-program --repeats 3; \
        for f in burst_program burst_train; do [ -e "$SCRATCH/train_programs/$f.csv" ] && \
        gzip -f "$SCRATCH/train_programs/$f.csv"; done ;;
+    # the same trains in N fresh processes on one GPU (issue 11: what a record reproduces from process to process,
+    # the floor under any model's error); one folder per process, flat so that every file comes back
+    trains-processes:*) for i in $(seq 0 $(( ${s#trains-processes:} - 1 ))); do
+       stage trains-process-$i 150 $PY -m xstage sweep trains --out "$SCRATCH/train_processes_p$i" --targets host \
+       --per-program --programs 16,66,132 --count 12 --repeats 2; \
+       for f in burst_program burst_train; do [ -e "$SCRATCH/train_processes_p$i/$f.csv" ] && \
+       gzip -f "$SCRATCH/train_processes_p$i/$f.csv"; done; done ;;
+    # program counts never recorded before (placements the model never saw), a new seed: held out whole
+    trains-new-p:*) stage trains-new-p "${s#trains-new-p:}" $PY -m xstage sweep trains --out "$SCRATCH/train_programs_new_p" \
+       --targets host --per-program --programs 24,40,80,120,160,200 --seed 11 --count 6 --repeats 3; \
+       for f in burst_program burst_train; do [ -e "$SCRATCH/train_programs_new_p/$f.csv" ] && \
+       gzip -f "$SCRATCH/train_programs_new_p/$f.csv"; done ;;
     bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
        --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;

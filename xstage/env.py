@@ -116,6 +116,7 @@ def provenance(command: str, params: dict) -> dict:
         "gpu_name": torch.cuda.get_device_name(0) if n else "none",
         "gpu_count": n,
         "sm_count": props.multi_processor_count if props else 0,
+        "gpu_uuid": str(props.uuid) if props is not None and hasattr(props, "uuid") else "none",
         "driver": _driver() if n else "none",
         "pcie": _pcie() if n else "none",
         "cuda": torch.version.cuda,
