@@ -193,10 +193,11 @@ if AVAILABLE:
 if AVAILABLE:
     @gluon.jit
     def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-                   off_m, col, n_blocks, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr):
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [off_m, col], q_bar, q_smem.index(0))
-        _tma_load(q_desc, [off_m + HALF_M, col], q_bar, q_smem.index(1))
+                   off_m, col, n_blocks, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
+                   NC: gl.constexpr = 2):
+        mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
+        for c in gl.static_range(NC):        # each consumer's 64 rows of Q
+            _tma_load(q_desc, [off_m + c * HALF_M, col], q_bar, q_smem.index(c))
         for j in range(n_blocks):
             slot = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1          # a fresh barrier passes parity 1: the ring's first fill
@@ -211,7 +212,7 @@ if AVAILABLE:
     def _ws_consumer(half, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
                      off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                      HALF_M: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
-                     MASK_LAST: gl.constexpr):
+                     MASK_LAST: gl.constexpr, turn, NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False):
         dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -237,9 +238,18 @@ if AVAILABLE:
             slot = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-            s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
+            if PINGPONG:   # FA3's ping-pong: the consumers issue their two GEMMs in turn (0, 1, .., NC - 1, 0, ..)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                # consumer 0's first turn passes a fresh barrier (parity 1); every other turn waits for the
+                # previous consumer's arrival after its issue
+                mbarrier.wait(turn.index(half), ((j - 1) & 1) ^ (1 if half == 0 else 0))
+                s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
+                mbarrier.arrive(turn.index((half + 1) % NC), count=1)
+            else:
+                s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N,
@@ -270,17 +280,20 @@ if AVAILABLE:
                                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                   STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
                                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                                  MASK_LAST: gl.constexpr = False):
-        """Warp-specialised: the default partition (4 warps) is consumer 0, worker 0 (4 warps) consumer 1, worker 1
-        (1 warp) the loader. q/o descriptors' blocks are [BLOCK_M / 2, D] (each consumer's half)."""
-        HALF_M: gl.constexpr = BLOCK_M // 2
+                                  MASK_LAST: gl.constexpr = False, PINGPONG: gl.constexpr = False):
+        """Warp-specialised: NC = BLOCK_M / 64 consumer warpgroups (2 or 3) of 64 rows each: the default partition
+        (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
+        loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
+        GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers)."""
+        HALF_M: gl.constexpr = 64
+        NC: gl.constexpr = BLOCK_M // HALF_M
         n_m = gl.cdiv(S, BLOCK_M)
         pid = gl.program_id(0)
         h = pid // n_m
         off_m = (pid - h * n_m) * BLOCK_M
         col = h * HEAD_DIM
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NC, HALF_M, HEAD_DIM], q_desc.layout)
         k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -288,20 +301,42 @@ if AVAILABLE:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)      # one arrival per consumer warpgroup
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=NC)     # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=NC)
+        for i in gl.static_range(NC):
+            mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
         n_blocks = gl.cdiv(S, BLOCK_N)
-        gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                            k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_N,
-                                            HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST)),
-                            (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                            k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_N,
-                                            HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST)),
-                            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                          k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES))],
-                           [4, 1], [CONSUMER_REGS, 24])
+        if NC == 3:
+            gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
+                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
+                                                PINGPONG)),
+                                (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
+                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
+                                                PINGPONG)),
+                                (_ws_consumer, (2, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
+                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
+                                                PINGPONG)),
+                                (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                              k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES, NC))],
+                               [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
+                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
+                                                PINGPONG)),
+                                (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
+                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
+                                                PINGPONG)),
+                                (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
+                                              k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES, NC))],
+                               [4, 1], [CONSUMER_REGS, 24])

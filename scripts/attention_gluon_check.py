@@ -17,7 +17,7 @@ import torch
 from xstage import bench, env
 from xstage.numeric import rel_l2
 from xstage.ulysses import AttnConfig, attention_flops, attention_forward
-from xstage.ulysses_gluon import CONFIGS, GluonConfig, available
+from xstage.ulysses_gluon import CONFIGS, NEXT_RUNGS, GluonConfig, available
 from xstage.ulysses_gluon import attention_forward as gluon_forward
 from xstage.ulysses_ladder import attention_reference
 
@@ -25,8 +25,10 @@ CHECKS = [(128, 100, 1), (128, 256, 2), (128, 3000, 3), (128, 4096, 2), (64, 100
           (64, 4100, 2)]
 TIMED = [(8192, 24, 128), (30000, 20, 64)]
 BASE = {128: AttnConfig(128, 128, 8, 3, True, persistent=True), 64: AttnConfig(128, 128, 4, 3, True)}
-EXTRA = {128: (GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 64, 4, 2), GluonConfig(64, 64, 4, 3)),
-         64: (GluonConfig(128, 128, 4, 3, ws=True), GluonConfig(64, 128, 4, 3))}
+EXTRA = {128: (GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(128, 128, 4, 2, ws=True, mask_last=True),
+               GluonConfig(64, 64, 4, 3)) + NEXT_RUNGS[128],
+         64: (GluonConfig(128, 128, 4, 3, ws=True), GluonConfig(128, 128, 4, 3, ws=True, mask_last=True),
+              GluonConfig(64, 128, 4, 3), GluonConfig(64, 128, 4, 3, mask_last=True)) + NEXT_RUNGS[64]}
 
 
 def main() -> int:

@@ -11,11 +11,15 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
+from xstage.ulysses_gluon import NEXT_RUNGS
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
 
+# gluon_next (session 8): the last-block mask beside C3's fastest Gluon rungs, then the ping-pong and 3-consumer
+# rungs (xstage.ulysses_gluon.NEXT_RUNGS)
+GLUON_NEXT = {D: tuple(cs) + NEXT_RUNGS.get(D, ()) for D, cs in FA4_GLUON_NEXT_VARIANTS.items()}
 STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_gluon", FA4_GLUON_VARIANTS),
-           "gluon_next": ("attention_vs_fa4_gluon_next", FA4_GLUON_NEXT_VARIANTS)}   # not run yet
+           "gluon_next": ("attention_vs_fa4_gluon_next", GLUON_NEXT)}
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

@@ -73,6 +73,44 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
         assert smem >= 2 * D * (bm + 2 * st * bn), line                     # Q + the K/V ring
 
 
+NEXT_COMPILE_CHECK = r"""
+import re
+from xstage.ulysses_gluon import NEXT_RUNGS, compile_sm90, ptx_facts
+for D, cs in sorted(NEXT_RUNGS.items()):
+    for c in cs:
+        ptx = compile_sm90(c, D, even_n=False, write_lse=True).asm["ptx"]
+        f = ptx_facts(ptx)
+        regs = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)})
+        print("rung", D, c.label, c.block_m // 64, f["wait_group_1"], f["setmaxnreg"],
+              len(re.findall(r"mbarrier\.try_wait", ptx)), ",".join(map(str, regs)))
+"""
+
+
+def test_session8_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
+    """The ping-pong and three-consumer rungs (NEXT_RUNGS) compile for sm_90a: one ``wait_group 1`` per consumer
+    warpgroup (3 at BLOCK_M 192), setmaxnreg raising the consumers to their registers (160 with three consumers,
+    within 64K registers with the loader's warpgroup), and the ping-pong adds waits (the turn mbarriers)."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", NEXT_COMPILE_CHECK], env=e, capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {ln.split()[2]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("rung ")}
+    assert set(rows) == {c.label for cs in G.NEXT_RUNGS.values() for c in cs}, out.stdout
+    for label, (D, _, nc, w1, smr, waits, regs) in rows.items():
+        assert int(w1) == int(nc) and smr == "True", (label, rows[label])
+        assert (int(nc) == 3) == label.startswith("gluon-ws-192x"), label
+        assert str(G.GluonConfig(128, 128, 4, 2, ws=True, regs=160 if int(nc) == 3 else 232).regs) in \
+            regs.split(","), (label, regs)
+    # the ping-pong's turn waits: more try_waits than the same rung without it (D = 64, three consumers)
+    assert int(rows["gluon-ws-192x128s2r160-ml-pp"][5]) > int(rows["gluon-ws-192x128s2r160-ml"][5])
+
+
 def _bf16(*shape, device="cpu"):
     g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
     return torch.randn(*shape, generator=g, device=device).bfloat16()
@@ -102,10 +140,21 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(64, 48, 4, 2), 128, "block_n must be"),
     (GluonConfig(64, 64, 4, 0), 128, "stages must be"),
     (GluonConfig(128, 256, 8, 3), 128, "shared memory"),
+    (GluonConfig(192, 128, 4, 2, ws=True, regs=160), 128, "D = 64 only"),
+    (GluonConfig(192, 128, 4, 2, ws=True, regs=168), 64, r"regs must be a multiple of 8 in \[128, 160\]"),
+    (GluonConfig(256, 128, 4, 2, ws=True), 64, "block_m 128 or 192"),
+    (GluonConfig(64, 64, 4, 2, pingpong=True), 128, "pingpong orders the consumers"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
         cfg.validate(D)
+
+
+def test_default_tiles_are_not_warp_specialised():
+    """The warp-specialised kernel's mbarrier waits are unbounded (Gluon 3.6's ``mbarrier.wait`` has no bound, and
+    its shared-memory address is not reachable from inline PTX), so it stays off the default path: the default
+    tiles (``CONFIGS``, what ``attention_forward`` runs without a config) are the one-partition kernel."""
+    assert G.CONFIGS and all(not c.ws and not c.pingpong for cs in G.CONFIGS.values() for c in cs)
 
 
 def test_gluon_missing_one_line_before_any_launch(monkeypatch):
@@ -163,7 +212,8 @@ def test_the_table_reads_gluon_rows_as_ours():
     assert g.loc["gluon-64x64w4s2", "vs_base"] == pytest.approx(t_tr / t_gl)
     from dataclasses import asdict
 
-    cfgs = [GluonConfig(64, 64, 4, 2), GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 128, 4, 3, mask_last=True)]
+    cfgs = [GluonConfig(64, 64, 4, 2), GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 128, 4, 3, mask_last=True),
+            GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True)]
     assert studies._ladder_labels([{"kernel": "gluon", **asdict(c)} for c in cfgs]) == [c.label for c in cfgs]
 
 
@@ -172,8 +222,8 @@ def _gpu_configs():
     from xstage.ulysses_ladder import FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS
 
     out = {(D, c) for D, cs in G.CONFIGS.items() for c in cs}
-    out |= {(D, c) for vs in (FA4_GLUON_VARIANTS, FA4_GLUON_NEXT_VARIANTS) for D, cs in vs.items() for c in cs
-            if isinstance(c, GluonConfig)}
+    out |= {(D, c) for vs in (FA4_GLUON_VARIANTS, FA4_GLUON_NEXT_VARIANTS, G.NEXT_RUNGS) for D, cs in vs.items()
+            for c in cs if isinstance(c, GluonConfig)}
     return sorted(out, key=lambda dc: (dc[0], dc[1].label))
 
 

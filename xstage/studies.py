@@ -724,7 +724,7 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
     out = []
     for c in cfgs:
         if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
-            ml = "-ml" if c.get("mask_last") else ""
+            ml = ("-ml" if c.get("mask_last") else "") + ("-pp" if c.get("pingpong") else "")
             out.append(f"gluon-ws-{c['block_m']}x{c['block_n']}s{c['stages']}r{c['regs']}{ml}" if c.get("ws") else
                        f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}{ml}")
             continue
@@ -1970,3 +1970,20 @@ def megamoe_round5_lists_summary(per: pd.DataFrame) -> pd.DataFrame:
                         l2_tile_rel=geomean(g.l2_tile_rel.dropna()) if g.l2_tile_rel.notna().any() else float("nan"),
                         task_busy=float(g.task_busy.median()), task_waited=float(g.task_waited.median())))
     return pd.DataFrame(out)
+
+
+# ---- MegaMoE round 6 (issue 15, item 2): the TMA main loops (xstage.moe_gemm study tiles6)
+MEGAMOE_ROUND6_GEMM_SUB = "megamoe_round6_gemm"   # data/<machine>/megamoe_round6_gemm/: study tiles6
+
+
+def megamoe_round6_tiles(df: pd.DataFrame) -> pd.DataFrame:
+    """Study ``tiles6``, per configuration (table order): ``torch._grouped_mm``'s time / each of our variants' (the
+    default pointer loops and xstage.moe_gemm.TILES6_VARIANTS, same rounds; > 1: ours faster), as
+    :func:`megamoe_round5_tiles` computes it for study tiles."""
+    return megamoe_round5_tiles(df[df.study == "tiles6"].assign(study="tiles"))
+
+
+def megamoe_round6_tiles_summary(t: pd.DataFrame) -> pd.DataFrame:
+    """Per variant of :func:`megamoe_round6_tiles`: geomean, minimum, how many below the goal (0.9), the worst
+    configuration (:func:`megamoe_round5_tiles_summary`, whose "best per shape" row is in-sample)."""
+    return megamoe_round5_tiles_summary(t)

@@ -30,8 +30,9 @@ METHOD = "gluon"          # the ladder's method name for this kernel's rows
 class GluonConfig:
     """Tile shape of the Gluon kernel: BLOCK_M query rows per CTA (num_warps / 4 warpgroups of 16 rows per warp),
     BLOCK_N keys per block, STAGES K/V ring slots. ``ws``: the warp-specialised kernel (a loader warp and two
-    consumer warpgroups of num_warps = 4 warps, 64 rows each, sharing the K/V ring; BLOCK_M 128), its consumers'
-    registers raised to ``regs`` (setmaxnreg)."""
+    consumer warpgroups of num_warps = 4 warps, 64 rows each, sharing the K/V ring; BLOCK_M 128, or 192: three
+    consumers, D = 64 only, as FA4 tiles D = 64), its consumers' registers raised to ``regs`` (setmaxnreg);
+    ``pingpong`` (ws only): the consumers issue their GEMMs in turn (FA3's ping-pong, ordered by mbarriers)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -39,11 +40,12 @@ class GluonConfig:
     stages: int = 2
     ws: bool = False
     regs: int = 232
-    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (not yet timed; run C3 masked every one)
+    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (run C3 masked every one)
+    pingpong: bool = False    # ws: the consumers' GEMMs issued in turn (session 8)
 
     @property
     def label(self) -> str:
-        ml = "-ml" if self.mask_last else ""
+        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
@@ -53,11 +55,19 @@ class GluonConfig:
         if self.num_warps not in (4, 8):
             raise ValueError(f"Gluon attention: num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}")
         if self.ws:
-            if self.num_warps != 4 or self.block_m != 128:
-                raise ValueError(f"Gluon attention, warp-specialised: two consumer warpgroups of 4 warps and 64 rows "
-                                 f"(num_warps 4, block_m 128), got num_warps {self.num_warps}, block_m {self.block_m}")
-            if self.regs % 8 or not 128 <= self.regs <= 240:
-                raise ValueError(f"Gluon attention: regs must be a multiple of 8 in [128, 240], got {self.regs}")
+            if self.num_warps != 4 or self.block_m not in (128, 192):
+                raise ValueError(f"Gluon attention, warp-specialised: two or three consumer warpgroups of 4 warps and "
+                                 f"64 rows (num_warps 4, block_m 128 or 192), got num_warps {self.num_warps}, "
+                                 f"block_m {self.block_m}")
+            top = 240 if self.block_m == 128 else 160     # 3 consumers + the loader's warpgroup: 64K registers
+            if self.regs % 8 or not 128 <= self.regs <= top:
+                raise ValueError(f"Gluon attention: regs must be a multiple of 8 in [128, {top}] with "
+                                 f"{self.block_m // 64} consumers, got {self.regs}")
+            if self.block_m == 192 and D is not None and D != 64:
+                raise ValueError(f"Gluon attention, three consumers (block_m 192): D = 64 only (the O accumulator "
+                                 f"of D = {D} does not fit {self.regs} registers), got D = {D}")
+        elif self.pingpong:
+            raise ValueError("Gluon attention: pingpong orders the consumers of the warp-specialised kernel (ws)")
         elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
@@ -74,6 +84,17 @@ class GluonConfig:
 
 SMEM_LIMIT = 227 * 1024   # Hopper's shared memory per CTA (opt-in maximum)
 CONFIGS = {128: (GluonConfig(128, 128, 8, 2),), 64: (GluonConfig(128, 128, 8, 3),)}
+# session 8 (issue 14 item 3): the rungs after the last-block mask, timed in the gluon_next study beside
+# xstage.ulysses_ladder.FA4_GLUON_NEXT_VARIANTS (scripts/attention_vs_fa4.py appends them): FA3's ping-pong of the
+# two consumers at D = 128 (and a deeper ring), FA4's D = 64 tile (192 rows: three consumer warpgroups)
+NEXT_RUNGS = {
+    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True),
+          GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, pingpong=True)),
+    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True),
+         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True),
+         GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True),
+         GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, pingpong=True)),
+}
 
 
 _AVAILABLE: tuple[bool, str] | None = None
@@ -150,7 +171,7 @@ def _descriptors(q, k, v, out, config: GluonConfig):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     S, Hl, D = q.shape
-    bq, bk = [config.block_m // 2 if config.ws else config.block_m, D], [config.block_n, D]
+    bq, bk = [64 if config.ws else config.block_m, D], [config.block_n, D]
     lq, lk = _layout(bq, gl.bfloat16), _layout(bk, gl.bfloat16)
     return (TensorDescriptor.from_tensor(q.view(S, Hl * D), bq, lq),
             TensorDescriptor.from_tensor(k.view(S, Hl * D), bk, lk),
@@ -181,7 +202,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     scale = (1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)) * 1.4426950408889634
     qd, kd, vd, od = _descriptors(q, k, v, out, config)
     grid = (-(-S // config.block_m) * Hl,)
-    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs}) if config.ws else \
+    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": config.pingpong}) \
+        if config.ws else \
         (gluon_attention_kernel, {})
     LAST_LAUNCH["kernel"] = kern[grid](
         qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, HEAD_DIM=D, BLOCK_M=config.block_m,
@@ -218,6 +240,9 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
         const["CONSUMER_REGS"] = config.regs
     sig["MASK_LAST"] = "constexpr"
     const["MASK_LAST"] = config.mask_last
+    if config.ws:
+        sig["PINGPONG"] = "constexpr"
+        const["PINGPONG"] = config.pingpong
     src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig,
                          constexprs={(list(sig).index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
