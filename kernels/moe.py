@@ -42,6 +42,11 @@ Version ladder (constexprs of one kernel; each a bar of the MegaMoE figure):
      Needs BLOCK_N1 = BLOCK_N2 = BLOCK_K = 128. Not runnable under the interpreter (no fp8 there): compiled for
      sm_90 in the tests, run on GPUs only.
   +  TIMED: global-timer ns at each task's start and after its last store was issued (CTA barrier first).
+  3. TMA (``megamoe_tma_kernel``, bf16 / fp16; round 6): the main loops load x, W1 and W2 through tensor
+     descriptors made per tile (``cp.async.bulk.tensor`` into shared memory, completing on mbarriers) instead of
+     pointer loads with cp.async; h stays pointer-loaded (written by other programs in this launch). sm_90a
+     (ptxas, BM 128, dynamic): 255 registers and 0 B spilled against the pointer loops' 8 B; same shared memory.
+     Measured (one H200, ours / torch._grouped_mm over the 56 configurations with >= 2048 rows): see below.
 A second kernel here is the dispatch (push): each rank stores its tokens' rows into the owners' receive buffers.
 
 Legend: P = ranks, E = experts, El = E / P local experts, K = top-k, T = tokens per rank, Hd = hidden,
@@ -79,10 +84,53 @@ FP8_AMAX_FLOOR = tl.constexpr(1e-4)  # scale = max(amax, floor) / 448: an all-ze
 
 
 @triton.jit
+def _linear1_acc_tma(x_ptr, w1_ptr, e64, row0, row_end, col_block, Hd, I,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Linear-1's main loop through TMA (bf16 / fp16): (x W_gate^T, x W_up^T) fp32 [BM, BN] each. Descriptors are
+    made per tile: x from the tile's first row with the expert's remaining rows as its extent (rows past the
+    expert's end read as zero, as the pointer loop's ``other=0``), W1 of the expert [2I, Hd]. Both were written
+    before this launch (no proxy fence needed)."""
+    xd = tl.make_tensor_descriptor(x_ptr + row0.to(tl.int64) * Hd, shape=[row_end - row0, Hd], strides=[Hd, 1],
+                                   block_shape=[BLOCK_M, BLOCK_K])                     # [rows left, Hd]
+    wd = tl.make_tensor_descriptor(w1_ptr + e64 * (2 * I) * Hd, shape=[2 * I, Hd], strides=[Hd, 1],
+                                   block_shape=[BLOCK_N, BLOCK_K])                     # [2I, Hd] gate, up
+    n0 = col_block * BLOCK_N
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, Hd, BLOCK_K):
+        a = xd.load([0, k])                                            # [BM, BK]
+        wg = wd.load([n0, k])                                          # [BN, BK] gate rows
+        wu = wd.load([I + n0, k])                                      # [BN, BK] up rows
+        acc_g = tl.dot(a, wg.T, acc_g)
+        acc_u = tl.dot(a, wu.T, acc_u)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _linear2_acc_tma(a_ptrs, row_ok, w2_ptr, e64, col_block, Hd, I,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Linear-2's main loop (bf16 / fp16): h W2^T fp32 [BM, BN]. W2 of the expert [Hd, I] through a descriptor
+    made per tile; the intermediate h stays pointer-loaded (.cg): other programs wrote it during this launch with
+    generic-proxy stores, which a TMA read would need a proxy fence to see."""
+    wd = tl.make_tensor_descriptor(w2_ptr + e64 * Hd * I, shape=[Hd, I], strides=[I, 1],
+                                   block_shape=[BLOCK_N, BLOCK_K])                     # [Hd, I]
+    n0 = col_block * BLOCK_N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, I, BLOCK_K):
+        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")   # [BM, BK]
+        w = wd.load([n0, k])                                           # [BN, BK]
+        acc = tl.dot(a, w.T, acc)
+        a_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
 def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, counters_ptr,
                   expert, row0, row_end, col_block, pool, Hd, I,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
-    """h[rows, cols] = silu(x W_gate^T) * (x W_up^T) * router weight, then release the row block's counter."""
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+                  TMA: tl.constexpr = False):
+    """h[rows, cols] = silu(x W_gate^T) * (x W_up^T) * router weight, then release the row block's counter.
+    TMA (not FP8): the main loop of :func:`_linear1_acc_tma`; the epilogue is the same code either way."""
     rows = row0 + tl.arange(0, BLOCK_M)                                # [BM] received rows of this expert
     row_ok = rows < row_end
     rows64 = rows.to(tl.int64)
@@ -92,27 +140,31 @@ def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, count
     a_ptrs = x_ptr + rows64[:, None] * Hd + ks[None, :]               # [BM, BK]
     wg_ptrs = w1_ptr + e64 * (2 * I) * Hd + cols[None, :] * Hd + ks[:, None]   # [BK, BN] gate rows, transposed
     wu_ptrs = wg_ptrs + I * Hd                                         # [BK, BN] up rows
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k in range(0, Hd, BLOCK_K):
-        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-        wg = tl.load(wg_ptrs)
-        wu = tl.load(wu_ptrs)
-        if FP8:
-            n_kb = Hd // BLOCK_K
-            kb = k // BLOCK_K
-            a_s = tl.load(xs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0)        # [BM]
-            s_base = w1s_ptr + e64 * (2 * I // BLOCK_N) * n_kb
-            g_s = tl.load(s_base + col_block * n_kb + kb)                              # gate block's scale
-            u_s = tl.load(s_base + (I // BLOCK_N + col_block) * n_kb + kb)             # up block's scale
-            acc_g += tl.dot(a, wg) * (a_s[:, None] * g_s)
-            acc_u += tl.dot(a, wu) * (a_s[:, None] * u_s)
-        else:
-            acc_g = tl.dot(a, wg, acc_g)
-            acc_u = tl.dot(a, wu, acc_u)
-        a_ptrs += BLOCK_K
-        wg_ptrs += BLOCK_K
-        wu_ptrs += BLOCK_K
+    if TMA:
+        acc_g, acc_u = _linear1_acc_tma(x_ptr, w1_ptr, e64, row0, row_end, col_block, Hd, I,
+                                        BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(0, Hd, BLOCK_K):
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            wg = tl.load(wg_ptrs)
+            wu = tl.load(wu_ptrs)
+            if FP8:
+                n_kb = Hd // BLOCK_K
+                kb = k // BLOCK_K
+                a_s = tl.load(xs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0)        # [BM]
+                s_base = w1s_ptr + e64 * (2 * I // BLOCK_N) * n_kb
+                g_s = tl.load(s_base + col_block * n_kb + kb)                              # gate block's scale
+                u_s = tl.load(s_base + (I // BLOCK_N + col_block) * n_kb + kb)             # up block's scale
+                acc_g += tl.dot(a, wg) * (a_s[:, None] * g_s)
+                acc_u += tl.dot(a, wu) * (a_s[:, None] * u_s)
+            else:
+                acc_g = tl.dot(a, wg, acc_g)
+                acc_u = tl.dot(a, wu, acc_u)
+            a_ptrs += BLOCK_K
+            wg_ptrs += BLOCK_K
+            wu_ptrs += BLOCK_K
     wt = tl.load(meta_ptr + rows64 * META_FIELDS + 3, mask=row_ok, other=0).to(tl.float32, bitcast=True)  # [BM]
     h = acc_g * tl.sigmoid(acc_g) * acc_u * wt[:, None]                # [BM, BN] fp32
     h_ptrs = h_ptr + rows64[:, None] * I + cols[None, :]
@@ -129,8 +181,10 @@ def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, count
 @triton.jit
 def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combine_table, comb_ptr, status_ptr,
                   task, rank, expert, row0, row_end, col_block, pool, expected, max_polls, T, Hd, I,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
-    """Wait for the row block's Linear-1 tiles, y[rows, cols] = h W2^T, store each row into its source's combine."""
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+                  TMA: tl.constexpr = False):
+    """Wait for the row block's Linear-1 tiles, y[rows, cols] = h W2^T, store each row into its source's combine.
+    TMA (not FP8): W2 through a tensor descriptor (:func:`_linear2_acc_tma`); the epilogue is the same code."""
     wait_flag(counters_ptr + pool, expected, max_polls, status_ptr + task * STATUS_FIELDS, rank, task)
     rows = row0 + tl.arange(0, BLOCK_M)                                # [BM]
     row_ok = rows < row_end
@@ -140,21 +194,24 @@ def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combin
     e64 = expert.to(tl.int64)
     a_ptrs = h_ptr + rows64[:, None] * I + ks[None, :]                # [BM, BK]
     w_ptrs = w2_ptr + e64 * Hd * I + cols[None, :] * I + ks[:, None]  # [BK, BN] W2 rows, transposed
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k in range(0, I, BLOCK_K):
-        # .cg: the intermediate was written by other programs during this launch; read it from L2, not L1
-        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-        w = tl.load(w_ptrs)
-        if FP8:
-            n_kb = I // BLOCK_K
-            kb = k // BLOCK_K
-            a_s = tl.load(hs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0, cache_modifier=".cg")  # [BM]
-            w_s = tl.load(w2s_ptr + e64 * (Hd // BLOCK_N) * n_kb + col_block * n_kb + kb)
-            acc += tl.dot(a, w) * (a_s[:, None] * w_s)
-        else:
-            acc = tl.dot(a, w, acc)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    if TMA:
+        acc = _linear2_acc_tma(a_ptrs, row_ok, w2_ptr, e64, col_block, Hd, I, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(0, I, BLOCK_K):
+            # .cg: the intermediate was written by other programs during this launch; read it from L2, not L1
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.load(w_ptrs)
+            if FP8:
+                n_kb = I // BLOCK_K
+                kb = k // BLOCK_K
+                a_s = tl.load(hs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0, cache_modifier=".cg")  # [BM]
+                w_s = tl.load(w2s_ptr + e64 * (Hd // BLOCK_N) * n_kb + col_block * n_kb + kb)
+                acc += tl.dot(a, w) * (a_s[:, None] * w_s)
+            else:
+                acc = tl.dot(a, w, acc)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
     out = acc.to(comb_ptr.dtype.element_ty)                            # [BM, BN]
     src = tl.load(meta_ptr + rows64 * META_FIELDS + 0, mask=row_ok, other=0)   # [BM] source rank
     tok = tl.load(meta_ptr + rows64 * META_FIELDS + 1, mask=row_ok, other=0)   # [BM] source token
@@ -170,7 +227,7 @@ def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combin
 def _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
               counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I, expected, max_polls,
               BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
-              FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr):
+              FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, TMA: tl.constexpr = False):
     """One task of the list: a Linear-1 tile or a Linear-2 tile (with its wait and remote-store epilogue)."""
     tp = tasks_ptr + task * TASK_FIELDS
     kind = tl.load(tp + 0)
@@ -184,15 +241,43 @@ def _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_p
         t0 = globaltimer(DEVICE)
     if kind == 0:
         _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, counters_ptr,
-                      expert, row0, row_end, col_block, pool, Hd, I, BLOCK_M, BLOCK_N1, BLOCK_K, FP8)
+                      expert, row0, row_end, col_block, pool, Hd, I, BLOCK_M, BLOCK_N1, BLOCK_K, FP8, TMA)
     else:
         _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combine_table, comb_ptr,
                       status_ptr, task, rank, expert, row0, row_end, col_block, pool, expected, max_polls,
-                      T, Hd, I, BLOCK_M, BLOCK_N2, BLOCK_K, FP8)
+                      T, Hd, I, BLOCK_M, BLOCK_N2, BLOCK_K, FP8, TMA)
     if TIMED:
         tl.debug_barrier()                                             # every warp has issued its stores
         tl.store(ts_ptr + task * 2, t0)
         tl.store(ts_ptr + task * 2 + 1, globaltimer(DEVICE))
+
+
+@triton.jit
+def _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
+                     counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I,
+                     expected, max_polls, ticket_base,
+                     BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
+                     FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, DYNAMIC: tl.constexpr,
+                     TMA: tl.constexpr):
+    """One program's walk over the task list (the arguments: :func:`megamoe_kernel`'s)."""
+    tl.static_assert(not (TMA and FP8), "TMA main loops are bf16 / fp16 only")
+    if DYNAMIC:
+        # Tasks are claimed in list order, so every task before a claimed one is claimed by a running program:
+        # with all programs resident a Linear-2 wait always ends (its producers come earlier in the list).
+        # Every program draws until it gets a ticket past the list: n_tasks + programs tickets per launch.
+        task = tl.atomic_add(ticket_ptr, 1) - ticket_base
+        while task < n_tasks:
+            _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr,
+                      tasks_ptr, counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I,
+                      expected, max_polls, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE, TMA)
+            task = tl.atomic_add(ticket_ptr, 1) - ticket_base
+    else:
+        pid = tl.program_id(0)
+        n_prog = tl.num_programs(0)
+        for task in range(pid, n_tasks, n_prog):                       # task i -> program i % n_programs
+            _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr,
+                      tasks_ptr, counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I,
+                      expected, max_polls, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE, TMA)
 
 
 # Integers that change between launches (the epoch every launch) are not specialised: one compile per variant.
@@ -219,23 +304,26 @@ def megamoe_kernel(
     FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr,
     DYNAMIC: tl.constexpr = False,  # programs claim the next task of the list (atomic ticket) instead of i % n
 ):
-    if DYNAMIC:
-        # Tasks are claimed in list order, so every task before a claimed one is claimed by a running program:
-        # with all programs resident a Linear-2 wait always ends (its producers come earlier in the list).
-        # Every program draws until it gets a ticket past the list: n_tasks + programs tickets per launch.
-        task = tl.atomic_add(ticket_ptr, 1) - ticket_base
-        while task < n_tasks:
-            _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr,
-                      tasks_ptr, counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I,
-                      expected, max_polls, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE)
-            task = tl.atomic_add(ticket_ptr, 1) - ticket_base
-    else:
-        pid = tl.program_id(0)
-        n_prog = tl.num_programs(0)
-        for task in range(pid, n_tasks, n_prog):                       # task i -> program i % n_programs
-            _run_task(task, x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr,
-                      tasks_ptr, counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, rank, T, Hd, I,
-                      expected, max_polls, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE)
+    _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
+                     counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I,
+                     expected, max_polls, ticket_base, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE,
+                     DYNAMIC, False)
+
+
+@triton.jit(do_not_specialize=["n_tasks", "rank", "T", "expected", "max_polls", "ticket_base"])
+def megamoe_tma_kernel(
+    x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr, counters_ptr,
+    combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I, expected, max_polls,
+    ticket_base, BLOCK_M: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, DYNAMIC: tl.constexpr = False,
+):
+    """:func:`megamoe_kernel` (the same arguments) with the TMA main loops (:func:`_linear1_acc_tma`,
+    :func:`_linear2_acc_tma`): bf16 / fp16 only. A kernel of its own, so that the default's signature and
+    compiled code stay as they were."""
+    _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
+                     counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I,
+                     expected, max_polls, ticket_base, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE,
+                     DYNAMIC, True)
 
 
 @triton.jit(do_not_specialize=["rank", "n_items"])

@@ -449,6 +449,21 @@ def _validate_experts(world, bufs: MoEBuffers, inputs, tasks, tiles: TileConfig,
     return launches
 
 
+def _tma_main_loops(tiles: TileConfig, fp8: bool) -> bool:
+    """Whether ``tiles`` asks for the TMA main loops (a tile variant with ``tma = True``, xstage.moe_gemm.TmaTiles);
+    bf16 / fp16 only (a clear error for fp8, before any launch). Sets Triton's allocator for the tiles' device-side
+    tensor descriptors (a few hundred bytes of global scratch per program)."""
+    if not getattr(tiles, "tma", False):
+        return False
+    if fp8:
+        raise ValueError("the TMA main loops (tiles.tma) are bf16 / fp16 only; fp8 runs the pointer loops")
+    import triton
+
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8,
+                                                                     device="cpu" if env.interpreted() else "cuda"))
+    return True
+
+
 def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks: Mapping[int, TaskList],
                 tiles: TileConfig, n_programs: int | None = None, barrier: bool = True, check: bool = True,
                 max_polls: int = MAX_POLLS, local_combine: bool = False,
@@ -467,6 +482,7 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
     rank."""
     launches = _validate_experts(world, bufs, inputs, tasks, tiles, n_programs, max_polls, ts, validate, ranks)
     fp8 = bufs.dtype == "fp8"
+    tma = _tma_main_loops(tiles, fp8)
     for r, n_prog in launches:
         tl_ = tasks[r]
         n1 = bufs.inter // tiles.block_n1
@@ -496,7 +512,7 @@ def run_experts(world, bufs: MoEBuffers, inputs: Mapping[int, RankInputs], tasks
         comb = bufs.kernel_comb(r, world.device(r))
         table = bufs.tables[r]["combine_local" if local_combine else "combine"]
         timed = ts is not None
-        megamoe_kernel[(n_prog,)](
+        (_device.megamoe_tma_kernel if tma else megamoe_kernel)[(n_prog,)](
             x, bufs.xs_view(r) if fp8 else x, w.w1, w.w1s if fp8 else w.w1, w.w2, w.w2s if fp8 else w.w2,
             bufs.h[r], bufs.hs[r] if fp8 else bufs.h[r], bufs.meta_view(r), offs, task_t, bufs.counters[r], table,
             comb, status, ts[r] if timed else status, bufs.tickets[r], tl_.n_tasks, r, inp.x.shape[0], bufs.hidden,

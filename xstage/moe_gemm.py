@@ -22,6 +22,9 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   version 1 (variant ``order_v1``) and (round 4) every schedule with the tiles row-block-major inside an expert
   (variant ``swizzle0``, the order before moe_plan.TILE_SWIZZLE), every list bit-identical to Expert-Wave
   static first (combine poisoned); then, under dynamic, one launch per list with per-task device timestamps (the task_* columns: what the order costs, tile by tile).
+- study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
+  (:class:`TmaTiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
+  loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
 
 Every method of a configuration is timed round-robin (warm-up of all, then each round one run of each method):
 clock drift between method blocks cannot favour one. One row per method (schema ``megamoe_gemm``, xstage.data),
@@ -62,8 +65,8 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists")
-ROUND3 = ("gemm", "controls", "tiles", "lists")   # the table's configurations in order, weights once per shape
+STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6")   # the table's configurations in order, weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
 # study tiles: bf16 tile variants beside the default and torch._grouped_mm, on every configuration with >= 2048
@@ -85,6 +88,38 @@ LISTS5_CASES = tuple(f"{sh}_T{t}_{r}" for sh in ("deepseek_v4_pro", "qwen3_235b"
                      for r in ("uniform", "zipf", "hot"))
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class TmaTiles(TileConfig):
+    """Tiles whose main loops load x, W1 and W2 through TMA tensor descriptors (``megamoe_kernel``'s ``TMA``;
+    the intermediate h stays pointer-loaded); bf16 / fp16 only (xstage.moe.run_experts refuses fp8)."""
+
+    tma: bool = True
+
+
+def tma_tiles(t: TileConfig) -> TmaTiles:
+    return TmaTiles(**{f.name: getattr(t, f.name) for f in dataclasses.fields(TileConfig)})
+
+
+# Round 6 (issue 15, item 2), fixed before the run. study tiles6: bf16, the TMA main loops beside the default
+# (pointer loads) and torch._grouped_mm on tiles5_cases() (the 56 configurations with >= 2048 rows on rank 0), same
+# rounds: name -> (change of default_tiles, swizzle or None = the default's, TMA). sm_90a compiles on the CPU
+# (Triton 3.9, ptxas -v, dynamic): default BM 128 255 registers / 8 B spilled / 192 KiB shared; tma BM 128 s4
+# 255 / 0 / 192 KiB (16 cp.async.bulk.tensor + 16 cp.async sites), s3 255 / 0 / 144 KiB, BM 64 s4 169 / 0 / 160 KiB.
+TILES6_VARIANTS = {"swz16": ({}, 16, False), "tma": ({}, None, True), "tma_s3": (dict(num_stages=3), None, True),
+                   "tma_swz16": ({}, 16, True)}
+
+
+def tiles6_variants(d: TileConfig) -> dict[str, tuple[TileConfig, int | None]]:
+    """Study tiles6's variants of the default tiles ``d``: name -> (tiles, swizzle or None)."""
+    out = {}
+    for name, (change, g, tma) in TILES6_VARIANTS.items():
+        t = dataclasses.replace(d, **change)
+        out[name] = (tma_tiles(t) if tma else t, g)
+    return out
+
+
 def tiles5_cases() -> list[str]:
     """Study tiles' configurations: every one of the table with >= TILES5_MIN_ROWS rows on rank 0 of 2 (from the
     seeded routing), in table order."""
@@ -99,7 +134,8 @@ def variant_tiles(dtype: str, default: TileConfig, change) -> TileConfig:
 
 
 def tile_label(t: TileConfig) -> str:
-    return f"{t.block_m}x{t.block_n1}x{t.block_n2}x{t.block_k} w{t.num_warps} s{t.num_stages}"
+    tma = " tma" if getattr(t, "tma", False) else ""
+    return f"{t.block_m}x{t.block_n1}x{t.block_n2}x{t.block_k} w{t.num_warps} s{t.num_stages}{tma}"
 
 
 # ------------------------------------------------------------------------------------- the library's side
@@ -426,6 +462,11 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             variants[name] = dataclasses.replace(d, **change)
             if g is not None:
                 swz[name] = g
+    elif study == "tiles6":
+        for name, (t, g) in tiles6_variants(d).items():
+            variants[name] = t
+            if g is not None:
+                swz[name] = g
     prob = make_problem(world, c, dtype, d, weights=w, weight_seed=0)
     bufs = moe_buffers(world, max(prob.cap_rows, 1), c.tokens, s.hidden, s.intermediate, s.topk, s.experts // P,
                        dtype, min_block_m=min(t.block_m for t in variants.values()))
@@ -433,7 +474,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     what = f"{c.name} {dtype}"
     flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
     rows, methods, info, lists, notes = [], {}, {}, {}, {}
-    if study in ("gemm", "tiles"):
+    if study in ("gemm", "tiles", "tiles6"):
         ref_w = _layer_weights_f32(prob)
         ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
                None if dtype == "fp8" else moe_reference(inp.x, inp.ids, inp.wts, ref_w, dtype=OUT_DTYPES[dtype]))
@@ -516,7 +557,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     times, inner = _round_robin(methods, rounds)
     for key in methods:
         method, variant, t, sch, a, is_def, err, task = info[key]
-        note = notes.get(key, "") if study in ("tiles", "lists") else ""
+        note = notes.get(key, "") if study in ("tiles", "lists", "tiles6") else ""
         if study == "controls":
             sch_, a_, var_ = key.split(":")
             note = lists[(sch_, a_, var_)][0].param or ""
@@ -540,6 +581,8 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) 
             if dtype == "bf16":                                                    # round 5, study tiles
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
+                todo |= {(dtype, v, True, False) for t in defaults                 # round 6, study tiles6
+                         for v, _ in tiles6_variants(t).values() if getattr(v, "tma", False)}
         else:
             defaults = {default_tiles(dtype, rpe, version=1) for rpe in (32.0, 256.0)}
             todo |= {(dtype, variant_tiles(dtype, d, ch), False, False) for d in defaults
@@ -552,7 +595,7 @@ def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1,
     """Compile (no launch) the kernel variants of :func:`warm_variants` (every ``parts``-th from ``part``: run
     several processes side by side) into Triton's cache, with arguments of the launch's dtypes and alignment;
     returns how many. Run beside another job to take the compiles off the device's clock."""
-    from .kernels.moe import megamoe_kernel
+    from .kernels.moe import megamoe_kernel, megamoe_tma_kernel
 
     dev = torch.device("cuda", 0)
     n = 0
@@ -567,7 +610,7 @@ def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1,
         i64 = torch.empty(64, device=dev, dtype=torch.int64)
         comb = torch.empty(64, device=dev, dtype=OUT_DTYPES[dtype])
         try:
-            megamoe_kernel.warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
+            (megamoe_tma_kernel if getattr(t, "tma", False) else megamoe_kernel).warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
                                   100, 0, 100, 4096, 2048, 7, MAX_POLLS, 0,
                                   BLOCK_M=t.block_m, BLOCK_N1=t.block_n1, BLOCK_N2=t.block_n2,
                                   BLOCK_K=t.block_k, FP8=fp8, TIMED=timed, DEVICE=True, DYNAMIC=dyn,
@@ -592,7 +635,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
     if cases is None:
-        cases = (tiles5_cases() if study == "tiles" else list(LISTS5_CASES) if study == "lists"
+        cases = (tiles5_cases() if study in ("tiles", "tiles6") else list(LISTS5_CASES) if study == "lists"
                  else [c.name for c in CASES] if study in ROUND3 else GEMM_CASES)
     cs = cases_by_name(cases)
     if not dtypes or any(d not in VARIANTS for d in dtypes):
@@ -615,6 +658,10 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study == "tiles":
         params["tiles5_variants"] = {n: dict(change=str(ch), swizzle=g) for n, (ch, g) in TILES5_VARIANTS.items()}
         params["tiles5_min_rows"] = TILES5_MIN_ROWS
+    if study == "tiles6":
+        params["tiles6_variants"] = {n: dict(change=str(ch), swizzle=g, tma=tma)
+                                     for n, (ch, g, tma) in TILES6_VARIANTS.items()}
+        params["tiles6_min_rows"] = TILES5_MIN_ROWS
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
     meta = env.provenance(command, params)
