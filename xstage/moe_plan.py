@@ -44,7 +44,10 @@ so the list falls into rounds k of n consecutive tasks (what the n programs work
 Tile compute times c1 = 2 BM Hd 2 BN1 / F and c2 = 2 BM I BN2 / F, F = the per-program GEMM rate (FLOP/ns),
 calibrated so that the model's time of expert_wave without remote bytes equals the kernel measured with every
 combine store sent to a local buffer (``compute_ms``; a given TFLOP/s when not measured). A Linear-2 task less
-than a round behind its last producer (distance d < n positions) spins w = c1 (1 - d / n). Tasks are assigned
+than a round behind its last producer (distance d < n positions) spins w = c1 (1 - d / n) (wait model
+``positions``); wait model ``time`` (``wait_walk``) places every claim in time instead (a consumer spins until its
+producers have ended: under dynamic claims short Linear-2 tiles bring a consumer's claim forward, session 8); which
+one a CostModel uses: its ``wait``, else WAIT_DEFAULT of its assignment. Tasks are assigned
 statically, task i to program i % n, so the compute part is the busiest program's:
     compute = max over programs p of sum over its tasks (c1 or c2, plus w)
 (on 2 H200s the recorded schedules differed from Expert-Wave mostly through this term: a list whose Linear-1
@@ -723,6 +726,7 @@ class CostModel:
     n_programs: int
     out_bytes: int = 2
     assignment: str = "static"
+    wait: str | None = None               # WAIT_MODELS name; None: WAIT_DEFAULT[assignment]
 
     @classmethod
     def from_tflops(cls, prm: BurstGapParams, tflops: float, n_programs: int, out_bytes: int = 2) -> "CostModel":
@@ -754,31 +758,89 @@ ASSIGNMENT_REGISTRY = Registry("assignment", (
 ASSIGNMENTS = ASSIGNMENT_REGISTRY.names
 
 
-def claim_walk(tasks: np.ndarray, t1: float, t2: float, n: int) -> tuple[float, float]:
-    """An event model of the dynamic assignment (computed, not measured; not used by ``predict_kernel_ns``):
-    ``n`` programs claim the tasks of the list in order as each becomes free (the kernel's atomic ticket); a
-    Linear-1 tile takes ``t1``; a Linear-2 tile, claimed at t, spins until the last Linear-1 tile of its row block
-    has ended, then takes ``t2``. Returns (makespan, share of Linear-2 tiles that spun). Unlike the cost model's
-    wait term (list positions), it places each claim in time, so short Linear-2 tiles between a producer and its
-    consumer bring the consumer's claim forward (scripts/megamoe_wait_model.py)."""
+def wait_walk(tasks: np.ndarray, work: np.ndarray, n: int, assignment: str = "dynamic"
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The event walk of a task list in time (computed, not measured): task i goes to its program (``dynamic``:
+    the program free first, in list order, ties to the lowest, as the kernel's atomic ticket; ``static``: program
+    i % n) when that program is free; a Linear-1 tile then takes ``work[i]``; a Linear-2 tile spins until the last
+    Linear-1 tile of its row block has ended, then takes ``work[i]``. Every producer precedes its consumers in the
+    list (``check_tasks``), so one pass in list order places every claim. Returns (program of each task int64 [n_tasks],
+    spin of each task float64 [n_tasks], 0 for Linear-1 tiles and for consumers whose producers had ended)."""
+    tasks = np.asarray(tasks)
+    dyn = ASSIGNMENT_REGISTRY.check(assignment).name == "dynamic"
     free = [(0.0, p) for p in range(n)]
     heapq.heapify(free)
+    at = np.zeros(n)                             # static: each program's free time
     done: dict[int, float] = {}                  # pool block -> end of its latest Linear-1 tile so far
-    waited = n2 = 0
-    end_all = 0.0
-    for kind, _, _, _, pool in np.asarray(tasks).tolist():
-        t, p = heapq.heappop(free)
+    prog = np.empty(len(tasks), dtype=np.int64)
+    spin = np.zeros(len(tasks))
+    for i, (kind, pool, w) in enumerate(zip(tasks[:, 0].tolist(), tasks[:, 4].tolist(), np.asarray(work).tolist())):
+        if dyn:
+            t, p = heapq.heappop(free)
+        else:
+            p = i % n
+            t = float(at[p])
         if kind == KIND_L1:
-            end = t + t1
+            end = t + w
             done[pool] = max(done.get(pool, 0.0), end)
         else:
-            n2 += 1
-            ready = done.get(pool, 0.0)
-            waited += ready > t
-            end = max(t, ready) + t2
-        end_all = max(end_all, end)
-        heapq.heappush(free, (end, p))
-    return end_all, waited / max(n2, 1)
+            s_ = max(0.0, done.get(pool, 0.0) - t)
+            spin[i] = s_
+            end = t + s_ + w
+        prog[i] = p
+        if dyn:
+            heapq.heappush(free, (end, p))
+        else:
+            at[p] = end
+    return prog, spin
+
+
+def claim_walk(tasks: np.ndarray, t1: float, t2: float, n: int) -> tuple[float, float]:
+    """An event model of the dynamic assignment (computed, not measured; ``wait_walk`` with every Linear-1 tile
+    ``t1`` and every Linear-2 tile ``t2``): ``n`` programs claim the tasks of the list in order as each becomes
+    free (the kernel's atomic ticket); a Linear-2 tile, claimed at t, spins until the last Linear-1 tile of its row
+    block has ended. Returns (makespan, share of Linear-2 tiles that spun). Unlike the positional wait term, it
+    places each claim in time, so short Linear-2 tiles between a producer and its consumer bring the consumer's
+    claim forward (scripts/megamoe_wait_model.py); ``predict_kernel_ns`` uses it with wait model ``time``."""
+    tasks = np.asarray(tasks).reshape(-1, TASK_FIELDS)
+    is2 = tasks[:, 0] == KIND_L2
+    work = np.where(is2, float(t2), float(t1))
+    prog, spin = wait_walk(tasks, work, n, "dynamic")
+    load = np.bincount(prog, weights=work + spin, minlength=n)
+    return float(load.max()) if len(tasks) else 0.0, float((spin[is2] > 0).mean()) if is2.any() else 0.0
+
+
+def _wait_positions(tasks: np.ndarray, c: np.ndarray, c1: float, n: int, assignment: str, n_pool: int):
+    """Wait model ``positions``: a consumer d < n list positions behind its last producer spins c1 (1 - d / n)
+    (a round of n positions lasting one Linear-1 tile); programs by ``assignment`` over work + spin."""
+    is2 = tasks[:, 0] == KIND_L2
+    pos = np.arange(len(tasks))
+    last_l1 = np.full(max(n_pool, 1), -1)
+    np.maximum.at(last_l1, tasks[~is2, 4], pos[~is2])
+    spin = np.where(is2, c1 * np.clip(1.0 - (pos - last_l1[tasks[:, 4]]) / n, 0.0, 1.0), 0.0)
+    return ASSIGNMENT_REGISTRY.check(assignment).impl(c + spin, n), spin
+
+
+def _wait_time(tasks: np.ndarray, c: np.ndarray, c1: float, n: int, assignment: str, n_pool: int):
+    """Wait model ``time``: the event walk (``wait_walk``): each consumer spins until its producers have ended
+    in time, under the assignment's claims."""
+    return wait_walk(tasks, c, n, assignment)
+
+
+# How predict_kernel_ns counts a Linear-2 tile's spin on its row block's Linear-1 tiles. impl(tasks, compute per
+# task, c1, n, assignment, n_pool) -> (program of each task, spin of each task).
+WAIT_MODELS = Registry("wait model", (
+    Choice("positions", "a consumer d < n list positions behind its producer spins c1 (1 - d / n)", _wait_positions),
+    Choice("time", "the event walk: claims placed in time, a consumer spins until its producers end", _wait_time),
+))
+# The wait model a CostModel without one uses, per assignment.
+WAIT_DEFAULT = {"static": "positions", "dynamic": "positions"}
+
+
+def wait_model_of(cost: "CostModel") -> str:
+    """The wait model ``cost`` predicts with (its own, else WAIT_DEFAULT of its assignment)."""
+    ASSIGNMENT_REGISTRY.check(cost.assignment)
+    return WAIT_MODELS.check(cost.wait or WAIT_DEFAULT[cost.assignment]).name
 
 
 def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
@@ -787,7 +849,7 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
     'imbalance'}. Compute and waits are the busiest program's (``cost.assignment``: static round-robin, task i on
     program i % n, or dynamic, each task to the program free first; ``imbalance`` = its load / the mean load);
     stalls and the final drain come from the Burst-Gap stage, round by round."""
-    assign = ASSIGNMENT_REGISTRY.check(cost.assignment).impl
+    waits = WAIT_MODELS.check(wait_model_of(cost)).impl
     stage = isinstance(cost.prm, StageParams)   # the per-link stage model: C(P) of the round's issuers
     prm = cost.prm.fluid(cost.n_programs) if stage else replace(cost.prm, overhead_ns=0.0)  # overhead: the harness's
     n = max(1, cost.n_programs)
@@ -796,16 +858,12 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
     c2 = 2.0 * tiles.block_m * inter * tiles.block_n2 / F
     tasks = tl_.tasks
     is2 = tasks[:, 0] == KIND_L2
-    pos = np.arange(len(tasks))
-    last_l1 = np.full(max(tl_.grid.n_pool, 1), -1)
-    np.maximum.at(last_l1, tasks[~is2, 4], pos[~is2])
-    # a consumer less than a round behind its last producer spins for the rest of the producer's tile
-    wait = np.where(is2, c1 * np.clip(1.0 - (pos - last_l1[tasks[:, 4]]) / n, 0.0, 1.0), 0.0)
+    # a consumer whose producers have not ended spins (the wait model: list positions, or the claims in time)
+    prog, wait = waits(tasks, np.where(is2, c2, c1), c1, n, cost.assignment, tl_.grid.n_pool)
     work = np.where(is2, c2, c1) + wait
     remote = np.where(is2, remote_rows_per_block[tasks[:, 4]] * float(tiles.block_n2 * cost.out_bytes), 0.0)
     # Program p walks tasks p, p + n, ... (a static round-robin): the kernel lasts as long as its busiest program,
     # so a list whose expensive tiles land on the same programs is slower than its round averages say.
-    prog = assign(work, n)
     load = np.bincount(prog, weights=work, minlength=n)
     busiest = int(np.argmax(load))
     compute = float(np.bincount(prog, weights=work - wait, minlength=n)[busiest])
@@ -832,10 +890,11 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
 
 
 def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_programs: int,
-                   compute_ms: float, assignment: str = "static") -> float:
+                   compute_ms: float, assignment: str = "static", wait: str | None = None) -> float:
     """Per-program FLOP/ns such that the model's compute-only time of ``tl_`` equals ``compute_ms`` (the kernel
-    measured with every combine store local, tasks assigned by ``assignment``)."""
-    unit = CostModel(BurstGapParams.reference(), 1.0, n_programs, assignment=assignment)
+    measured with every combine store local, tasks assigned by ``assignment``; ``wait``: the wait model, None =
+    WAIT_DEFAULT's). Every term of the compute-only time scales with 1 / rate, so one unit-rate walk suffices."""
+    unit = CostModel(BurstGapParams.reference(), 1.0, n_programs, assignment=assignment, wait=wait)
     none = np.zeros(max(tl_.grid.n_pool, 1), dtype=np.int64)
     return predict_kernel_ns(tl_, none, unit, hidden, inter, tiles)["total_ns"] / (compute_ms * 1e6)
 
