@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 14, round 3, on ONE GPU: our attention beside FA4's CuTe Hopper forward (same run, same rounds), the GPU
 # tests of both fused layers, and the one-GPU Ulysses sweep at P = 4 with the FA methods. The FA4 stack travels as
-# scripts/fa4_one_gpu.sh describes (two parts, two consecutive calls on the same machine):
-#   call 1:  scripts/attention_vs_fa4.sh stash                                   (carry .whl/fa4site312.tar.xz.part-00)
-#   call 2:  XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
-#                                                                                (carry .whl/fa4site312.tar.xz.part-01)
+# scripts/fa4_one_gpu.sh describes (session 8: three parts, three consecutive calls on the same machine):
+#   calls 1, 2:  scripts/attention_vs_fa4.sh stash [dev ...]              (carry .whl/fa4site312.tar.xz.part-00, -01)
+#   call 3:  XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
+#                                                                                (carry .whl/fa4site312.tar.xz.part-02)
+#   dev       the editable install alone (no FA4): for GPU work in the stash calls (tests:, the Gluon first look)
 # Stages run in the order given; each has its own time bound and a failure does not stop the next.
 #   tests:S   pytest -m gpu tests/test_ulysses_gpu.py tests/test_fa4_gpu.py (the one-GPU ones; 2-GPU ones skip)
 #   study:S   scripts/attention_vs_fa4.py: variants checked, then timed beside FA4 and cuDNN; no new variant
@@ -25,6 +26,7 @@ P4_RECORD=${P4_RECORD:-ulysses_fa_p4}
 for s in "$@"; do
   case $s in
     stash|install) bash "$(dirname "$0")/fa4_one_gpu.sh" "$s" ;;
+    dev) python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1; echo "== dev install: rc=$?" ;;
     tests:*)
       t0=$SECONDS
       timeout --signal=INT --kill-after=10 "${s#tests:}" python3 -m pytest -q -p no:cacheprovider -m gpu \

@@ -4,10 +4,12 @@
 # pinned wheels (pyproject.toml's [fa4]), split in two parts (a call carries at most 64 MiB with the tree):
 #   here, once:  pip download the pinned wheels (cp312, manylinux) into .whl/, pip install --no-deps --target
 #                <site> --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: .whl/*.whl,
-#                tar -C <site> -cf - . | xz -9 > fa4site312.tar.xz, split -b 36200000 -d ... .whl/fa4site312.tar.xz.part-
-#   call 1:      scripts/fa4_one_gpu.sh stash              (carry .whl/fa4site312.tar.xz.part-00)
-#   call 2:      (within 30 s of call 1's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
-#                  sweep:<local_s>:<host_s> test:<s> pack   (carry .whl/fa4site312.tar.xz.part-01)
+#                tar -C <site> -cf - . | xz -9 > fa4site312.tar.xz, split -b 22390000 -d ... .whl/fa4site312.tar.xz.part-
+#                (session 8: the tracked tree is ~37 MB now, so three parts of 22.4 MB; fa4_env.sh's SHA is the whole)
+#   call 1, 2:   scripts/fa4_one_gpu.sh stash              (carry .whl/fa4site312.tar.xz.part-00, then part-01)
+#   call 3:      (each within 30 s of the last's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
+#                  sweep:<local_s>:<host_s> test:<s> pack   (carry the last part, .whl/fa4site312.tar.xz.part-02)
+#   stash copies whichever parts the call carried; install joins every stashed and carried part in name order.
 # Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
 set -u
 . "$(dirname "$0")/fa4_env.sh"     # SITE, PARTS, SHA, PYTHONPATH, NCCL / symmetric-memory settings
@@ -19,11 +21,12 @@ FUSED_OK=1
 for s in "$@"; do
   case $s in
     stash)
-      mkdir -p $PARTS && cp .whl/fa4site312.tar.xz.part-00 $PARTS/ && ls -la $PARTS && nvidia-smi -L ;;
+      mkdir -p $PARTS && cp .whl/fa4site312.tar.xz.part-* $PARTS/ && ls -la $PARTS && nvidia-smi -L ;;
     install)
       : "${OUT:?set OUT}"; mkdir -p "$OUT/logs" "$OUT/h200x1"
       t0=$SECONDS
-      cat $PARTS/fa4site312.tar.xz.part-00 .whl/fa4site312.tar.xz.part-01 >/root/fa4site312.tar.xz || exit 3
+      mkdir -p $PARTS && cp .whl/fa4site312.tar.xz.part-* $PARTS/ && ls $PARTS
+      cat $PARTS/fa4site312.tar.xz.part-* >/root/fa4site312.tar.xz || exit 3
       echo "$SHA  /root/fa4site312.tar.xz" | sha256sum -c - || exit 3
       mkdir -p $SITE && xz -dc /root/fa4site312.tar.xz | tar -x -C $SITE || exit 3
       python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1 || { tail "$OUT/logs/install.log"; exit 3; }
