@@ -1044,14 +1044,15 @@ def l2_traffic(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, act_by
 
 
 # --------------------------------------------------------------------------------- the model on recorded rows
-def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static") -> pd.DataFrame:
+def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
+              wait: str | None = None) -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
     per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
     recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
     taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
     on static records: what a dynamic run should show, with the static compute-only calibration). Returns the
     rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
-    (busiest program / mean, max over ranks)."""
+    (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``)."""
     cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
     out = []
     keys = ["shape", "tokens", "routing", "P", "dtype"]
@@ -1068,8 +1069,9 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
         for r in range(int(P)):
             grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
             ew = schedule_of_param("expert_wave", str(rows.schedule_param.get("expert_wave", "")), grid, n_sms)
-            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]))
-            cost = CostModel(prm, rate, n_sms, out_bytes, assignment)
+            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
+                                  wait=wait)
+            cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait)
             remote = grid.remote_rows_per_block(layouts[r])
             for sched, row in rows.iterrows():
                 par = str(row.schedule_param)

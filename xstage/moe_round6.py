@@ -227,3 +227,42 @@ def lists_summary(per: pd.DataFrame) -> pd.DataFrame:
                         slower_beyond_noise=int((np.log(ch) > noise).sum()) if len(ch) else 0,
                         faster_beyond_noise=int((np.log(ch) < -noise).sum()) if len(ch) else 0))
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------- the host-link record, re-scored
+def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, wait: str | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The cost model (``moe_plan.repredict``) on a recorded host-link sweep (schema ``megamoe``) with the stage
+    parameters it recorded (its sidecar's ``prm``), the drain rate replaced by ``drain_gbps`` when given (the
+    combine's measured rate), and wait model ``wait``. Returns (per configuration and schedule: measured and
+    predicted speedup over Expert-Wave and the model's error; per dtype and schedule: configurations, the share
+    within +-10 % (studies.MODEL_TOLERANCE), the median |error|, over- and under-predictions beyond it)."""
+    import dataclasses
+
+    from .model import params_from_dict
+    from .moe_plan import repredict
+    from .studies import MEGAMOE_BASELINE, MEGAMOE_KEYS, MODEL_TOLERANCE, megamoe_speedups
+
+    p = meta.get("params", {})
+    if "prm" not in p:
+        raise ValueError("the record's sidecar holds no prm (the parameters the sweep predicted with)")
+    prm = params_from_dict(p["prm"])
+    if drain_gbps is not None:
+        if not (np.isfinite(drain_gbps) and drain_gbps > 0):
+            raise ValueError(f"drain_gbps must be positive, got {drain_gbps}")
+        prm = dataclasses.replace(prm, drain_gbps=float(drain_gbps))
+    rp = repredict(df, prm, int(meta.get("sm_count") or 132), p.get("assignment", "static"), wait)
+    keys = MEGAMOE_KEYS + ["schedule"]
+    t = df.drop(columns=["predicted_speedup"]).merge(
+        rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
+    sp = megamoe_speedups(t)
+    sp = sp[sp.schedule != MEGAMOE_BASELINE]
+    g = sp.groupby(["dtype", "schedule"], sort=False)
+    summ = pd.DataFrame({
+        "configs": g.size(),
+        "within_10pct": g.model_error.apply(lambda e: float((e.abs() <= MODEL_TOLERANCE).mean())),
+        "median_abs_error": g.model_error.apply(lambda e: float(e.abs().median())),
+        "over_predicted": g.model_error.apply(lambda e: int((e > MODEL_TOLERANCE).sum())),
+        "under_predicted": g.model_error.apply(lambda e: int((e < -MODEL_TOLERANCE).sum())),
+    }).reset_index()
+    return sp[["config", "dtype", "schedule", "speedup", "predicted_speedup", "model_error"]], summ
