@@ -138,7 +138,32 @@ def _one_gpu_megamoe_rows() -> list[str]:
                     f"geomean **{ew}** ({' / '.join(dt)}) | same |")
         rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's ({assignment}) | "
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
-    return rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
+    return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
+            + _one_gpu_megamoe_round6_rows())
+
+
+def _one_gpu_megamoe_round6_rows() -> list[str]:
+    """MegaMoE round 6 (data/h200x1/megamoe_round6_gemm, study tiles6: link local, compute only): bf16 ours /
+    torch._grouped_mm with the TMA main loops beside the pointer loops (same rounds), on the configurations with
+    >= 2048 rows on rank 0 (the goal's domain) and on every configuration the folder holds."""
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND6_GEMM_SUB)
+    except studies.NoRecordedData:
+        return []
+    t = studies.megamoe_round6_tiles(df)
+    if not len(t):
+        return []
+    big = studies.megamoe_round6_tiles_summary(t[t.rows >= studies.MEGAMOE_GEMM_GOALS["min_rows"]]).set_index("variant")
+    every = studies.megamoe_round6_tiles_summary(t).set_index("variant")
+
+    def cell(v):
+        b, a = big.loc[v], every.loc[v]
+        return (f"geomean {b.geomean:.3f}, min **{b['min']:.3f}**, {int(b.below_goal)} below 0.9; over all "
+                f"{int(a.configs)}: geomean {a.geomean:.3f}")
+    return [f"| MegaMoE, bf16 GEMM phases / `torch._grouped_mm`, same rounds, {int(big.loc['default'].configs)} "
+            f"configurations with >= 2048 rows (goal >= 0.9 on each): TMA main loops (round 6) | tma: {cell('tma')}; "
+            f"tma_swz16: {cell('tma_swz16')}; pointer loops, same run: {cell('default')} | "
+            f"`scripts/megamoe_round6_gemm.sh` (study tiles6), notebook 03 |"]
 
 
 def _one_gpu_megamoe_round5_rows() -> list[str]:
