@@ -18,8 +18,13 @@ from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, 
 # gluon_next (session 8): the last-block mask beside C3's fastest Gluon rungs, then the ping-pong and 3-consumer
 # rungs (xstage.ulysses_gluon.NEXT_RUNGS)
 GLUON_NEXT = {D: tuple(cs) + NEXT_RUNGS.get(D, ()) for D, cs in FA4_GLUON_NEXT_VARIANTS.items()}
+# gluon_best (session 8, call U4): the base rungs and the fastest rungs of the gluon_next record beside FA4
+_BEST = {"128x128w8s3-tma-pers", "gluon-ws-128x128s2r232-ml", "gluon-ws-128x128s2r232-ml-pp", "128x128w4s3-tma",
+         "gluon-ws-192x128s2r160-ml-pp", "gluon-ws-192x128s2r160-ml"}
 STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_gluon", FA4_GLUON_VARIANTS),
-           "gluon_next": ("attention_vs_fa4_gluon_next", GLUON_NEXT)}
+           "gluon_next": ("attention_vs_fa4_gluon_next", GLUON_NEXT),
+           "gluon_best": ("attention_vs_fa4_gluon_best",
+                          {D: tuple(c for c in cs if c.label in _BEST) for D, cs in GLUON_NEXT.items()})}
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None
