@@ -10,6 +10,9 @@
 #   call 3:      (each within 30 s of the last's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
 #                  sweep:<local_s>:<host_s> test:<s> pack   (carry the last part, .whl/fa4site312.tar.xz.part-02)
 #   stash copies whichever parts the call carried; install joins every stashed and carried part in name order.
+#   The session-8 tarball lacks nvidia-cutlass-dsl-libs-core==4.8.1: call 3 also carries
+#   .whl/nvidia_cutlass_dsl_libs_core-4.8.1-py3-none-any.whl (pip download --no-deps), which install unzips into
+#   the site. (pip install --target of several wheels sharing nvidia_cutlass_dsl/ keeps them all: list every one.)
 # Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
 set -u
 . "$(dirname "$0")/fa4_env.sh"     # SITE, PARTS, SHA, PYTHONPATH, NCCL / symmetric-memory settings
@@ -29,6 +32,9 @@ for s in "$@"; do
       cat $PARTS/fa4site312.tar.xz.part-* >/root/fa4site312.tar.xz || exit 3
       echo "$SHA  /root/fa4site312.tar.xz" | sha256sum -c - || exit 3
       mkdir -p $SITE && xz -dc /root/fa4site312.tar.xz | tar -x -C $SITE || exit 3
+      # session 8's tarball lacks nvidia-cutlass-dsl-libs-core (the python package cutlass, libs-base's dependency;
+      # call U3 found `No module named 'cutlass.cute'`): carry its wheel beside the last part, unzipped here
+      for w in .whl/nvidia_cutlass_dsl_libs_core-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" $SITE; done
       python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1 || { tail "$OUT/logs/install.log"; exit 3; }
       timeout 120 python3 -c "import xstage.fa4 as f; print('fa4.available:', f.available()); print(f.versions())" 2>&1 | tail -5
       echo "== install: $((SECONDS - t0))s" ;;
