@@ -117,6 +117,29 @@ three): the Gluon kernel applies the key mask to every block when S is not a mul
 last one (neither changed nor measured yet). The fused Ulysses epilogue on the Gluon kernel can follow once it is at
 FA4's speed (not started).
 
+Round 5 (issue 14; call U3 of docs/lab-U-session8.md, 2026-12-02, commit 8f322c0, Triton 3.6; record
+data/h200x1/attention_vs_fa4_gluon_next/, ``STUDY=gluon_next scripts/attention_vs_fa4.sh``): the key mask on the last
+block only (``-ml``), FA3's ping-pong of the consumers (``-pp``, turn mbarriers) and FA4's D = 64 tile (192 rows:
+three consumer warpgroups), checked against float32 (2.23e-3 .. 2.31e-3) and timed beside the base rung and cuDNN in
+the same rounds. **FA4 did not run in this call** (the carried stack lacked nvidia-cutlass-dsl-libs-core: recorded as
+``fa4_absent``), so the brackets are ours / cuDNN of the same block, not ours / FA4. TFLOP/s:
+  rung (D = 128)                        8192x24     16384x24    32768x12    49152x12    32760x6     4096x12
+  h. Triton base (this kernel)          554 (0.86)  533 (0.86)  533 (0.86)  544 (0.85)  513 (0.89)  337 (0.76)
+  x. gluon ws 128x128 s2                634 (0.99)  625 (1.05)  639 (1.07)  655 (1.09)  468 (0.80)  346 (0.73)
+  z. x with the last-block mask (-ml)   636 (0.98)  633 (1.06)  643 (1.07)  657 (1.09)  624 (1.12)  453 (0.87)
+  -  z with the ping-pong (-ml-pp)      611 (0.97)  610 (1.01)  618 (1.03)  636 (1.05)  604 (1.10)  331 (0.76)
+  -  z-pp with a 3-slot ring            595 (0.96)  608 (1.00)  617 (1.02)  631 (1.02)  607 (1.10)  288 (0.71)
+  rung (D = 64)                         30000x20    17776x24
+  p. Triton base (this kernel)          434 (1.05)  421 (1.04)
+  y. gluon 64x128 w4 s3 (-ml)           450 (1.12)  441 (1.11)
+  -  gluon ws 128x128 s3 (-ml)          455 (1.11)  437 (1.09)
+  -  gluon ws 192x128 s2, 3 consumers   514 (1.26)  494 (1.25)
+  zz. the same with the ping-pong       531 (1.30)  512 (1.29)
+The last-block mask is the Wan shape's and D = 64's missing piece (+33 % on 32760x6, +16 % for ws at D = 64; on the
+shapes with S % 128 == 0 it changes nothing at S >= 8K); the ping-pong costs 3-4 % with two consumers at D = 128 and
+gains 3 % with three at D = 64. Against run C3's FA4 (another run; cuDNN moved by <= 2 % between the runs at S >=
+8K) z would be 0.94 / 0.94 / 0.95 / 0.96 / 0.88 and zz 0.92 / 0.91: an estimate, not the measured ratio.
+
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
 everywhere" has a time and a failure to arrive has a report instead of a hang.

@@ -32,8 +32,17 @@ scores are masked to -inf when S % BLOCK_N != 0). Q is loaded once by TMA; its s
 tile for the TMA store (rows past S are clipped by the store). Program (m, h) has linear id h * cdiv(S, BM) + m,
 as in kernels/attention.py (consecutive programs share a head's K/V in L2).
 
-Every wait here is on hardware that completes by itself (TMA byte counts, wgmma groups); no wait depends on
-another CTA. Gluon does not run under Triton's CPU interpreter: ``AVAILABLE`` is False there (and where this
+Version ladder (kernels/attention.py's docstring has the TFLOP/s of each rung, rounds 4 and 5): one partition of
+8 warps (C1) < one warpgroup per CTA, 2 CTAs per SM (C1-C3) < warp-specialised, two consumers (C2-C3: 0.88-0.94 of
+FA4 at S >= 8K with 12-24 heads) < the same with the key mask on the last block only (U3: 32760x6 +33 %); D = 64:
+three consumers of a 192-row tile with the ping-pong (U3: +19 % over round 4's best). The ping-pong (turn
+mbarriers) loses 3-4 % with two consumers at D = 128 (U3).
+
+In the one-partition kernel every wait is on hardware that completes by itself (TMA byte counts, wgmma groups); no
+wait depends on another CTA. The warp-specialised kernel's waits depend on its other partitions' arrivals (ring
+slots, ping-pong turns) and are unbounded (Gluon 3.6's ``mbarrier.wait`` has no bound, and a try_wait loop in inline
+PTX would need the barrier's shared-memory address, which Gluon does not hand to ``inline_asm_elementwise``): it is
+kept off the default path (``xstage.ulysses_gluon.CONFIGS``) and every GPU call runs it under a process timeout. Gluon does not run under Triton's CPU interpreter: ``AVAILABLE`` is False there (and where this
 Triton has no Gluon for Hopper), and the launcher says so in one line before any launch.
 """
 try:  # Gluon's Hopper language: Triton >= 3.5 (the GPU machine has 3.6)

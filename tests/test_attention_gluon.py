@@ -155,6 +155,34 @@ def test_default_tiles_are_not_warp_specialised():
     its shared-memory address is not reachable from inline PTX), so it stays off the default path: the default
     tiles (``CONFIGS``, what ``attention_forward`` runs without a config) are the one-partition kernel."""
     assert G.CONFIGS and all(not c.ws and not c.pingpong for cs in G.CONFIGS.values() for c in cs)
+    # and they mask only the last key block (call U3: faster where S % 128 != 0)
+    assert all(c.mask_last for cs in G.CONFIGS.values() for c in cs)
+
+
+def test_recorded_gluon_next_study_is_checked_and_says_fa4_was_absent():
+    """The session-8 record (data/h200x1/attention_vs_fa4_gluon_next, call U3): every variant was checked against
+    float32 before timing and every timed shape on sampled rows; FA4 did not run there, which the sidecar says in one
+    line (``fa4_absent``) with no FA4 rows (never 0); each rung's speed-up over the base rung (``vs_base``) is the
+    ratio of the rows' medians on that shape, recomputed here."""
+    from xstage import data, studies
+
+    folder = data.machine_dir("h200x1") / "attention_vs_fa4_gluon_next"
+    if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
+        pytest.skip("no recorded attention_vs_fa4_gluon_next")
+    df, m = data.load(folder, data.ATTENTION_LADDER)
+    assert "fa4" not in set(df.method) and "\n" not in m["fa4_absent"] and "cutlass" in m["fa4_absent"]
+    for D, checks in m["checks"].items():
+        for label, c in checks.items():
+            assert c["rel_l2_vs_fp32"] < 1e-2, label
+            timed = set(df[(df.D == int(D)) & (df.variant == label)]["shape"])
+            assert timed and timed <= set(m["shape_checks"][D][label]), label
+    t = studies.attention_ladder_table(df, m)
+    med = df.groupby(["shape", "variant", "method"]).ms.median()
+    for r in t.itertuples():
+        base = df[df.D == r.D].variant.iloc[0]
+        mine = "gluon" if r.variant.startswith("gluon-") else "triton"
+        want = med[r.shape, base, "triton"] / med[r.shape, r.variant, mine]
+        assert r.vs_base == pytest.approx(want)
 
 
 def test_gluon_missing_one_line_before_any_launch(monkeypatch):
