@@ -162,7 +162,7 @@ def _one_gpu_megamoe_round6_rows() -> list[str]:
                 f"{int(a.configs)}: geomean {a.geomean:.3f}")
     return [f"| MegaMoE, bf16 GEMM phases / `torch._grouped_mm`, same rounds, {int(big.loc['default'].configs)} "
             f"configurations with >= 2048 rows (goal >= 0.9 on each): TMA main loops (round 6) | tma: {cell('tma')}; "
-            f"tma_swz16: {cell('tma_swz16')}; pointer loops, same run: {cell('default')} | "
+            f"tma_swz16: {cell('tma_swz16')}; pointer loops (same rounds): {cell('default')} | "
             f"`scripts/megamoe_round6_gemm.sh` (study tiles6), notebook 03 |"]
 
 
