@@ -324,3 +324,48 @@ def test_program_favour_of_the_recorded_trains(sub):
     assert set(summ.programs) <= grid and {p for p in grid if p >= 16} <= set(summ.programs)
     assert (summ.sms == np.minimum(summ.programs, meta["sm_count"])).all()
     assert np.isfinite(summ.drop(columns="programs").to_numpy(float)).all()
+
+
+def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeypatch):
+    """Two records of the same trains: identical ones agree exactly, one whose every issue time is 1.25x gives
+    0.25 at every program count; on the recorded data, processes in one call agree closer at 16 programs than
+    records from two calls (S8-1 against S7-1)."""
+    import shutil
+
+    import pandas as pd
+
+    from xstage import data, studies
+
+    rec = studies.record_floor()
+    by = rec.groupby(["kind", "programs"]).median_abs_ratio.median()
+    assert by[("processes, one call", 16)] < by[("records, two calls", 16)]
+    assert (rec.within_repeats < rec.median_abs_ratio + 0.05).all()
+
+    src = data.machine_dir("h200x1") / studies.TRAIN_PROCESSES[0]
+    root = tmp_path / "h200x1"
+    for i, factor in enumerate((1.0, 1.0, 1.25)):
+        dst = root / studies.TRAIN_PROCESSES[i]
+        dst.mkdir(parents=True)
+        df, meta = data.load(src, data.BURST_TRAIN)
+        for c in [c for c in df.columns if c.startswith("issue") and c.endswith("_ns")]:
+            df[c] = df[c] * factor
+        df.to_csv(dst / "burst_train.csv", index=False)
+        shutil.copy(data.paths(src, data.BURST_TRAIN)[1], dst / "burst_train.json")
+        data.seal(dst, data.BURST_TRAIN)
+    monkeypatch.setattr(data, "DATA_ROOT", tmp_path)
+    f = studies.record_floor().set_index(["pair", "programs"]).median_abs_ratio
+    same = f.loc["S8-1 process 0 / S8-1 process 1"]
+    scaled = f.loc["S8-1 process 0 / S8-1 process 2"]
+    assert (same == 0).all() and np.allclose(scaled, 0.25) and len(scaled) == 3
+
+
+def test_scores_by_programs_covers_every_never_fitted_record():
+    """Every never-fitted train record scores per program count and over all (programs = 0); the all-row's
+    burst count is the sum of its program counts'."""
+    from xstage import studies
+
+    s = studies.scores_by_programs("host")
+    assert set(s.record) == set(studies.SCORED_TRAIN_RECORDS)
+    for rec, g in s.groupby("record"):
+        assert g[g.programs == 0].bursts.iloc[0] == g[g.programs > 0].bursts.sum()
+        assert (g.median_abs_error >= 0).all() and (g.p90_abs_error >= g.median_abs_error).all()

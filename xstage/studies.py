@@ -1435,6 +1435,69 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0) -> tuple[pd
     return rows, summary
 
 
+SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p")   # data/h200x1/: never fitted
+
+
+def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0) -> pd.DataFrame:
+    """The fitted model on every never-fitted train record of ``machine`` (:data:`SCORED_TRAIN_RECORDS`), per
+    record and program count: bursts >= ``min_ns``, median / p90 |error| and the median signed error (> 0: the
+    model is too slow), plus each record's row over all its program counts (programs = 0)."""
+    rows = []
+    for sub in SCORED_TRAIN_RECORDS:
+        folder = data.machine_dir(machine) / sub
+        if not data.paths(folder, data.BURST_TRAIN)[0].is_file():
+            continue
+        r, _ = score_trains(folder, link, min_ns)
+        r = r[r.measured_ns >= min_ns]
+        for P, g in [*r.groupby("programs"), (0, r)]:
+            e = g.rel_error
+            rows.append({"record": sub, "programs": int(P), "bursts": len(g), "median_abs_error": e.abs().median(),
+                         "p90_abs_error": e.abs().quantile(0.9), "median_error": e.median()})
+    return pd.DataFrame(rows)
+
+
+TRAIN_PROCESSES = ("train_processes_p0", "train_processes_p1", "train_processes_p2")   # S8-1: one chip, 3 processes
+
+
+def record_floor(machine: str = "h200x1", min_ns: float = 1000.0) -> pd.DataFrame:
+    """What a second record of the same trains reproduces, per program count: median |ratio - 1| of the median
+    program's issue time (median over repeats) between two records of the same (train, programs, burst), bursts
+    >= ``min_ns`` in the first. Pairs: processes on one chip (S8-1, :data:`TRAIN_PROCESSES`), and records made
+    in other calls, on another chip or the same (the fitted seed-0 family, S7-1's re-record, S8-1's first process). The
+    floor under any model's error on a record it was not fitted on; ``within`` is the repeats' own spread."""
+    root = data.machine_dir(machine)
+    recs = {"fitted family": root, "S7-1": root / TRAIN_PROGRAMS}
+    recs.update({f"S8-1 process {i}": root / sub for i, sub in enumerate(TRAIN_PROCESSES)})
+    key = ["train", "programs", "burst"]
+    med, within = {}, {}
+    for name, folder in recs.items():
+        if not data.paths(folder, data.BURST_TRAIN)[0].is_file():
+            continue
+        df, _ = data.load(folder, data.BURST_TRAIN)
+        df = df[df.target == "host"]
+        med[name] = df.groupby(key).issue_ns.median()
+        within[name] = df.groupby(key).issue_ns.agg(lambda x: (x / x.median() - 1).abs().median())
+    pairs = [("S8-1 process 0", "S8-1 process 1", "processes, one call"),
+             ("S8-1 process 0", "S8-1 process 2", "processes, one call"),
+             ("S8-1 process 1", "S8-1 process 2", "processes, one call"),
+             ("fitted family", "S8-1 process 0", "records, two calls"),
+             ("fitted family", "S7-1", "records, two calls"),
+             ("S7-1", "S8-1 process 0", "records, two calls")]
+    rows = []
+    for a, b, kind in pairs:
+        if a not in med or b not in med:
+            continue
+        j = pd.concat([med[a].rename("a"), med[b].rename("b")], axis=1).dropna()
+        j = j[j.a >= min_ns].reset_index()
+        j["e"] = (j.b / j.a - 1).abs()
+        w = within[a].reindex(pd.MultiIndex.from_frame(j[key])).to_numpy()
+        for P, g in j.groupby("programs"):
+            rows.append({"pair": f"{a} / {b}", "kind": kind, "programs": int(P), "bursts": len(g),
+                         "median_abs_ratio": g.e.median(), "p90_abs_ratio": g.e.quantile(0.9),
+                         "within_repeats": float(np.nanmedian(w[g.index]))})
+    return pd.DataFrame(rows)
+
+
 TRAIN_PROGRAMS = "train_programs"   # under data/h200x1/: the seed-0 host trains again, per program with its SM
 TRAIN_PROGRAMS_P = "train_programs_p"   # under data/h200x1/: seed-7 trains at 12 program counts (another process)
 CONTENDED = 3.0                      # a burst is contended when its median program takes > 3x its unimpeded issue
@@ -1608,6 +1671,15 @@ def readme_stage_markdown() -> str:
             rows.append(f"| {name} | trains from outside the fitted family (data/{machine}/independent/, never "
                         f"fitted) | median \\|error\\| {sc.median_abs_error[0]:.1%} (p90 {sc.p90_abs_error[0]:.0%}; "
                         f"bursts > 320 KiB: {sc.median_abs_error_above_320kib[0]:.1%}) | notebook 02 |")
+        newp = data.machine_dir(machine) / "train_programs_new_p"
+        if link == "host" and data.paths(newp, data.BURST_TRAIN)[0].is_file():
+            sc = scores_by_programs(link, machine)
+            sc = sc[sc.record == "train_programs_new_p"]
+            per = ", ".join(f"P={r.programs}: {r.median_abs_error:.0%}" for r in sc.itertuples() if r.programs)
+            allp = sc[sc.programs == 0].iloc[0]
+            rows.append(f"| {name} | trains at program counts never recorded elsewhere (data/{machine}/"
+                        f"train_programs_new_p/, never fitted) | median \\|error\\| {allp.median_abs_error:.1%} (p90 "
+                        f"{allp.p90_abs_error:.0%}); {per} | notebook 02 |")
         if data.paths(data.machine_dir(machine) / TRAIN_PROGRAMS, data.BURST_PROGRAM)[0].is_file():
             _, fav = program_favour(train_programs_data(machine)[0], link)
             favs = ", ".join(f"P={r.programs}: {r.favoured_share:.0%} (up to {r.favour_max:.2f}x; persists "
