@@ -221,7 +221,8 @@ if AVAILABLE:
     def _ws_consumer(half, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
                      off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                      HALF_M: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
-                     MASK_LAST: gl.constexpr, turn, NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False):
+                     MASK_LAST: gl.constexpr, turn, NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
+                     out_table=None, rows_per_rank=0, out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False):
         dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -278,22 +279,39 @@ if AVAILABLE:
         if WRITE_LSE:
             offs_m = row0 + gl.arange(0, HALF_M, layout=row_s)
             gl.store(lse_ptr + h * S + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < S)
-        q.store(o)                      # this warpgroup's Q half stages its output half (its last S wgmma is done)
-        fence_async_shared()
-        _cta_barrier()
-        _tma_store(o_desc, [row0, col], q)
-        tma.store_wait(pendings=0)
+        if FUSED:
+            # the Ulysses all-to-all in the epilogue: each row to its owner rank (row // Sl), at its local row and
+            # this rank's global head, through the table of peer addresses; a tile straddling two owners splits
+            # per row (as kernels/attention.py's FUSED epilogue)
+            offs_m = row0 + gl.arange(0, HALF_M, layout=row_o)
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            row_ok = offs_m < S
+            dest = offs_m // rows_per_rank
+            local_row = (offs_m - dest * rows_per_rank).to(gl.int64)
+            base = gl.load(out_table + dest, mask=row_ok, other=0).to(gl.pointer_type(dtype))
+            row_ptr = base + local_row * out_row_stride + (out_head0 + h) * HEAD_DIM
+            gl.store(gl.expand_dims(row_ptr, 1) + gl.expand_dims(offs_d, 0), o, mask=gl.expand_dims(row_ok, 1))
+        else:
+            q.store(o)                  # this warpgroup's Q half stages its output half (its last S wgmma is done)
+            fence_async_shared()
+            _cta_barrier()
+            _tma_store(o_desc, [row0, col], q)
+            tma.store_wait(pendings=0)
 
     @gluon.jit
     def gluon_attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, S, Hl, qk_scale,
+                                  out_table, rows_per_rank, out_row_stride, out_head0,
                                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                   STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
                                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                                  MASK_LAST: gl.constexpr = False, PINGPONG: gl.constexpr = False):
+                                  MASK_LAST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
+                                  FUSED: gl.constexpr = False):
         """Warp-specialised: NC = BLOCK_M / 64 consumer warpgroups (2 or 3) of 64 rows each: the default partition
         (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
         loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
-        GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers)."""
+        GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers).
+        FUSED: the Ulysses post-attention all-to-all in the epilogue (out_table: *int64 [P] every rank's out
+        [Sl, H, D] base address; rows_per_rank Sl; out_row_stride H * D; out_head0 rank * Hl); o_desc unused."""
         HALF_M: gl.constexpr = 64
         NC: gl.constexpr = BLOCK_M // HALF_M
         n_m = gl.cdiv(S, BLOCK_M)
@@ -325,15 +343,18 @@ if AVAILABLE:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                                 k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
                                                 BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG)),
+                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
+                                                FUSED)),
                                 (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                                 k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
                                                 BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG)),
+                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
+                                                FUSED)),
                                 (_ws_consumer, (2, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                                 k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
                                                 BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG)),
+                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
+                                                FUSED)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                               k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES, NC))],
                                [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -341,11 +362,13 @@ if AVAILABLE:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                                 k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
                                                 BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG)),
+                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
+                                                FUSED)),
                                 (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                                 k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
                                                 BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG)),
+                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
+                                                FUSED)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
                                               k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES, NC))],
                                [4, 1], [CONSUMER_REGS, 24])

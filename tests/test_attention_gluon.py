@@ -111,6 +111,38 @@ def test_session8_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
     assert int(rows["gluon-ws-192x128s2r160-ml-pp"][5]) > int(rows["gluon-ws-192x128s2r160-ml"][5])
 
 
+FUSED_COMPILE_CHECK = r"""
+import re
+from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
+for D, c in ((128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)),
+             (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True))):
+    for fused in (False, True):
+        ptx = compile_sm90(c, D, even_n=False, fused=fused).asm["ptx"]
+        print("fused", D, int(fused), ptx_facts(ptx)["wait_group_1"], len(re.findall(r"st\.global", ptx)),
+              len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*global\.shared", ptx)))
+"""
+
+
+def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
+    """The ws kernel with FUSED compiles for sm_90a: the same overlapped waits (one per consumer), and its output
+    leaves by per-row global stores to the owners instead of the TMA store (none left); without FUSED the reverse."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", FUSED_COMPILE_CHECK], env=e, capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("fused ")]
+    assert len(rows) == 4, out.stdout
+    for D, fused, w1, st, tma_st in rows:
+        assert int(w1) == (2 if D == "128" else 3), rows
+        assert (int(st) > 0 and int(tma_st) == 0) if fused == "1" else (int(st) == 0 and int(tma_st) > 0), rows
+
+
 def _bf16(*shape, device="cpu"):
     g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
     return torch.randn(*shape, generator=g, device=device).bfloat16()
@@ -183,6 +215,27 @@ def test_recorded_gluon_next_study_is_checked_and_says_fa4_was_absent():
         mine = "gluon" if r.variant.startswith("gluon-") else "triton"
         want = med[r.shape, base, "triton"] / med[r.shape, r.variant, mine]
         assert r.vs_base == pytest.approx(want)
+
+
+WS = GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)
+
+
+@pytest.mark.parametrize("cfg, S, table, rank, P, match", [
+    (GluonConfig(64, 64, 4, 3), 256, (2,), 0, 2, "warp-specialised Gluon kernel only"),
+    (WS, 255, (2,), 0, 2, "not divisible by P"),
+    (WS, 256, (3,), 0, 2, r"out_table must be int64 \[2\]"),
+    (WS, 256, (2,), 2, 2, r"rank must be in \[0, P\)"),
+    (WS, 256, (2,), 0, 0, r"rank must be in \[0, P\)"),
+])
+def test_fused_bad_input_one_line_before_any_launch(monkeypatch, cfg, S, table, rank, P, match):
+    from xstage.kernels import attention_gluon
+
+    launched = record_launches(monkeypatch, [(attention_gluon, "gluon_attention_ws_kernel")]) \
+        if attention_gluon.AVAILABLE else []
+    q = _bf16(S, 2, 128)
+    with pytest.raises(ValueError, match=match) as e:
+        G.attention_fused(q, q, q, torch.zeros(*table, dtype=torch.int64), rank, P, cfg)
+    assert "\n" not in str(e.value) and launched == []
 
 
 def test_gluon_missing_one_line_before_any_launch(monkeypatch):
@@ -277,6 +330,39 @@ def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
     # the error of PyTorch's own bf16 attention, for scale: ours within 2x of it
     base = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v))).transpose(0, 1)
     assert err < 2 * ((base.float() - ref).norm() / ref.norm()).item() + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("D, cfg, S, H, P", [
+    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True), 3000, 4, 2),        # Sl = 1500: tiles straddle
+    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True), 4096, 8, 4),
+    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True), 3000, 4, 2),
+    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True), 1000, 8, 4),   # Sl = 250
+])
+def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
+    """The fused Ulysses epilogue of the ws kernel (each row to its owner rank through the table of peer
+    addresses, straddling tiles split per row, then the epoch barrier) against the same kernel alone + the
+    post-attention all-to-all by indexing, bit for bit, every rank's output NaN-poisoned first; a one-GPU world
+    (all P ranks' buffers on the GPU, ranks one after another); ``host``: the peers' outputs in pinned host memory."""
+    from xstage.numeric import check_bit_identical
+    from xstage.ranks import OneGPUWorld
+    from xstage.ulysses import post_all_to_all, ulysses_buffers
+
+    ok, why = G.available()
+    if not ok:
+        pytest.skip(why)
+    world = OneGPUWorld(P, link)
+    bufs = ulysses_buffers(world, S, H, D, torch.bfloat16)
+    qkv = {r: [_bf16(S, H // P, D, device="cuda") for _ in range(3)] for r in range(P)}
+    for r in range(P):
+        bufs.out_view(r, S, H, D).fill_(float("nan"))
+    q, k, v = ({r: t[i] for r, t in qkv.items()} for i in range(3))
+    outs = G.ulysses_fused(world, q, k, v, bufs, cfg)
+    torch.cuda.synchronize()
+    want = post_all_to_all([G.attention_forward(q[r], k[r], v[r], config=cfg) for r in range(P)])
+    for r in range(P):
+        check_bit_identical(outs[r].to(want[r].device), want[r], f"{cfg.label} {link} P={P} rank {r}")
 
 
 def test_recorded_gluon_study_ratios_are_the_rows_medians():

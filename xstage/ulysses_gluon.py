@@ -10,8 +10,12 @@ non-causal), plus the optional log-sum-exp [Hl, S] float32.
   machine): registers, shared memory and the PTX facts that say whether the wgmma waits are the overlapped ones.
 
 The ladder (``xstage.ulysses_ladder``) times a ``GluonConfig`` as method ``gluon`` in the same rounds as FA4's kernel
-and cuDNN SDPA, after checking it against a float32 reference on fresh inputs; it has no fused (all-to-all)
-epilogue yet, so the fused layer's bit-exact check does not apply to it (recorded as such).
+and cuDNN SDPA, after checking it against a float32 reference on fresh inputs; the ladder does not run a fused
+(all-to-all) epilogue for it, so the fused layer's bit-exact check does not apply there (recorded as such).
+- ``attention_fused`` / ``ulysses_fused`` (session 8; compiled for sm_90a, **not yet run on a GPU**): the ws kernel
+  with the Ulysses post-attention all-to-all in its epilogue (each row to its owner rank through a table of peer
+  addresses, straddling tiles split per row), then ``xstage.ulysses.end_barrier``; tests/test_attention_gluon.py
+  checks it bit for bit against the kernel alone + ``post_all_to_all`` on one GPU (local and host link).
 """
 from __future__ import annotations
 
@@ -188,9 +192,10 @@ LAST_LAUNCH: dict = {}   # "kernel": the compiled kernel of the last launch (reg
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                       config: GluonConfig | None = None, out: torch.Tensor | None = None,
-                      lse: torch.Tensor | None = None) -> torch.Tensor:
+                      lse: torch.Tensor | None = None, fused: tuple | None = None) -> torch.Tensor:
     """The Gluon attention (non-causal): [S, Hl, D] -> out [S, Hl, D]; ``lse`` (float32 [Hl, S], contiguous) gets
-    the natural-log softmax denominators when given."""
+    the natural-log softmax denominators when given. ``fused`` (ws kernels only; see :func:`attention_fused`):
+    (out_table int64 [P], rank, P): each output row goes to its owner rank's out [Sl, H, D] instead of ``out``."""
     from .kernels.attention_gluon import gluon_attention_kernel, gluon_attention_ws_kernel
 
     D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
@@ -209,15 +214,74 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": config.pingpong}) \
         if config.ws else \
         (gluon_attention_kernel, {})
+    ws_args = ()
+    if config.ws:   # the fused epilogue's arguments (unused by the plain store)
+        table, rank, P = fused if fused is not None else (_no_table(q.device), 0, 1)
+        ws_args = (table, S // P, Hl * P * D, rank * Hl)
+        extra["FUSED"] = fused is not None
+    elif fused is not None:
+        raise ValueError(f"the fused epilogue is in the warp-specialised Gluon kernel only, got {config.label}")
     LAST_LAUNCH["kernel"] = kern[grid](
-        qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, HEAD_DIM=D, BLOCK_M=config.block_m,
+        qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, *ws_args, HEAD_DIM=D, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, STAGES=config.stages, EVEN_N=S % config.block_n == 0, WRITE_LSE=lse is not None,
         num_warps=config.num_warps, MASK_LAST=config.mask_last, **extra)
     return out
 
 
+_NO_TABLE: dict = {}
+
+
+def _no_table(device) -> torch.Tensor:
+    """A one-entry int64 table for the plain launches of the ws kernel (the fused epilogue's pointer argument)."""
+    if device not in _NO_TABLE:
+        _NO_TABLE[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _NO_TABLE[device]
+
+
+# ------------------------------------------------------------------------------- the fused Ulysses epilogue
+def validate_fused(q: torch.Tensor, config: GluonConfig, out_table: torch.Tensor, rank: int, P: int) -> None:
+    """One clear error before any launch: a ws tile, 1 <= P, 0 <= rank < P, S divisible by P, a table of P int64
+    addresses on q's device."""
+    if not config.ws:
+        raise ValueError(f"the fused epilogue is in the warp-specialised Gluon kernel only (ws=True), got "
+                         f"{config.label}")
+    if not (isinstance(P, int) and P >= 1 and isinstance(rank, int) and 0 <= rank < P):
+        raise ValueError(f"rank must be in [0, P) with P >= 1, got rank {rank}, P {P}")
+    if q.dim() == 3 and q.shape[0] % P:
+        raise ValueError(f"S = {q.shape[0]} is not divisible by P = {P} (Sl = S / P rows per rank)")
+    if not (isinstance(out_table, torch.Tensor) and out_table.dtype == torch.int64 and out_table.shape == (P,)
+            and out_table.device == q.device):
+        raise ValueError(f"out_table must be int64 [{P}] on {q.device} (every rank's out base address)")
+
+
+def attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_table: torch.Tensor, rank: int, P: int,
+                    config: GluonConfig, sm_scale: float | None = None) -> None:
+    """Rank ``rank``'s attention with the Ulysses post-attention all-to-all in the epilogue: q, k, v [S, Hl, D]
+    (this rank's heads over the whole sequence); each output row s goes to rank s // Sl's out [Sl, H, D] at row
+    s % Sl and global head rank * Hl + h, through ``out_table`` (every rank's out base address, valid on q's
+    device: peer pointers, or pinned host memory for the host link). Validated before any launch."""
+    validate_fused(q, config, out_table, rank, P)
+    validate(q, k, v, config)
+    attention_forward(q, k, v, sm_scale, config=config, fused=(out_table, rank, P))
+
+
+def ulysses_fused(world, q, k, v, bufs, config: GluonConfig, barrier: bool = True) -> dict:
+    """The fused layer with the Gluon kernel: every local rank's fused attention into ``bufs`` (an
+    ``xstage.ulysses.UlyssesBuffers``), then the existing end-of-layer epoch barrier (``xstage.ulysses.end_barrier``).
+    In a one-process world the ranks run one after another. Returns {rank: its out [Sl, H, D] view}."""
+    from .ulysses import end_barrier
+
+    P = world.world_size
+    S, Hl, D = q[world.local_ranks[0]].shape
+    for r in world.local_ranks:
+        attention_fused(q[r], k[r], v[r], bufs.out_table[r], r, P, config)
+    if barrier:
+        end_barrier(world, bufs)
+    return {r: bufs.out_view(r, S, Hl * P, D) for r in world.local_ranks}
+
+
 # ------------------------------------------------------------------------------------ sm_90a compile, no GPU
-def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bool = False):
+def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bool = False, fused: bool = False):
     """The kernel compiled for sm_90a by this machine's Triton (no GPU needed): the CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -239,7 +303,9 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     const = {"HEAD_DIM": D, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "STAGES": config.stages,
              "EVEN_N": even_n, "WRITE_LSE": write_lse, "num_warps": config.num_warps}
     if config.ws:
-        sig = {**{k: v for k, v in sig.items() if k != "num_warps"}, "CONSUMER_REGS": "constexpr",
+        head = {k: v for k, v in sig.items() if k not in const}
+        sig = {**head, "out_table": "*i64", "rows_per_rank": "i32", "out_row_stride": "i32", "out_head0": "i32",
+               **{k: v for k, v in sig.items() if k in const and k != "num_warps"}, "CONSUMER_REGS": "constexpr",
                "num_warps": "constexpr"}
         const["CONSUMER_REGS"] = config.regs
     sig["MASK_LAST"] = "constexpr"
@@ -247,6 +313,8 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     if config.ws:
         sig["PINGPONG"] = "constexpr"
         const["PINGPONG"] = config.pingpong
+        sig["FUSED"] = "constexpr"
+        const["FUSED"] = fused
     src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig,
                          constexprs={(list(sig).index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
