@@ -255,3 +255,37 @@ def test_lists6_cases_fixed():
     for d, names in R6.LISTS6_CASES.items():
         pos = [order.index(n) for n in names]
         assert pos == sorted(pos) and len(set(names)) == len(names), d
+
+
+def test_host_rescore_on_a_recorded_configuration():
+    """The host-link record re-scored (one small configuration of data/h200x1/megamoe_host_v2, both dtypes): the
+    recorded drain given explicitly is the record's own parameters; a much slower drain moves the predictions;
+    bad drains are clear errors."""
+    from xstage import moe_round6 as R6
+
+    df, meta = data.load("data/h200x1/megamoe_host_v2", data.MEGAMOE)
+    one = df[(df["shape"] == "deepseek_v4_flash") & (df.tokens == 128) & (df.routing == "uniform")]
+    per0, s0 = R6.host_rescore(one, meta)
+    per1, _ = R6.host_rescore(one, meta, meta["params"]["prm"]["drain_gbps"])
+    assert per0.predicted_speedup.tolist() == pytest.approx(per1.predicted_speedup.tolist())
+    per2, _ = R6.host_rescore(one, meta, 5.0)
+    assert not np.allclose(per2.predicted_speedup, per0.predicted_speedup)
+    assert set(s0.configs) == {1} and len(s0) == 2 * 3
+    assert ((per0.model_error - (per0.predicted_speedup - per0.speedup) / per0.speedup).abs() < 1e-12).all()
+    for bad in (0.0, float("nan")):
+        with pytest.raises(ValueError, match="drain_gbps"):
+            R6.host_rescore(one, meta, bad)
+
+
+def test_over_84_takes_lists6_rows_where_measured():
+    """model_guided over the 84 from the A/B and lists6: lists6's rows replace the A/B's where measured."""
+    from xstage import moe_round6 as R6
+
+    ctl = pd.DataFrame(dict(config=["a", "b", "c"], dtype="bf16", schedule="model_guided", assignment="dynamic",
+                            variant="default", over_ew=[1.0, 1.08, 0.98]))
+    l6 = pd.DataFrame(dict(config=["b", "b"], dtype="bf16", variant=["model_guided", "model_guided_time"],
+                           over_ew=[1.09, 1.0]))
+    t = R6.over_84(ctl, l6).set_index("source")
+    assert t.loc["recorded", "worst"] == 1.08 and t.loc["positions", "worst"] == 1.09
+    assert t.loc["time", "worst"] == 1.0 and t.loc["time", "worst_config"] in ("a", "b")
+    assert t.loc["time", "from_lists6"] == 1 and t.loc["time", "geomean"] == pytest.approx((1.0 * 1.0 * 0.98) ** (1 / 3))

@@ -266,3 +266,31 @@ def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, 
         "under_predicted": g.model_error.apply(lambda e: int((e < -MODEL_TOLERANCE).sum())),
     }).reset_index()
     return sp[["config", "dtype", "schedule", "speedup", "predicted_speedup", "model_error"]], summ
+
+
+def over_84(controls: pd.DataFrame, lists6: pd.DataFrame) -> pd.DataFrame:
+    """model_guided's compute-only time over Expert-Wave's on the 84 configurations per dtype, from the records
+    there are: round 4's A/B (``controls``: studies.megamoe_round3_controls rows, dynamic, variant default) and
+    study lists6 (``lists6``: :func:`lists_table` rows). Per dtype and source: ``recorded`` (the A/B's
+    model_guided, what the positional model chose in that run), ``positions`` (lists6's model_guided where lists6
+    measured the configuration, else the A/B's), ``time`` (lists6's model_guided_time where measured, else the
+    A/B's: lists6 holds every configuration whose choice the time model changes, chosen before the run), with
+    configurations, geomean, worst, the worst configuration and how many rows came from lists6."""
+    from .numeric import geomean
+
+    c = controls[(controls.schedule == "model_guided") & (controls.assignment == "dynamic") &
+                 (controls.variant == "default")].set_index(["dtype", "config"]).over_ew
+    out = []
+    for src, variant in (("recorded", None), ("positions", "model_guided"), ("time", "model_guided_time")):
+        r = c.copy()
+        n6 = 0
+        if variant is not None:
+            l6 = lists6[lists6.variant == variant].set_index(["dtype", "config"]).over_ew
+            l6 = l6[l6.index.isin(r.index)]
+            r.loc[l6.index] = l6
+            n6 = l6.groupby(level=0).size()
+        for dt, g in r.groupby(level=0, sort=False):
+            out.append(dict(dtype=dt, source=src, configs=len(g), from_lists6=int(n6.get(dt, 0)) if variant else 0,
+                            geomean=geomean(g.to_numpy()), worst=float(g.max()),
+                            worst_config=str(g.idxmax()[1])))
+    return pd.DataFrame(out)
