@@ -289,3 +289,14 @@ def test_over_84_takes_lists6_rows_where_measured():
     assert t.loc["recorded", "worst"] == 1.08 and t.loc["positions", "worst"] == 1.09
     assert t.loc["time", "worst"] == 1.0 and t.loc["time", "worst_config"] in ("a", "b")
     assert t.loc["time", "from_lists6"] == 1 and t.loc["time", "geomean"] == pytest.approx((1.0 * 1.0 * 0.98) ** (1 / 3))
+
+
+def test_summary_beside_and_background_names():
+    """The beside summary divides by the same stores alone; an unknown background is a clear error."""
+    df = pd.DataFrame(dict(method=["sm_store+alone", "sm_store+copy", "row_scattered_p8192+alone",
+                                   "row_scattered_p8192+copy"], target="host", gbps=[50.0, 40.0, 48.0, 36.0]))
+    s = SS.summary_beside(df)
+    assert s.over_alone.tolist() == pytest.approx([1.0, 0.8, 1.0, 0.75])
+    with pytest.raises(ValueError, match="beside"):
+        SS._background("fft", "cpu")
+    assert SS._background("alone", "cpu")() is None

@@ -169,3 +169,87 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     ref = [float(stream.xs(t, level=0).iloc[np.argmin(np.abs(stream.xs(t, level=0).index.values - b))])
            for t, b in zip(g.target, g["bytes"])]
     return g.assign(over_stream=g.gbps / np.array(ref))
+
+
+# ------------------------------------------------------------------- the same stores beside other work
+BESIDE = ("alone", "copy")          # what runs on a second stream meanwhile (_background)
+BESIDE_CALLS = 6                     # background launches queued before each timed store launch
+
+
+def _background(kind: str, dev) -> "callable":
+    """One launch of the background work on the current stream: ``copy`` a 1 GiB device-to-device copy (HBM-bound,
+    ~0.6 ms; its blocks are small, so the store kernel's programs stay resident beside them), ``gemm`` a bf16
+    8192^3 matmul (not in BESIDE: cuBLAS's programs fill the register file, so a store kernel would only queue
+    behind it), ``alone`` nothing."""
+    if kind == "alone":
+        return lambda: None
+    if kind == "copy":
+        a = torch.empty(1 << 28, dtype=torch.int32, device=dev).random_()
+        b = torch.empty_like(a)
+        return lambda: b.copy_(a)
+    if kind == "gemm":
+        x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        y = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        out = torch.empty_like(x)
+        return lambda: torch.mm(x, y, out=out)
+    raise ValueError(f"beside must be one of {', '.join(BESIDE)}, got {kind!r}")
+
+
+def measure_beside(target: str = "host", programs: int = 132, reps: int = 10, seed: int = 7) -> pd.DataFrame:
+    """The combine's pattern (scattered 512 B segments, BM 128, pitch 8 KiB, 128 MiB) and the harness's stream,
+    each timed on its own stream while BESIDE_CALLS launches of background work (``BESIDE``) were queued first on a
+    second stream (the GEMMs of the fused kernel share the GPU with its combine stores: does the link's rate hold
+    beside HBM or tensor-core work?). Each destination poisoned, stored once beside the work, checked bit for bit;
+    then ``reps`` timed launches (CUDA events on the store stream). Rows in schema ``bandwidth`` with method
+    ``<method>+<beside>``."""
+    if target not in ("host", "local"):
+        raise ValueError(f"target must be 'host' or 'local', got {target!r}")
+    env.require_gpus(1, "the row-segment store measurement")
+    dev = torch.device("cuda", 0)
+    f = FOOTPRINT_BYTES[0]
+    buf = destination_buffer(f // 4, target, dev)
+    rows_n = f // 8192 // 128 * 128
+    rows, tiles, pitch = plan(rows_n, 8192, 512, 128, "scattered", seed)
+    rows, tiles = rows.to(dev), tiles.to(dev)
+    per = f // programs // (128 * 16) * (128 * 16)
+    stores = {"row_scattered_p8192": (lambda: launch_row_segments(buf, rows, tiles, pitch, 128, 512, True, programs,
+                                                                  seed), rows_n * pitch * 4, 128, 512, NUM_WARPS),
+              "sm_store": (lambda: launch_stream(buf.data_ptr(), programs, per, 16, 128, STREAM_WARPS, seed=seed),
+                           per * programs, 128, 16, STREAM_WARPS)}
+    side, main = torch.cuda.Stream(dev), torch.cuda.current_stream(dev)
+    out = []
+    for kind in BESIDE:
+        with torch.cuda.stream(side):
+            bg = _background(kind, dev)
+        torch.cuda.synchronize()
+        for method, (fn, nbytes, rows_, seg, warps) in stores.items():
+            def once(fn=fn) -> float:
+                with torch.cuda.stream(side):
+                    for _ in range(BESIDE_CALLS):
+                        bg()
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record(main)
+                fn()
+                t1.record(main)
+                torch.cuda.synchronize()
+                return t0.elapsed_time(t1)
+            buf.fill_(POISON)
+            once()
+            check_destination(buf, nbytes // 4, seed, f"{method} beside {kind} on {target}")
+            once()
+            ms = [once() for _ in range(reps)]
+            out += [dict(method=f"{method}+{kind}", target=target, programs=programs, num_warps=warps, rows=rows_,
+                         store_bytes=seg, bytes=nbytes, repeat=i, ms=m, gbps=nbytes / m / 1e6)
+                    for i, m in enumerate(ms)]
+        del bg
+        torch.cuda.empty_cache()
+    return pd.DataFrame(out)
+
+
+def summary_beside(df: pd.DataFrame) -> pd.DataFrame:
+    """Median GB/s per store method and background (``<method>+<beside>``), and over the same stores alone."""
+    g = df.assign(store=df.method.str.split("+").str[0], beside=df.method.str.split("+").str[1]).groupby(
+        ["target", "store", "beside"], sort=False).gbps.median().reset_index()
+    alone = g[g.beside == "alone"].set_index(["target", "store"]).gbps
+    return g.assign(over_alone=g.gbps.to_numpy() / alone.reindex(pd.MultiIndex.from_frame(g[["target", "store"]]))
+                    .to_numpy())
