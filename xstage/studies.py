@@ -625,10 +625,14 @@ ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-clas
 ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",      # round 2: beside cuDNN
                             "attention_vs_fa4": "scripts/attention_vs_fa4.sh",      # round 3: beside FA4 too
                             "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh",   # run G2 (label below)
-                            "attention_vs_fa4_gluon": "STUDY=gluon scripts/attention_vs_fa4.sh"}   # round 4: Gluon
+                            "attention_vs_fa4_gluon": "STUDY=gluon scripts/attention_vs_fa4.sh",   # round 4: Gluon
+                            # round 5 (call U3): the last-block mask, ping-pong, 3 consumers; FA4 absent in it
+                            "attention_vs_fa4_gluon_next": "STUDY=gluon_next scripts/attention_vs_fa4.sh"}
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
-                                                      "bbe1e4a; 14-20 % slower, fixed since)"}
+                                                      "bbe1e4a; 14-20 % slower, fixed since)",
+                           "attention_vs_fa4_gluon_next": "FA4 absent in this run (the carried stack lacked "
+                                                          "nvidia-cutlass-dsl-libs-core): ours and cuDNN only, call U3"}
 
 
 def attention_ladder_data(machine: str = "h200x1", record: str = "attention_ladder") -> tuple[pd.DataFrame, dict]:
