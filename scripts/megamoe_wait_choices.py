@@ -56,7 +56,8 @@ def main(argv) -> None:
                 continue
             ms = float(base[k].ms.iloc[0])
             ch = choices(c, dtype, ms, prm, tiles_of_row(base[k].iloc[0]))   # the tiles the row ran
-            km = (mg["shape"] == c.shape.name) & (mg.tokens == c.tokens) & (mg.routing == c.routing) & (mg.dtype == dtype)
+            km = (mg["shape"] == c.shape.name) & (mg.tokens == c.tokens) & (mg.routing == c.routing) & \
+                (mg.dtype == dtype)
             rec = str(mg[km].note.iloc[0]) if km.any() else ""
             rows.append(dict(config=c.name, dtype=dtype, recorded=rec, **ch, changed=ch["positions"] != ch["time"]))
             if rows[-1]["changed"] or rec != ch["positions"]:

@@ -288,7 +288,8 @@ def test_over_84_takes_lists6_rows_where_measured():
     t = R6.over_84(ctl, l6).set_index("source")
     assert t.loc["recorded", "worst"] == 1.08 and t.loc["positions", "worst"] == 1.09
     assert t.loc["time", "worst"] == 1.0 and t.loc["time", "worst_config"] in ("a", "b")
-    assert t.loc["time", "from_lists6"] == 1 and t.loc["time", "geomean"] == pytest.approx((1.0 * 1.0 * 0.98) ** (1 / 3))
+    assert t.loc["time", "from_lists6"] == 1
+    assert t.loc["time", "geomean"] == pytest.approx((1.0 * 1.0 * 0.98) ** (1 / 3))
 
 
 def test_summary_beside_and_background_names():
