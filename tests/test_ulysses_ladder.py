@@ -260,7 +260,8 @@ def test_beside_fa4_summary_is_same_round_medians_and_flags_the_goal():
     assert studies.attention_vs_fa4_summary(studies.attention_ladder_table(df[df.method != "fa4"])).empty
 
 
-@pytest.mark.parametrize("record", ["attention_vs_fa4", "attention_vs_fa4_late_v", "attention_vs_fa4_gluon"])
+@pytest.mark.parametrize("record", ["attention_vs_fa4", "attention_vs_fa4_late_v", "attention_vs_fa4_gluon",
+                                    "attention_vs_fa4_gluon_best"])
 def test_recorded_beside_fa4_loads_and_plots(record):
     from xstage import figures, studies
 

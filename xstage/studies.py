@@ -627,7 +627,9 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh",   # run G2 (label below)
                             "attention_vs_fa4_gluon": "STUDY=gluon scripts/attention_vs_fa4.sh",   # round 4: Gluon
                             # round 5 (call U3): the last-block mask, ping-pong, 3 consumers; FA4 absent in it
-                            "attention_vs_fa4_gluon_next": "STUDY=gluon_next scripts/attention_vs_fa4.sh"}
+                            "attention_vs_fa4_gluon_next": "STUDY=gluon_next scripts/attention_vs_fa4.sh",
+                            # session 8, call S8-U4: the fastest rungs of round 5 beside FA4 (same rounds)
+                            "attention_vs_fa4_gluon_best": "STUDY=gluon_best scripts/attention_vs_fa4.sh"}
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)",
