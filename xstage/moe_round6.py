@@ -240,8 +240,7 @@ def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, 
     import dataclasses
 
     from .model import params_from_dict
-    from .moe_plan import repredict
-    from .studies import MEGAMOE_BASELINE, MEGAMOE_KEYS, MODEL_TOLERANCE, megamoe_speedups
+    from .studies import MODEL_TOLERANCE, repredicted_speedups
 
     p = meta.get("params", {})
     if "prm" not in p:
@@ -251,12 +250,7 @@ def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, 
         if not (np.isfinite(drain_gbps) and drain_gbps > 0):
             raise ValueError(f"drain_gbps must be positive, got {drain_gbps}")
         prm = dataclasses.replace(prm, drain_gbps=float(drain_gbps))
-    rp = repredict(df, prm, int(meta.get("sm_count") or 132), p.get("assignment", "static"), wait)
-    keys = MEGAMOE_KEYS + ["schedule"]
-    t = df.drop(columns=["predicted_speedup"]).merge(
-        rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
-    sp = megamoe_speedups(t)
-    sp = sp[sp.schedule != MEGAMOE_BASELINE]
+    sp = repredicted_speedups(df, meta, prm, wait)
     g = sp.groupby(["dtype", "schedule"], sort=False)
     summ = pd.DataFrame({
         "configs": g.size(),

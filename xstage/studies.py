@@ -1147,21 +1147,28 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     return revised, table
 
 
+def repredicted_speedups(df: pd.DataFrame, meta: dict, prm, wait: str | None = None) -> pd.DataFrame:
+    """A recorded MegaMoE sweep's speedups over Expert-Wave (:func:`megamoe_speedups`, the baseline's rows
+    dropped) with ``predicted_speedup`` re-predicted by the cost model (``moe_plan.repredict``) from stage
+    parameters ``prm`` and wait model ``wait``, for the record's SM count and task assignment."""
+    from .moe_plan import repredict
+
+    rp = repredict(df, prm, int(meta.get("sm_count") or 132), meta.get("params", {}).get("assignment", "static"),
+                   wait)
+    keys = MEGAMOE_KEYS + ["schedule"]
+    t = df.drop(columns=["predicted_speedup"]).merge(
+        rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
+    sp = megamoe_speedups(t)
+    return sp[sp.schedule != MEGAMOE_BASELINE]
+
+
 def megamoe_stage_model(df: pd.DataFrame, meta: dict, link: str = "nvlink") -> pd.DataFrame:
     """The MegaMoE cost model with the stage model of ``link`` (its fit in data/, xstage.model.load_params:
     the capacity the round's issuing programs see, the stall, the drain) on the recorded rows: per dtype and
     schedule, measured and predicted geomean speedups, the fraction within +-10 % and the median |error|."""
     from .model import load_params
-    from .moe_plan import repredict
 
-    prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
-    n_sms = int(meta.get("sm_count") or 132)
-    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"))
-    keys = MEGAMOE_KEYS + ["schedule"]
-    t = df.drop(columns=["predicted_speedup"]).merge(
-        rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
-    sp = megamoe_speedups(t)
-    sp = sp[sp.schedule != MEGAMOE_BASELINE]
+    sp = repredicted_speedups(df, meta, load_params(data.machine_dir(LINK_MACHINES[link]), link))
     g = sp.groupby(["dtype", "schedule"], sort=False)
     return pd.DataFrame({
         "measured_geomean": g.speedup.apply(geomean), "stage_model_geomean": g.predicted_speedup.apply(geomean),
