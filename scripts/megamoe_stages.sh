@@ -1,4 +1,4 @@
-# Sourced by scripts/megamoe_round3.sh, megamoe_round4.sh and megamoe_round5.sh: a device call's time-bounded
+# Sourced by scripts/megamoe_round3.sh .. megamoe_round7.sh: a device call's time-bounded
 # stages. Needs OUT (logs go to $OUT/logs/<name>.log) and LIMIT (the call's seconds); STAGE_TAIL (default 12) is
 # how many lines of each stage's log are echoed.
 #   stage NAME SECONDS CMD...   run CMD under `timeout --signal=INT` (then KILL 10 s later), echo rc and the log's tail

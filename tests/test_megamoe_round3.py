@@ -62,7 +62,7 @@ def test_version_2_records_load_with_tiles_version_1_and_refuse_v3_rows(tmp_path
     assert got["schema_version"] == 2 and list(df.columns)[:len(data.MEGAMOE.columns)] == list(data.MEGAMOE.columns)
     want = MP.TileConfig(1, *data.MEGAMOE_TILES_V1[dt])
     assert MP.tiles_of_row(df.iloc[0]) == want
-    with pytest.raises(data.DataError, match="holds schema v2; record v3 elsewhere"):
+    with pytest.raises(data.DataError, match="holds schema v2; record v4 elsewhere"):
         data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {}))
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -75,10 +75,13 @@ def test_version_2_records_load_with_tiles_version_1_and_refuse_v3_rows(tmp_path
 
 def test_default_tiles_version_2_and_version_1(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
-    assert MP.default_tiles("bf16", 256.0) == MP.TileConfig(128, 128, 256, 64, 8, 4)
-    assert MP.default_tiles("bf16", 24.0) == MP.TileConfig(64, 128, 256, 64, 8, 4)
+    assert MP.default_tiles("bf16", 256.0) == MP.TileConfig(128, 128, 256, 64, 8, 4, tma=True)
+    assert MP.default_tiles("bf16", 24.0) == MP.TileConfig(64, 128, 256, 64, 8, 4, tma=True)
     assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(64, 128, 128, 128, 8, 3)
     assert MP.default_tiles("fp8", 1024.0) == MP.TileConfig(128, 128, 128, 128, 8, 2)
+    assert MP.default_tiles("bf16", 256.0, version=2) == MP.TileConfig(128, 128, 256, 64, 8, 4)
+    assert MP.default_tiles("bf16", 24.0, version=2) == MP.TileConfig(64, 128, 256, 64, 8, 4)
+    assert MP.default_tiles("fp8", 1024.0, version=2) == MP.default_tiles("fp8", 1024.0)
     assert MP.default_tiles("bf16", 256.0, version=1) == MP.TileConfig(128, 128, 128, 64, 8, 3)
     assert MP.default_tiles("fp8", 1024.0, version=1) == MP.TileConfig(64, 128, 128, 128, 8, 2)
     for c in MP.CASES:                  # every configuration's default tiles pass the launchers' checks
@@ -86,8 +89,11 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
         for dt in MP.DTYPES_GPU:
             t = MP.default_tiles(dt, c.tokens * 2 * s.topk / s.experts)
             MP.validate_problem(s.hidden, s.intermediate, s.experts, s.topk, c.tokens, 2, t, dt)
-    with pytest.raises(ValueError, match="tiles version must be 1 or 2"):
-        MP.gpu_tiles("bf16", 128, version=3)
+    for v in (0, 4):
+        with pytest.raises(ValueError, match="tiles version must be 1, 2 or 3"):
+            MP.gpu_tiles("bf16", 128, version=v)
+    with pytest.raises(ValueError, match="bf16 / fp16 only"):      # fp8 through TMA: refused by the tiles' check
+        MP.TileConfig(64, 128, 128, 128, 8, 3, tma=True).validate("fp8")
 
 
 # ------------------------------------------------------------------------------------------ order version 2

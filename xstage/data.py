@@ -75,6 +75,9 @@ BURST_GAP = Schema(
 #   fields are MEGAMOE_TILES_V1[dtype] (xstage.moe_plan.gpu_tiles(dtype, block_m, version=1)); read so, explicitly,
 #   so that a later default never reinterprets them.
 #   megamoe_gemm v1 had no per-task timings (task_* columns NaN).
+#   megamoe v1-v3 and megamoe_gemm v1-v2 rows have no tma column: megamoe rows ran the pointer main loops (tma
+#   False); a megamoe_gemm row ran the TMA main loops exactly where its tiles label names them (" tma": round 6's
+#   study tiles6, xstage.moe_gemm.tile_label), else the pointer loops.
 # MegaMoE tiles version 1 per dtype, after block_m: (block_n1, block_n2, block_k, num_warps, num_stages).
 MEGAMOE_TILES_V1 = {"bf16": (128, 128, 64, 8, 3), "fp8": (128, 128, 128, 8, 2)}
 MEGAMOE_TILE_COLUMNS = ("block_n1", "block_n2", "block_k", "num_warps", "num_stages")
@@ -91,11 +94,21 @@ def _megamoe_tiles_v1(df):
     return df.assign(**cols)
 
 
+def _megamoe_gemm_tma(df):
+    """Old megamoe_gemm rows: tma from the tiles label (the only place those rows name their main loops)."""
+    if "tiles" not in df.columns:
+        raise DataError("megamoe_gemm rows before schema v3 need a tiles column to tell their main loops")
+    return df.assign(tma=df["tiles"].astype(str).str.endswith(" tma"))
+
+
 MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False, barrier_ns=float("nan"), idle_ns=float("nan")),
               ("burst_gap", 2): lambda df: df.assign(barrier_ns=float("nan"), idle_ns=float("nan")),
-              ("megamoe", 1): lambda df: _megamoe_tiles_v1(df.assign(compute_sched_ms=float("nan"))),
-              ("megamoe", 2): _megamoe_tiles_v1,
-              ("megamoe_gemm", 1): lambda df: df.assign(**{c: float("nan") for c in MEGAMOE_TASK_COLUMNS})}
+              ("megamoe", 1): lambda df: _megamoe_tiles_v1(df.assign(compute_sched_ms=float("nan"), tma=False)),
+              ("megamoe", 2): lambda df: _megamoe_tiles_v1(df.assign(tma=False)),
+              ("megamoe", 3): lambda df: df.assign(tma=False),
+              ("megamoe_gemm", 1): lambda df: _megamoe_gemm_tma(
+                  df.assign(**{c: float("nan") for c in MEGAMOE_TASK_COLUMNS})),
+              ("megamoe_gemm", 2): _megamoe_gemm_tma}
 
 BANDWIDTH = Schema(
     "bandwidth", 1,
@@ -137,11 +150,12 @@ BURST_PROGRAM = Schema(
 # the SM the program ran on (%smid), start_ns its issue start after the launch's earliest program start and
 # issue_ns its issue end - issue start. burst_train's statistics of those runs are these rows summarised.
 MEGAMOE = Schema(
-    "megamoe", 3,
+    "megamoe", 4,
     {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",
      "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str", "schedule": "str",
      "schedule_param": "str", "block_m": "int64", "block_n1": "int64", "block_n2": "int64", "block_k": "int64",
-     "num_warps": "int64", "num_stages": "int64", "n_tasks": "int64", "rows": "int64", "remote_bytes": "int64",
+     "num_warps": "int64", "num_stages": "int64", "tma": "bool", "n_tasks": "int64", "rows": "int64",
+     "remote_bytes": "int64",
      "kernel_ms": "float64", "kernel_ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
      "tflops": "float64",
      "compute_ms": "float64", "dispatch_ms": "float64", "layer_ms": "float64", "unfused_ms": "float64",
@@ -175,6 +189,7 @@ MEGAMOE = Schema(
 #                      version 1, one tile at a time; order version 2 wrote no chunk of 1, version 3, the sidecar's
 #                      order_version, names every chunk)
 #   block_m .. num_stages  the tiles the kernel ran with (v3; older rows: tiles version 1, MEGAMOE_TILES_V1)
+#   tma                the main loops through TMA tensor descriptors (v4; older rows: False, the pointer loops)
 
 # megamoe_traffic (xstage.traffic; `xstage sweep megamoe --traffic-ranks 8 --out data/h200x2/traffic8`): MegaMoE rows
 # of 8-rank traffic on 2 GPUs, in a file of their own so that no reader of megamoe.csv takes them for 8 GPUs. The
@@ -190,12 +205,12 @@ MEGAMOE_TRAFFIC = Schema(
 )
 
 MEGAMOE_GEMM = Schema(
-    "megamoe_gemm", 2,
+    "megamoe_gemm", 3,
     {"study": "str", "shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64",
      "topk": "int64", "tokens": "int64", "routing": "str", "seed": "int64", "P": "int64", "dtype": "str",
      "rank": "int64", "rows": "int64", "method": "str", "variant": "str", "tiles": "str", "block_m": "int64",
      "block_n1": "int64", "block_n2": "int64", "block_k": "int64", "num_warps": "int64", "num_stages": "int64",
-     "schedule": "str", "assignment": "str", "is_default": "bool", "status": "str", "note": "str",
+     "tma": "bool", "schedule": "str", "assignment": "str", "is_default": "bool", "status": "str", "note": "str",
      "rel_l2": "float64", "ms": "float64", "ms_min": "float64", "n_timed": "int64", "calls_per_run": "int64",
      "tflops": "float64", "task_l1_us": "float64", "task_l2_us": "float64", "task_busy": "float64",
      "task_span_us": "float64", "task_waited": "float64"},
@@ -209,6 +224,7 @@ MEGAMOE_GEMM = Schema(
 #              order: the default tiles' compute-only time per schedule x assignment
 #   method     ours (the experts kernel, every combine store local) | torch._grouped_mm | torch._scaled_grouped_mm
 #   variant    the tile variant's name (xstage.moe_gemm.VARIANTS); tiles: BM x BN1 x BN2 x BK, warps, stages
+#   tma        (v3) the main loops through TMA tensor descriptors (older rows: read from the tiles label)
 #   status     ok | unavailable (the library call failed: note says why; times NaN, never 0)
 #   rel_l2     rank 0's combine vs the float32 reference (fp8: its quantisation emulated), checked before timing
 #   ms         median over n_timed round-robin runs of calls_per_run back-to-back calls (per call); tflops from it
@@ -511,6 +527,13 @@ def _read_rows(csv: Path, schema: Schema, version: int | None = None) -> tuple[p
     if missing:
         raise DataError(f"{csv} lacks columns {missing} (schema {schema.name} v{schema.version})")
     df = df[list(schema.columns) + [c for c in df.columns if c not in schema.columns]]
+    if "tma" in schema.columns:                    # megamoe schemas: True / False (as written), never a guess
+        v = df["tma"].map({True: True, False: False, "True": True, "False": False})
+        if v.isna().any():
+            i = int(np.flatnonzero(v.isna().to_numpy())[0])
+            raise DataError(f"{csv} has a malformed value: tma must be True or False; {int(v.isna().sum())} row(s) "
+                            f"are not (first: line {i + 2}, tma={df['tma'].iloc[i]})")
+        df = df.assign(tma=v.astype(bool))
     try:
         df = df.astype(schema.columns)
     except (ValueError, TypeError) as e:

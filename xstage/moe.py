@@ -450,10 +450,10 @@ def _validate_experts(world, bufs: MoEBuffers, inputs, tasks, tiles: TileConfig,
 
 
 def _tma_main_loops(tiles: TileConfig, fp8: bool) -> bool:
-    """Whether ``tiles`` asks for the TMA main loops (a tile variant with ``tma = True``, xstage.moe_gemm.TmaTiles);
+    """Whether ``tiles`` asks for the TMA main loops (``tiles.tma``: tiles version 3's bf16 default);
     bf16 / fp16 only (a clear error for fp8, before any launch). Sets Triton's allocator for the tiles' device-side
     tensor descriptors (a few hundred bytes of global scratch per program)."""
-    if not getattr(tiles, "tma", False):
+    if not tiles.tma:
         return False
     if fp8:
         raise ValueError("the TMA main loops (tiles.tma) are bf16 / fp16 only; fp8 runs the pointer loops")

@@ -22,8 +22,11 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   version 1 (variant ``order_v1``) and (round 4) every schedule with the tiles row-block-major inside an expert
   (variant ``swizzle0``, the order before moe_plan.TILE_SWIZZLE), every list bit-identical to Expert-Wave
   static first (combine poisoned); then, under dynamic, one launch per list with per-task device timestamps (the task_* columns: what the order costs, tile by tile).
+- study ``controls7`` (round 7, same order): ``controls`` for the default assignment (dynamic) and the default
+  tiles only (tiles version 3: bf16 through the TMA main loops), every schedule, each list bit-identical to
+  Expert-Wave static first, with the per-task timings: each schedule's compute-only time / Expert-Wave's.
 - study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
-  (:class:`TmaTiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
+  (:func:`tma_tiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
   loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
 
 Every method of a configuration is timed round-robin (warm-up of all, then each round one run of each method):
@@ -65,8 +68,9 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6")
-ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6")   # the table's configurations in order, weights once per shape
+STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7")   # the table's configurations in order,
+#                                                                          weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
 # study tiles: bf16 tile variants beside the default and torch._grouped_mm, on every configuration with >= 2048
@@ -90,21 +94,16 @@ LISTS5_CASES = tuple(f"{sh}_T{t}_{r}" for sh in ("deepseek_v4_pro", "qwen3_235b"
 
 
 
-@dataclasses.dataclass(frozen=True)
-class TmaTiles(TileConfig):
-    """Tiles whose main loops load x, W1 and W2 through TMA tensor descriptors (``megamoe_kernel``'s ``TMA``;
-    the intermediate h stays pointer-loaded); bf16 / fp16 only (xstage.moe.run_experts refuses fp8)."""
-
-    tma: bool = True
-
-
-def tma_tiles(t: TileConfig) -> TmaTiles:
-    return TmaTiles(**{f.name: getattr(t, f.name) for f in dataclasses.fields(TileConfig)})
+def tma_tiles(t: TileConfig) -> TileConfig:
+    """``t`` with the TMA main loops (``tma = True``: x, W1 and W2 through tensor descriptors, h pointer-loaded;
+    bf16 / fp16 only). Tiles version 3's bf16 default already is (xstage.moe_plan.gpu_tiles)."""
+    return dataclasses.replace(t, tma=True)
 
 
 # Round 6 (issue 15, item 2), fixed before the run. study tiles6: bf16, the TMA main loops beside the default
-# (pointer loads) and torch._grouped_mm on tiles5_cases() (the 56 configurations with >= 2048 rows on rank 0), same
-# rounds: name -> (change of default_tiles, swizzle or None = the default's, TMA). sm_90a compiles on the CPU
+# (round 6: pointer loads; each variant names its main loops, so under tiles version 3 "default" is TMA) and
+# torch._grouped_mm on tiles5_cases() (the 56 configurations with >= 2048 rows on rank 0), same rounds: name ->
+# (change of default_tiles, swizzle or None = the default's, TMA). sm_90a compiles on the CPU
 # (Triton 3.9, ptxas -v, dynamic): default BM 128 255 registers / 8 B spilled / 192 KiB shared; tma BM 128 s4
 # 255 / 0 / 192 KiB (16 cp.async.bulk.tensor + 16 cp.async sites), s3 255 / 0 / 144 KiB, BM 64 s4 169 / 0 / 160 KiB.
 TILES6_VARIANTS = {"swz16": ({}, 16, False), "tma": ({}, None, True), "tma_s3": (dict(num_stages=3), None, True),
@@ -115,8 +114,7 @@ def tiles6_variants(d: TileConfig) -> dict[str, tuple[TileConfig, int | None]]:
     """Study tiles6's variants of the default tiles ``d``: name -> (tiles, swizzle or None)."""
     out = {}
     for name, (change, g, tma) in TILES6_VARIANTS.items():
-        t = dataclasses.replace(d, **change)
-        out[name] = (tma_tiles(t) if tma else t, g)
+        out[name] = (dataclasses.replace(d, tma=tma, **change), g)     # main loops as named, whatever d's
     return out
 
 
@@ -134,7 +132,7 @@ def variant_tiles(dtype: str, default: TileConfig, change) -> TileConfig:
 
 
 def tile_label(t: TileConfig) -> str:
-    tma = " tma" if getattr(t, "tma", False) else ""
+    tma = " tma" if t.tma else ""
     return f"{t.block_m}x{t.block_n1}x{t.block_n2}x{t.block_k} w{t.num_warps} s{t.num_stages}{tma}"
 
 
@@ -242,7 +240,8 @@ def _row(prob, study, dtype, method, variant, tiles, schedule, assignment, is_de
                 tiles=tile_label(tiles) if tiles is not None else "-", block_m=tiles.block_m if tiles else 0,
                 block_n1=tiles.block_n1 if tiles else 0, block_n2=tiles.block_n2 if tiles else 0,
                 block_k=tiles.block_k if tiles else 0, num_warps=tiles.num_warps if tiles else 0,
-                num_stages=tiles.num_stages if tiles else 0, schedule=schedule, assignment=assignment,
+                num_stages=tiles.num_stages if tiles else 0, tma=bool(tiles.tma) if tiles else False,
+                schedule=schedule, assignment=assignment,
                 is_default=is_default, status=status, note=note[:200], rel_l2=rel, ms=ms,
                 ms_min=float(np.min(times)) if times else float("nan"), n_timed=len(times), calls_per_run=inner,
                 tflops=flops / (ms * 1e-3) / 1e12 if times else float("nan"),
@@ -528,9 +527,12 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
         ms_ew = bench.median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, {0: ew}, d, barrier=False,
                                                                check=False, local_combine=True, dynamic=True,
                                                                ranks=[0]), warmup=2, reps=3))
-        runs = [(sch, a, "default") for a in ASSIGNMENTS for sch in SCHEDULES]
-        runs += [(sch, "dynamic", "order_v1") for sch in ("interleaved", "lag")]
-        runs += [(sch, "dynamic", "swizzle0") for sch in SCHEDULES]      # the tile order before round 4
+        if study == "controls7":     # round 7: the default assignment only (tiles version 3: bf16 through TMA)
+            runs = [(sch, "dynamic", "default") for sch in SCHEDULES]
+        else:
+            runs = [(sch, a, "default") for a in ASSIGNMENTS for sch in SCHEDULES]
+            runs += [(sch, "dynamic", "order_v1") for sch in ("interleaved", "lag")]
+            runs += [(sch, "dynamic", "swizzle0") for sch in SCHEDULES]      # the tile order before round 4
         for sch, a, var in runs:
             cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew, a),
                              sms, OUT_DTYPES[dtype].itemsize, a)
@@ -539,8 +541,10 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
                                                    order=1 if var == "order_v1" else None)
                                     for r in world.local_ranks}
         # bit-identical first: every list vs expert_wave static (combine poisoned before each layer)
-        first = _runs_bit_identical(world, bufs, prob, d, {(f"{sch}[{var}]", a): ls
-                                                           for (sch, a, var), ls in lists.items()}, what)
+        ref_lists = {} if study == "controls" else {("expert_wave[static]", "static"): {
+            r: build_tasks(prob, "expert_wave", sms, r) for r in world.local_ranks}}
+        first = _runs_bit_identical(world, bufs, prob, d, {**ref_lists, **{(f"{sch}[{var}]", a): ls
+                                                           for (sch, a, var), ls in lists.items()}}, what)
         del first
         for (sch, a, var), ls in lists.items():
             key = f"{sch}:{a}:{var}"
@@ -558,7 +562,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     for key in methods:
         method, variant, t, sch, a, is_def, err, task = info[key]
         note = notes.get(key, "") if study in ("tiles", "lists", "tiles6") else ""
-        if study == "controls":
+        if study in ("controls", "controls7"):
             sch_, a_, var_ = key.split(":")
             note = lists[(sch_, a_, var_)][0].param or ""
         rows.append(_row(prob, study, dtype, method, variant, t, sch, a, is_def, "ok", note, err, times[key], inner,
@@ -582,7 +586,7 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) 
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
                 todo |= {(dtype, v, True, False) for t in defaults                 # round 6, study tiles6
-                         for v, _ in tiles6_variants(t).values() if getattr(v, "tma", False)}
+                         for v, _ in tiles6_variants(t).values() if v.tma}
         else:
             defaults = {default_tiles(dtype, rpe, version=1) for rpe in (32.0, 256.0)}
             todo |= {(dtype, variant_tiles(dtype, d, ch), False, False) for d in defaults
@@ -610,7 +614,7 @@ def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1,
         i64 = torch.empty(64, device=dev, dtype=torch.int64)
         comb = torch.empty(64, device=dev, dtype=OUT_DTYPES[dtype])
         try:
-            (megamoe_tma_kernel if getattr(t, "tma", False) else megamoe_kernel).warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
+            (megamoe_tma_kernel if t.tma else megamoe_kernel).warmup(a, sc, a, sc, a, sc, a, sc, i32, i32, i32, i32, i64, comb, i64, i64, i32,
                                   100, 0, 100, 4096, 2048, 7, MAX_POLLS, 0,
                                   BLOCK_M=t.block_m, BLOCK_N1=t.block_n1, BLOCK_N2=t.block_n2,
                                   BLOCK_K=t.block_k, FP8=fp8, TIMED=timed, DEVICE=True, DYNAMIC=dyn,

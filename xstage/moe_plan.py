@@ -242,6 +242,7 @@ class TileConfig:
     block_k: int = 64     # 128 with fp8 (the scale block)
     num_warps: int = 8
     num_stages: int = 3
+    tma: bool = False     # the main loops load x, W1, W2 through TMA tensor descriptors (bf16 / fp16 only)
 
     def validate(self, dtype: str | None = None) -> None:
         for name in ("block_m", "block_n1", "block_n2", "block_k"):
@@ -255,6 +256,8 @@ class TileConfig:
         if dtype == "fp8" and (self.block_n1, self.block_n2, self.block_k) != (FP8_BLOCK,) * 3:
             raise ValueError(f"fp8 needs block_n1 = block_n2 = block_k = {FP8_BLOCK} (the scale block), got "
                              f"{self.block_n1}, {self.block_n2}, {self.block_k}")
+        if dtype == "fp8" and self.tma:
+            raise ValueError("the TMA main loops (tiles.tma) are bf16 / fp16 only; fp8 runs the pointer loops")
 
 
 INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
@@ -266,8 +269,12 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 # torch._grouped_mm on its 4 configurations against 0.898), fp8 3 stages (s3, 0.946 of _scaled_grouped_mm
 # against 0.685) with BM = 128 (2 stages, the ladder's bm128) where experts get >= FP8_BM128_ROWS rows on average
 # (the one ladder configuration of that class, Mixtral T2048 with 1024 rows per expert: 468 TFLOP/s against s3's
-# 405; the three with 24-192 rows per expert were faster with s3).
-TILES_VERSION = 2
+# 405; the three with 24-192 rows per expert were faster with s3). v3 = v2 with bf16's main loops through TMA
+# tensor descriptors (tma = True; round 6's study tiles6, data/h200x1/megamoe_round6_gemm: ours / grouped_mm
+# >= 0.911 on all 56 configurations with >= 2048 rows in two runs, against the pointer loops' 0.844, bit-identical
+# output); fp8 keeps the pointer loops (v2's fp8 tiles). Rows record tma (schema megamoe v4 / megamoe_gemm v3;
+# older rows read tma = False, or for megamoe_gemm its tiles label: what they ran).
+TILES_VERSION = 3
 FP8_BM128_ROWS = 512        # fp8: average rows per expert from which BM = 128 (else 64)
 BF16_BM64_ROWS = 96         # bf16: average rows per expert below which BM = 64 (else 128)
 
@@ -276,8 +283,9 @@ def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int
     """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION). bf16: BN1 = 128, BN2 = 256, BK =
     64, 4 stages, BM = 64 when experts get few rows (< BF16_BM64_ROWS on average), else 128. fp8: BN1 = BN2 = BK
     = 128 (the scale block); BM = 64 with 3 stages, or BM = 128 with 2 stages (ptxas: 32 B spilled) where experts
-    get >= FP8_BM128_ROWS rows on average. Version 1 (every record before schema megamoe v3): bf16 BN2 = 128 with
-    3 stages (same BM rule), fp8 BM = 64 with 2 stages always. Small tiles under the interpreter."""
+    get >= FP8_BM128_ROWS rows on average. Version 3 (the default): bf16 through the TMA main loops (tma = True),
+    else as version 2. Version 1 (every record before schema megamoe v3): bf16 BN2 = 128 with 3 stages (same BM
+    rule), fp8 BM = 64 with 2 stages always. Small tiles (pointer loops) under the interpreter."""
     if env.interpreted():
         return INTERPRETER_TILES
     rpe = rows_per_expert
@@ -289,22 +297,23 @@ def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int
 
 def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileConfig:
     """The H200 tiles of ``dtype`` with row blocks of ``block_m`` in tiles version ``version`` (1: what every
-    MegaMoE record before schema megamoe v3 ran with; 2: the current default)."""
+    MegaMoE record before schema megamoe v3 ran with; 2: the pointer loops of rounds 3-6; 3: the current default,
+    version 2 with bf16's main loops through TMA)."""
     if version == 1:
         from .data import MEGAMOE_TILES_V1
         return TileConfig(block_m, *MEGAMOE_TILES_V1[dtype])
-    if version != TILES_VERSION:
-        raise ValueError(f"tiles version must be 1 or {TILES_VERSION}, got {version}")
+    if version not in (2, 3):
+        raise ValueError(f"tiles version must be 1, 2 or 3, got {version}")
     if dtype == "fp8":
         return TileConfig(block_m, 128, 128, 128, 8, 2 if block_m == 128 else 3)
-    return TileConfig(block_m, 128, 256, 64, 8, 4)
+    return TileConfig(block_m, 128, 256, 64, 8, 4, tma=version == 3)
 
 
 def tiles_of_row(row) -> TileConfig:
-    """The tiles a recorded MegaMoE row (schema megamoe v3, or an older one read through its migration) ran
-    with."""
+    """The tiles a recorded MegaMoE row (schema megamoe v4 / megamoe_gemm v3, or an older one read through its
+    migration: tma False) ran with."""
     return TileConfig(int(row.block_m), int(row.block_n1), int(row.block_n2), int(row.block_k), int(row.num_warps),
-                      int(row.num_stages))
+                      int(row.num_stages), bool(row.tma))
 
 
 def default_dtype() -> str:

@@ -190,7 +190,7 @@ def _rows_for(prob: Problem, P: int, parts: list[dict], repeats: int, observed: 
                          topk=s.topk, tokens=c.tokens, routing=c.routing, seed=c.seed, P=P, dtype=prob.dtype,
                          schedule=name, block_m=prob.tiles.block_m, block_n1=prob.tiles.block_n1,
                          block_n2=prob.tiles.block_n2, block_k=prob.tiles.block_k, num_warps=prob.tiles.num_warps,
-                         num_stages=prob.tiles.num_stages,
+                         num_stages=prob.tiles.num_stages, tma=prob.tiles.tma,
                          schedule_param="|".join(dict.fromkeys(p["sched"][name]["param"] for p in parts)),
                          n_tasks=max(p["sched"][name]["n_tasks"] for p in parts),
                          rows=max(lay.rows for lay in lays), remote_bytes=remote, kernel_ms=kern,

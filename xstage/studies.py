@@ -1201,10 +1201,11 @@ def megamoe_world_label(meta: dict) -> str:
     return label + (" (rank 0's times)" if world == "one-gpu" else "")
 
 
-# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 4's defaults
+# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 7's defaults
+# (tiles v3: bf16 through the TMA main loops; else as round 4; time-bounded, resumed call by call), round 4's defaults
 # (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
 # v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
-MEGAMOE_HOST_RECORDS = ("megamoe_host_v2", "megamoe_host")
+MEGAMOE_HOST_RECORDS = ("megamoe_round7_host", "megamoe_host_v2", "megamoe_host")
 
 
 def megamoe_defaults_label(meta: dict) -> str:
@@ -1812,7 +1813,8 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
     folder = data.machine_dir(machine) / sub
     if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
         name, study = {MEGAMOE_ROUND4_SUB: ("round-4", "controls"), MEGAMOE_ROUND5_SUB: ("round-5", "tiles"),
-                       MEGAMOE_ROUND6_GEMM_SUB: ("round-6", "tiles6")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND6_GEMM_SUB: ("round-6", "tiles6"),
+                       MEGAMOE_ROUND7_CONTROLS_SUB: ("round-7", "controls7")}.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -1879,13 +1881,14 @@ def megamoe_round3_gemm_summary(g: pd.DataFrame, min_rows: int = MEGAMOE_GEMM_GO
     return pd.DataFrame(out)
 
 
-def megamoe_round3_controls(df: pd.DataFrame) -> pd.DataFrame:
-    """Study ``controls``, per configuration, dtype, assignment, schedule and order variant: the compute-only
+def megamoe_round3_controls(df: pd.DataFrame, study: str = "controls") -> pd.DataFrame:
+    """Study ``controls`` (or round 7's ``controls7``: dynamic only, ``ew_over_static`` NaN), per configuration,
+    dtype, assignment, schedule and order variant: the compute-only
     time over Expert-Wave's under the same assignment and in the same rounds (``over_ew``, > 1: slower),
     Expert-Wave's over static Expert-Wave's (``ew_over_static``), and from the launch with per-task timestamps
     (dynamic only) each tile kind's median time over Expert-Wave's (``l1_tile_rel``, ``l2_tile_rel``), the busy
     share of the programs (``task_busy``) and the share of Linear-2 tiles that waited (``task_waited``)."""
-    d = df[df.study == "controls"].assign(config=lambda x: _config(x))
+    d = df[df.study == study].assign(config=lambda x: _config(x))
     cols = ["config", "dtype", "rows", "assignment", "schedule", "variant", "param", "ms", "over_ew",
             "ew_over_static", "l1_tile_rel", "l2_tile_rel", "task_busy", "ew_task_busy", "task_waited"]
     if d.empty:
@@ -1894,6 +1897,8 @@ def megamoe_round3_controls(df: pd.DataFrame) -> pd.DataFrame:
     ew = ew[~ew.index.duplicated()]
     k = pd.MultiIndex.from_frame(d[["config", "dtype", "assignment"]])
     base = ew.reindex(k)
+    if "static" not in set(ew.index.get_level_values("assignment")):
+        return _over_expert_wave(d, base, cols, ew_over_static=np.full(len(d), np.nan))
     st = ew.xs("static", level="assignment").reindex(pd.MultiIndex.from_frame(d[["config", "dtype"]]))
     with np.errstate(divide="ignore", invalid="ignore"):
         return _over_expert_wave(d, base, cols, ew_over_static=base.ms.to_numpy() / st.ms.to_numpy())
@@ -2072,3 +2077,55 @@ def megamoe_round6_tiles_summary(t: pd.DataFrame) -> pd.DataFrame:
     """Per variant of :func:`megamoe_round6_tiles`: geomean, minimum, how many below the goal (0.9), the worst
     configuration (:func:`megamoe_round5_tiles_summary`, whose "best per shape" row is in-sample)."""
     return megamoe_round5_tiles_summary(t)
+
+
+# ---- MegaMoE round 7 (issue 15, items 3-5): tiles version 3 (bf16 through the TMA main loops) as the default; the
+# compute-only controls (xstage.moe_gemm study controls7) and the host-link sweep (MEGAMOE_HOST_RECORDS[0]) re-run
+MEGAMOE_ROUND7_CONTROLS_SUB = "megamoe_round7_controls"   # data/<machine>/megamoe_round7_controls/: controls7
+MEGAMOE_ROUND7_HOST = "megamoe_round7_host"               # data/h200x1/megamoe_round7_host/: the host-link sweep
+
+
+def megamoe_round7_controls(df: pd.DataFrame) -> pd.DataFrame:
+    """Study ``controls7``, per configuration, dtype and schedule (dynamic, the default tiles; table order): the
+    compute-only time over Expert-Wave's in the same rounds and the per-task evidence, as
+    :func:`megamoe_round3_controls` computes it for study controls."""
+    return megamoe_round3_controls(df, study="controls7")
+
+
+def megamoe_round7_controls_summary(per: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and schedule of :func:`megamoe_round7_controls`: configurations, geomean and worst over
+    Expert-Wave (the worst configuration), whether the goal holds (geomean <= 1.02, worst <= 1.05), how many
+    configurations are over 1.05, and the per-task evidence (:func:`megamoe_round3_controls_summary`)."""
+    s = megamoe_round3_controls_summary(per).drop(columns=["ew_over_static_geomean", "variant"])
+    over = per[per.over_ew > MEGAMOE_ORDER_GOALS["worst"]].groupby(["dtype", "schedule"]).size()
+    s.insert(s.columns.get_loc("goal_met") + 1, "over_worst",
+             [int(over.get((d, c), 0)) for d, c in zip(s.dtype, s.schedule)])
+    return s
+
+
+def megamoe_round7_host_summary(df: pd.DataFrame, before: pd.DataFrame | None = None,
+                                tolerance: float = MODEL_TOLERANCE) -> pd.DataFrame:
+    """The host-link sweep of round 7 (``df``) per dtype and schedule over the configurations it holds:
+    ``configs`` (of 84), measured speedup over Expert-Wave (geomean, max), the model's predicted speedup with the
+    host link's fitted stage model as the sweep recorded it (geomean, max), how many within ``tolerance`` (10 %) of
+    the measured one (``within``) and the fraction; with ``before`` (round 4's record, megamoe_host_v2) the same
+    configurations' measured geomean there (``before_geomean``: the pointer loops, same link and model)."""
+    sp = megamoe_speedups(df)
+    sp = sp[sp.schedule != MEGAMOE_BASELINE].dropna(subset=["speedup"])
+    sp = sp.assign(within=(sp.model_error.abs() <= tolerance))
+    old = None
+    if before is not None:
+        old = megamoe_speedups(before).set_index(["config", "dtype", "schedule"]).speedup
+    out = []
+    for (dt, sch), g in sp.groupby(["dtype", "schedule"], sort=False):
+        row = dict(dtype=dt, schedule=sch, configs=len(g), expected=len(megamoe_expected()),
+                   geomean_speedup=geomean(g.speedup), max_speedup=float(g.speedup.max()),
+                   max_config=g.loc[g.speedup.idxmax(), "config"], geomean_predicted=geomean(g.predicted_speedup),
+                   max_predicted=float(g.predicted_speedup.max()), within=int(g.within.sum()),
+                   within_tolerance=float(g.within.mean()))
+        if old is not None:
+            o = old.reindex(pd.MultiIndex.from_arrays([g.config, g.dtype, g.schedule]))
+            row["before_geomean"] = geomean(o.to_numpy())
+            row["before_configs"] = int(o.notna().sum())
+        out.append(row)
+    return pd.DataFrame(out)

@@ -1,0 +1,145 @@
+"""MegaMoE round 7 (issue 15, items 3-5) on the CPU: tiles version 3 (bf16 through the TMA main loops) as the
+default, the tma column of the megamoe / megamoe_gemm schemas (older rows read what they ran; a malformed value a
+clear error), study controls7 end to end on the emulated world with TMA tiles (Triton's interpreter) and its
+summary, the host-link summary beside round 4's record, and the device script's stages."""
+import dataclasses
+import random
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from xstage import data, env, studies
+from xstage import moe_gemm as MG
+from xstage import moe_plan as MP
+from xstage.model import BurstGapParams
+from xstage.numeric import geomean
+from xstage.ranks import EmulatedWorld
+
+TMA = MG.tma_tiles(MP.INTERPRETER_TILES)
+
+
+# ------------------------------------------------------------------------------------------ tiles version 3
+def test_tiles_version_3_is_bf16_through_tma_and_versions_1_2_are_what_records_ran(monkeypatch):
+    monkeypatch.setattr(env, "interpreted", lambda: False)
+    for bm in (64, 128):
+        v3, v2 = MP.gpu_tiles("bf16", bm), MP.gpu_tiles("bf16", bm, version=2)
+        assert MP.TILES_VERSION == 3 and v3.tma and not v2.tma and v3 == dataclasses.replace(v2, tma=True)
+        assert MP.gpu_tiles("fp8", bm) == MP.gpu_tiles("fp8", bm, version=2) and not MP.gpu_tiles("fp8", bm).tma
+        assert not MP.gpu_tiles("bf16", bm, version=1).tma
+    assert MG.tma_tiles(v2) == v3 and MG.tma_tiles(v3) == v3
+    assert not MP.default_tiles("fp8", 1024.0).tma and MP.default_tiles("bf16", 1024.0).tma
+    # study tiles6's variants name their main loops: swz16 stays the pointer loops under version 3
+    v = MG.tiles6_variants(MP.gpu_tiles("bf16", 128))
+    assert not v["swz16"][0].tma and v["tma"][0].tma and v["tma"][0] == MP.gpu_tiles("bf16", 128)
+    with pytest.raises(ValueError, match="bf16 / fp16 only"):
+        MP.validate_problem(4096, 2048, 8, 2, 128, 2, MG.tma_tiles(MP.gpu_tiles("fp8", 64)), "fp8")
+
+
+def test_recorded_rows_read_the_main_loops_they_ran():
+    """megamoe_gemm v2 (round 6's tiles6): tma exactly on the rows whose tiles label names it; megamoe v3 (the
+    host_v2 sweep): every row the pointer loops; tiles_of_row carries it."""
+    df, meta = data.load("data/h200x1/megamoe_round6_gemm", data.MEGAMOE_GEMM)
+    assert meta["schema_version"] == 2 and df.tma.dtype == bool
+    ours = df[df.method == "ours"]
+    assert set(ours[ours.tma].variant) == {"tma", "tma_s3", "tma_swz16"}
+    assert set(ours[~ours.tma].variant) == {"default", "swz16"}
+    assert (ours.tma == ours.tiles.str.endswith(" tma")).all()
+    row = ours[ours.variant == "tma"].iloc[random.randrange((ours.variant == "tma").sum())]
+    assert MP.tiles_of_row(row).tma and MG.tile_label(MP.tiles_of_row(row)) == row.tiles
+    host, hm = data.load("data/h200x1/megamoe_host_v2", data.MEGAMOE)
+    assert hm["schema_version"] == 3 and not host.tma.any() and hm["params"]["tiles_version"] == 2
+
+
+def _megamoe_file(folder, tma_values):
+    cols = list(data.MEGAMOE.columns)
+    lines = [",".join(cols)]
+    for i, t in enumerate(tma_values):
+        lines.append(",".join(t if c == "tma" else "bf16" if c == "dtype" else f"s{i}" if c == "schedule" else
+                              "1" if data.MEGAMOE.columns[c] != "str" else "x" for c in cols))
+    (folder / "megamoe.csv").write_text("\n".join(lines) + "\n")
+    meta = {**env.provenance("test", {}), "schema": "megamoe", "schema_version": data.MEGAMOE.version, "runs": []}
+    data.write_json_atomic(folder / "megamoe.json", {**meta, **data.integrity((folder / "megamoe.csv").read_bytes())})
+
+
+def test_tma_column_round_trips_and_a_malformed_value_is_a_clear_error(tmp_path):
+    good = tmp_path / "good"
+    good.mkdir()
+    _megamoe_file(good, ["True", "False"])
+    df, meta = data.load(good, data.MEGAMOE)
+    assert meta["schema_version"] == 4 and list(df.tma) == [True, False]
+    for bad in ("maybe", ""):
+        d = tmp_path / f"bad{bad}"
+        d.mkdir()
+        _megamoe_file(d, ["True", bad])
+        with pytest.raises(data.DataError, match=r"megamoe.csv has a malformed value: tma must be True or False"
+                                                 r".*line 3"):
+            data.load(d, data.MEGAMOE)
+    with pytest.raises(data.DataError, match="holds schema v3; record v4 elsewhere"):
+        data.start_file("data/h200x1/megamoe_host_v2", data.MEGAMOE, env.provenance("test", {}))
+
+
+# ------------------------------------------------------------------------------------------ study controls7
+@pytest.fixture
+def tiny(monkeypatch, cpu_timing):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
+    monkeypatch.setattr(MG, "default_tiles", lambda *a, **k: TMA)          # the TMA main loops, as bf16's default
+    shape = MP.MoEShape("tiny", 64, 32, 4, 2)
+    return [MP.MoECase(shape, 12, "uniform", 1), MP.MoECase(shape, 8, "zipf", 2)]
+
+
+@pytest.mark.interpreter
+def test_controls7_end_to_end_with_tma_tiles(tmp_path, tiny):
+    """controls7 through the launchers on the emulated world with TMA tiles: every schedule under dynamic, each
+    list bit-identical to Expert-Wave static first, rows with tma, per-task timings, resume, the summary."""
+    world = EmulatedWorld(2)
+    meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
+    prm = BurstGapParams.reference().as_dict()
+    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "controls7", prm, None, rounds=5)
+    df, side = data.load(tmp_path, data.MEGAMOE_GEMM)
+    assert side["csv_rows"] == len(df) == 2 * len(MP.SCHEDULES) and set(df.study) == {"controls7"}
+    assert set(df.schedule) == set(MP.SCHEDULES) and (df.assignment == "dynamic").all()
+    assert df.tma.all() and set(df.tiles) == {MG.tile_label(TMA)} and (df.ms > 0).all()
+    assert df.task_span_us.notna().all() and (df.variant == "default").all()
+    assert all(MP.parse_schedule_param(p)["swizzle"] == MP.TILE_SWIZZLE for p in df.note.replace("-", ""))
+    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "controls7", prm, None, rounds=5)   # resume: nothing
+    assert len(data.load(tmp_path, data.MEGAMOE_GEMM)[0]) == len(df)
+    per = studies.megamoe_round7_controls(df)
+    assert len(per) == len(df) and per.ew_over_static.isna().all()
+    ew = per[per.schedule == "expert_wave"]
+    assert np.allclose(ew.over_ew, 1.0)
+    il = per[per.schedule == "interleaved"]
+    d = df.set_index(["routing", "schedule"]).ms
+    want = [d[(c.rsplit("_", 1)[1], "interleaved")] / d[(c.rsplit("_", 1)[1], "expert_wave")] for c in il.config]
+    assert np.allclose(il.over_ew, want)
+    sm = studies.megamoe_round7_controls_summary(per)
+    row = sm[sm.schedule == "interleaved"].iloc[0]
+    assert row.configs == 2 and row.over_ew_geomean == pytest.approx(geomean(il.over_ew))
+    assert row.over_ew_worst == pytest.approx(il.over_ew.max())
+    assert row.over_worst == int((il.over_ew > 1.05).sum())
+
+
+def test_host_summary_counts_within_tolerance_beside_the_earlier_record():
+    """megamoe_round7_host_summary on round 4's record against itself (the CPU has no round-7 sweep to read before
+    the call): its speedups and the model's, the count within 10 %, and before_geomean equal to its own."""
+    df, _ = studies.megamoe_world_data("one-gpu", "host", record="megamoe_host_v2")
+    d = df[df["shape"] == random.choice(sorted(set(df["shape"])))]
+    s = studies.megamoe_round7_host_summary(d, before=df)
+    sp = studies.megamoe_speedups(d)
+    for r in s.itertuples():
+        g = sp[(sp.dtype == r.dtype) & (sp.schedule == r.schedule)].dropna(subset=["speedup"])
+        assert r.configs == len(g) and r.geomean_speedup == pytest.approx(geomean(g.speedup))
+        assert r.within == int((g.model_error.abs() <= 0.1).sum())
+        assert r.before_geomean == pytest.approx(r.geomean_speedup) and r.before_configs == r.configs
+    assert set(s.schedule) == set(MP.SCHEDULES) - {"expert_wave"}
+
+
+def test_round7_script_runs_the_tests_the_controls_and_the_host_sweep_into_new_folders():
+    text = open("scripts/megamoe_round7.sh").read()
+    assert "megamoe_stages.sh" in text and "stage() {" not in text and "NCCL_NVLS_ENABLE=0" in text
+    assert "--study controls7" in text and "megamoe_round7_controls" in text and "megamoe_round7_host" in text
+    assert "tests/test_megamoe_gemm6.py" in text and "tests/test_moe_one_gpu.py" in text
+    assert "--link host" in text and "data/h200x1/megamoe_round7_host/$f" in text      # resumed from the record
+    assert studies.MEGAMOE_HOST_RECORDS[0] == studies.MEGAMOE_ROUND7_HOST
