@@ -201,15 +201,27 @@ if AVAILABLE:
 # cores (the ping-pong left to the warp schedulers; FA3 also orders it with named barriers, not done here).
 if AVAILABLE:
     @gluon.jit
-    def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-                   off_m, col, n_blocks, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-                   NC: gl.constexpr = 2):
+    def _ws_tile(tile, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+        """Tile ``tile`` (linear id h * n_m + m, as the one-CTA-per-tile grid numbers them) -> (h, off_m, col)."""
+        h = tile // n_m
+        return h, (tile - h * n_m) * BLOCK_M, h * HEAD_DIM
+
+    @gluon.jit
+    def _ws_loader_tile(it, tile, q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
+                        k_empty, v_empty, n_m, n_blocks, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr):
+        """The loader's work for this CTA's it-th tile: its Q (once every consumer is past the last tile's S
+        GEMMs: ``q_empty``), then its K/V blocks into the ring; ring phases count blocks over the CTA's tiles."""
+        h, off_m, col = _ws_tile(tile, n_m, HEAD_DIM, BLOCK_M)
+        mbarrier.wait(q_empty, (it & 1) ^ 1)         # a fresh barrier passes parity 1: the first tile's Q
         mbarrier.expect(q_bar, NC * q_desc.block_type.nbytes)
         for c in gl.static_range(NC):        # each consumer's 64 rows of Q
             _tma_load(q_desc, [off_m + c * HALF_M, col], q_bar, q_smem.index(c))
+        base = it * n_blocks
         for j in range(n_blocks):
-            slot = j % STAGES
-            phase = ((j // STAGES) & 1) ^ 1          # a fresh barrier passes parity 1: the ring's first fill
+            g = base + j
+            slot = g % STAGES
+            phase = ((g // STAGES) & 1) ^ 1          # a fresh barrier passes parity 1: the ring's first fill
             mbarrier.wait(k_empty.index(slot), phase)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             _tma_load(k_desc, [j * BLOCK_N, col], k_ready.index(slot), k_ring.index(slot))
@@ -218,11 +230,33 @@ if AVAILABLE:
             _tma_load(v_desc, [j * BLOCK_N, col], v_ready.index(slot), v_ring.index(slot))
 
     @gluon.jit
-    def _ws_consumer(half, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HALF_M: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
-                     MASK_LAST: gl.constexpr, turn, NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
-                     out_table=None, rows_per_rank=0, out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False):
+    def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   n_m, n_tiles, n_blocks, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr = 2,
+                   PERSISTENT: gl.constexpr = False):
+        if PERSISTENT:   # this CTA's tiles: program_id, + num_programs, ...
+            it = 0
+            for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+                _ws_loader_tile(it, tile, q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                                v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
+                                NC)
+                it += 1
+        else:
+            _ws_loader_tile(0, gl.program_id(0), q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty,
+                            k_ready, v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M,
+                            STAGES, NC)
+
+    @gluon.jit
+    def _ws_consumer_tile(it, tile, half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                          v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
+                          EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
+                          NC: gl.constexpr, PINGPONG: gl.constexpr, out_table, rows_per_rank, out_row_stride,
+                          out_head0, FUSED: gl.constexpr):
+        """Consumer ``half``'s work for this CTA's it-th tile (ring, Q and turn phases count over the CTA's
+        tiles). ``o_smem``: Q's buffer (one tile per CTA) or its own (persistent: the next tile's Q lands while
+        this one's output is staged)."""
+        h, off_m, col = _ws_tile(tile, n_m, HEAD_DIM, BLOCK_M)
         dtype: gl.constexpr = o_desc.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -236,29 +270,33 @@ if AVAILABLE:
         acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([HALF_M], gl.float32, layout=row_s)
+        base = it * n_blocks
+        turn0 = it * (n_blocks - 1)
 
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(q_bar, it & 1)
+        mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
+        s_tok = warpgroup_mma(q, k_ring.index(base % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(base % STAGES), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+            g = base + j
+            slot = g % STAGES
+            prev = (g - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
             if PINGPONG:   # FA3's ping-pong: the consumers issue their two GEMMs in turn (0, 1, .., NC - 1, 0, ..)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
                 # consumer 0's first turn passes a fresh barrier (parity 1); every other turn waits for the
                 # previous consumer's arrival after its issue
-                mbarrier.wait(turn.index(half), ((j - 1) & 1) ^ (1 if half == 0 else 0))
+                t = turn0 + j - 1
+                mbarrier.wait(turn.index(half), (t & 1) ^ (1 if half == 0 else 0))
                 s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
                 o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
                 mbarrier.arrive(turn.index((half + 1) % NC), count=1)
             else:
                 s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
                 o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
@@ -268,7 +306,8 @@ if AVAILABLE:
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = n_blocks - 1
+        mbarrier.arrive(q_empty, count=1)       # every S GEMM of this tile has completed: Q's slot takes the next
+        last = base + n_blocks - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_ring.index(last % STAGES), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
@@ -288,14 +327,38 @@ if AVAILABLE:
             row_ok = offs_m < S
             dest = offs_m // rows_per_rank
             local_row = (offs_m - dest * rows_per_rank).to(gl.int64)
-            base = gl.load(out_table + dest, mask=row_ok, other=0).to(gl.pointer_type(dtype))
-            row_ptr = base + local_row * out_row_stride + (out_head0 + h) * HEAD_DIM
+            base_ptr = gl.load(out_table + dest, mask=row_ok, other=0).to(gl.pointer_type(dtype))
+            row_ptr = base_ptr + local_row * out_row_stride + (out_head0 + h) * HEAD_DIM
             gl.store(gl.expand_dims(row_ptr, 1) + gl.expand_dims(offs_d, 0), o, mask=gl.expand_dims(row_ok, 1))
         else:
-            q.store(o)                  # this warpgroup's Q half stages its output half (its last S wgmma is done)
+            ob = o_smem.index(half)
+            tma.store_wait(pendings=0)  # the last tile's store has read this buffer (persistent)
+            ob.store(o)                 # this warpgroup's output half (Q's half: its last S wgmma is done)
             fence_async_shared()
             _cta_barrier()
-            _tma_store(o_desc, [row0, col], q)
+            _tma_store(o_desc, [row0, col], ob)
+
+    @gluon.jit
+    def _ws_consumer(half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
+                     k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
+                     EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
+                     NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False, out_table=None, rows_per_rank=0,
+                     out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
+        if PERSISTENT:
+            it = 0
+            for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+                _ws_consumer_tile(it, tile, half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty,
+                                  k_ready, v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG,
+                                  out_table, rows_per_rank, out_row_stride, out_head0, FUSED)
+                it += 1
+        else:
+            _ws_consumer_tile(0, gl.program_id(0), half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar,
+                              q_empty, k_ready, v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM,
+                              BLOCK_M, BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG,
+                              out_table, rows_per_rank, out_row_stride, out_head0, FUSED)
+        if not FUSED:
             tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -305,31 +368,37 @@ if AVAILABLE:
                                   STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
                                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
                                   MASK_LAST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
-                                  FUSED: gl.constexpr = False):
+                                  FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
         """Warp-specialised: NC = BLOCK_M / 64 consumer warpgroups (2 or 3) of 64 rows each: the default partition
         (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
         loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
         GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers).
         FUSED: the Ulysses post-attention all-to-all in the epilogue (out_table: *int64 [P] every rank's out
-        [Sl, H, D] base address; rows_per_rank Sl; out_row_stride H * D; out_head0 rank * Hl); o_desc unused."""
+        [Sl, H, D] base address; rows_per_rank Sl; out_row_stride H * D; out_head0 rank * Hl); o_desc unused.
+        PERSISTENT (session 9): a grid of at most one CTA per SM, each walking tiles program_id, + num_programs,
+        ...; the output is staged in its own buffer, so the loader fetches the next tile's Q (once every consumer
+        is past this tile's S GEMMs) and K/V while the consumers finish the last P V and the epilogue."""
         HALF_M: gl.constexpr = 64
         NC: gl.constexpr = BLOCK_M // HALF_M
         n_m = gl.cdiv(S, BLOCK_M)
-        pid = gl.program_id(0)
-        h = pid // n_m
-        off_m = (pid - h * n_m) * BLOCK_M
-        col = h * HEAD_DIM
+        n_tiles = n_m * Hl
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [NC, HALF_M, HEAD_DIM], q_desc.layout)
+        if PERSISTENT and not FUSED:
+            o_smem = gl.allocate_shared_memory(dtype, [NC, HALF_M, HEAD_DIM], q_desc.layout)
+        else:
+            o_smem = q_smem
         k_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(q_empty, count=NC)                  # one arrival per consumer warpgroup
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -340,35 +409,30 @@ if AVAILABLE:
         fence_async_shared()
         n_blocks = gl.cdiv(S, BLOCK_N)
         if NC == 3:
-            gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
-                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
-                                                FUSED)),
-                                (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
-                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
-                                                FUSED)),
-                                (_ws_consumer, (2, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
-                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
-                                                FUSED)),
-                                (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                              k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES, NC))],
-                               [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+            gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                                  v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                (_ws_consumer, (1, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                                  v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                (_ws_consumer, (2, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                                  v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
+                                  k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
+                                  NC, PERSISTENT))], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
-                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
-                                                FUSED)),
-                                (_ws_consumer, (1, o_desc, lse_ptr, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                                k_empty, v_empty, off_m, col, h, S, n_blocks, qk_scale, HEAD_DIM,
-                                                BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC,
-                                                PINGPONG, out_table, rows_per_rank, out_row_stride, out_head0,
-                                                FUSED)),
-                                (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_ready, v_ready,
-                                              k_empty, v_empty, off_m, col, n_blocks, BLOCK_N, HALF_M, STAGES, NC))],
-                               [4, 1], [CONSUMER_REGS, 24])
+            gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                                  v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                (_ws_consumer, (1, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
+                                  v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
+                                  k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
+                                  NC, PERSISTENT))], [4, 1], [CONSUMER_REGS, 24])

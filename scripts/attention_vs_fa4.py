@@ -11,7 +11,7 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import NEXT_RUNGS
+from xstage.ulysses_gluon import NEXT_RUNGS, PERSISTENT_RUNGS
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
 
@@ -21,10 +21,15 @@ GLUON_NEXT = {D: tuple(cs) + NEXT_RUNGS.get(D, ()) for D, cs in FA4_GLUON_NEXT_V
 # gluon_best (session 8, call U4): the base rungs and the fastest rungs of the gluon_next record beside FA4
 _BEST = {"128x128w8s3-tma-pers", "gluon-ws-128x128s2r232-ml", "gluon-ws-128x128s2r232-ml-pp", "128x128w4s3-tma",
          "gluon-ws-192x128s2r160-ml-pp", "gluon-ws-192x128s2r160-ml"}
+# gluon_pe (session 9): the persistent ws grid beside the same rungs one CTA per tile, and beside FA4
+_PE_BASE = {"128x128w8s3-tma-pers", "128x128w4s3-tma", "gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"}
 STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_gluon", FA4_GLUON_VARIANTS),
            "gluon_next": ("attention_vs_fa4_gluon_next", GLUON_NEXT),
            "gluon_best": ("attention_vs_fa4_gluon_best",
-                          {D: tuple(c for c in cs if c.label in _BEST) for D, cs in GLUON_NEXT.items()})}
+                          {D: tuple(c for c in cs if c.label in _BEST) for D, cs in GLUON_NEXT.items()}),
+           "gluon_pe": ("attention_vs_fa4_gluon_pe",
+                        {D: tuple(c for c in cs if c.label in _PE_BASE) + PERSISTENT_RUNGS[D]
+                         for D, cs in GLUON_NEXT.items()})}
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

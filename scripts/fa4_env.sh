@@ -3,5 +3,5 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 SITE=/root/fa4site
 PARTS=/root/fa4parts
-SHA=53abc8851540f3b5a454c9c3881fce39111a3ee210df89121b06a1839886f17d   # rebuilt in session 8 (3 parts)
+SHA=7e26b658063293bbe295537e418e26e58550e12061a6a3bef5a553fb8c94428f   # rebuilt in session 9 (3 parts of 24.1 MB; libs-core inside)
 export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}

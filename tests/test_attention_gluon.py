@@ -143,6 +143,44 @@ def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
         assert (int(st) > 0 and int(tma_st) == 0) if fused == "1" else (int(st) == 0 and int(tma_st) > 0), rows
 
 
+PERSISTENT_COMPILE_CHECK = r"""
+from xstage.ulysses_gluon import PERSISTENT_RUNGS, GluonConfig, compile_sm90, ptx_facts
+for D, cs in PERSISTENT_RUNGS.items():
+    c = cs[0]
+    for pe in (False, True):
+        for fused in (False, True):
+            k = compile_sm90(GluonConfig(**{**c.__dict__, "persistent": pe}), D, even_n=False, fused=fused)
+            f = ptx_facts(k.asm["ptx"])
+            print("pe", D, c.block_m, int(pe), int(fused), f["wait_group_1"], k.metadata.shared,
+                  int("%nctaid.x" in k.asm["ptx"]))
+"""
+
+
+def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
+    """The persistent ws kernel (session 9) compiles for sm_90a: the same overlapped waits (one per consumer), a
+    tile loop over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more
+    shared memory than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", PERSISTENT_COMPILE_CHECK], env=e, capture_output=True, text=True,
+                         timeout=600)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {tuple(map(int, ln.split()[1:5])): tuple(map(int, ln.split()[5:])) for ln in out.stdout.splitlines()
+            if ln.startswith("pe ")}
+    assert len(rows) == 8, out.stdout
+    for (D, bm, pe, fused), (w1, shared, nctaid) in rows.items():
+        assert w1 == bm // 64 and nctaid == pe, (D, bm, pe, fused, w1, nctaid)
+        if pe and not fused:
+            assert 0 <= shared - rows[D, bm, 0, 0][1] - 2 * bm * D <= 256, (D, shared)   # + alignment
+        elif pe:
+            assert abs(shared - rows[D, bm, 0, 1][1]) <= 256, (D, shared)     # no output buffer
+
+
 def _bf16(*shape, device="cpu"):
     g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
     return torch.randn(*shape, generator=g, device=device).bfloat16()
@@ -176,6 +214,8 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(192, 128, 4, 2, ws=True, regs=168), 64, r"regs must be a multiple of 8 in \[128, 160\]"),
     (GluonConfig(256, 128, 4, 2, ws=True), 64, "block_m 128 or 192"),
     (GluonConfig(64, 64, 4, 2, pingpong=True), 128, "pingpong orders the consumers"),
+    (GluonConfig(128, 128, 8, 2, persistent=True), 128, "persistent is a grid of the warp-specialised"),
+    (GluonConfig(128, 128, 4, 3, ws=True, persistent=True), 128, "shared memory for Q, the output"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
@@ -312,6 +352,21 @@ def _gpu_configs():
 @pytest.mark.parametrize("D, cfg", _gpu_configs(), ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(256, 2), (3000, 3), (4100, 2)])
 def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
+    _check_float32(D, cfg, S, H)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.PERSISTENT_RUNGS.items() for c in cs],
+                         ids=lambda x: getattr(x, "label", str(x)))
+@pytest.mark.parametrize("S, H", [(12300, 3), (8192, 4)])
+def test_persistent_grid_matches_float32_with_several_tiles_per_cta(D, cfg, S, H):
+    """The persistent grid where every CTA walks several tiles (more tiles than SMs: 195-291 of 128 rows, 129-195
+    of 192 rows on 132 SMs), so the ring, Q and turn phases cross tiles."""
+    assert -(-S // cfg.block_m) * H > torch.cuda.get_device_properties(0).multi_processor_count
+    _check_float32(D, cfg, S, H)
+
+
+def _check_float32(D, cfg, S, H):
     from xstage.ulysses_ladder import attention_reference
 
     ok, why = G.available()
@@ -339,6 +394,9 @@ def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
     (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True), 4096, 8, 4),
     (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True), 3000, 4, 2),
     (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True), 1000, 8, 4),   # Sl = 250
+    # the persistent grid (session 9), several tiles per CTA: 376 and 252 tiles on 132 SMs, Sl = 6000, 3000
+    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True), 12000, 8, 2),
+    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True), 12000, 16, 4),
 ])
 def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     """The fused Ulysses epilogue of the ws kernel (each row to its owner rank through the table of peer

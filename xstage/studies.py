@@ -629,7 +629,9 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             # round 5 (call U3): the last-block mask, ping-pong, 3 consumers; FA4 absent in it
                             "attention_vs_fa4_gluon_next": "STUDY=gluon_next scripts/attention_vs_fa4.sh",
                             # session 8, call S8-U4: the fastest rungs of round 5 beside FA4 (same rounds)
-                            "attention_vs_fa4_gluon_best": "STUDY=gluon_best scripts/attention_vs_fa4.sh"}
+                            "attention_vs_fa4_gluon_best": "STUDY=gluon_best scripts/attention_vs_fa4.sh",
+                            # session 9: the persistent ws grid beside FA4 (same rounds)
+                            "attention_vs_fa4_gluon_pe": "STUDY=gluon_pe scripts/attention_vs_fa4.sh"}
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)",
@@ -730,7 +732,8 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
     out = []
     for c in cfgs:
         if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
-            ml = ("-ml" if c.get("mask_last") else "") + ("-pp" if c.get("pingpong") else "")
+            ml = ("-ml" if c.get("mask_last") else "") + ("-pp" if c.get("pingpong") else "") + \
+                ("-pe" if c.get("persistent") else "")
             out.append(f"gluon-ws-{c['block_m']}x{c['block_n']}s{c['stages']}r{c['regs']}{ml}" if c.get("ws") else
                        f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}{ml}")
             continue

@@ -47,10 +47,11 @@ class GluonConfig:
     mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (run C3 masked every one; U3:
                               # faster, on in CONFIGS; off here so the recorded rungs keep their meaning)
     pingpong: bool = False    # ws: the consumers' GEMMs issued in turn (session 8)
+    persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer (session 9)
 
     @property
     def label(self) -> str:
-        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "")
+        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-pe" if self.persistent else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
@@ -73,6 +74,8 @@ class GluonConfig:
                                  f"of D = {D} does not fit {self.regs} registers), got D = {D}")
         elif self.pingpong:
             raise ValueError("Gluon attention: pingpong orders the consumers of the warp-specialised kernel (ws)")
+        elif self.persistent:
+            raise ValueError("Gluon attention: persistent is a grid of the warp-specialised kernel (ws)")
         elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
@@ -81,10 +84,10 @@ class GluonConfig:
         if not 1 <= self.stages <= 4:
             raise ValueError(f"Gluon attention: stages must be in [1, 4], got {self.stages}")
         if D is not None:
-            smem = 2 * D * (self.block_m + 2 * self.stages * self.block_n)
+            smem = 2 * D * (self.block_m * (2 if self.persistent else 1) + 2 * self.stages * self.block_n)
             if smem > SMEM_LIMIT:
-                raise ValueError(f"Gluon attention {self.label} at D = {D}: {smem} B of shared memory for Q and the "
-                                 f"K/V ring (limit {SMEM_LIMIT})")
+                raise ValueError(f"Gluon attention {self.label} at D = {D}: {smem} B of shared memory for Q"
+                                 f"{', the output' if self.persistent else ''} and the K/V ring (limit {SMEM_LIMIT})")
 
 
 SMEM_LIMIT = 227 * 1024   # Hopper's shared memory per CTA (opt-in maximum)
@@ -102,6 +105,14 @@ NEXT_RUNGS = {
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True),
          GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True),
          GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, pingpong=True)),
+}
+
+# session 9 (issue 14 item 3): the persistent grid (one CTA per SM walking tiles; the output staged apart from Q, so
+# the next tile's Q and K/V load under this tile's last P V and epilogue) on the fastest rungs of call S8-U4
+PERSISTENT_RUNGS = {
+    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True),
+          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, persistent=True)),
+    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True),),
 }
 
 
@@ -211,6 +222,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     scale = (1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)) * 1.4426950408889634
     qd, kd, vd, od = _descriptors(q, k, v, out, config)
     grid = (-(-S // config.block_m) * Hl,)
+    if config.persistent:   # at most one CTA per SM (the ws tiles take more than half an SM's shared memory)
+        grid = (min(grid[0], _sm_count(q.device)),)
     kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": config.pingpong}) \
         if config.ws else \
         (gluon_attention_kernel, {})
@@ -219,6 +232,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
         table, rank, P = fused if fused is not None else (_no_table(q.device), 0, 1)
         ws_args = (table, S // P, Hl * P * D, rank * Hl)
         extra["FUSED"] = fused is not None
+        extra["PERSISTENT"] = config.persistent
     elif fused is not None:
         raise ValueError(f"the fused epilogue is in the warp-specialised Gluon kernel only, got {config.label}")
     LAST_LAUNCH["kernel"] = kern[grid](
@@ -226,6 +240,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
         BLOCK_N=config.block_n, STAGES=config.stages, EVEN_N=S % config.block_n == 0, WRITE_LSE=lse is not None,
         num_warps=config.num_warps, MASK_LAST=config.mask_last, **extra)
     return out
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 _NO_TABLE: dict = {}
@@ -315,6 +338,8 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
         const["PINGPONG"] = config.pingpong
         sig["FUSED"] = "constexpr"
         const["FUSED"] = fused
+        sig["PERSISTENT"] = "constexpr"
+        const["PERSISTENT"] = config.persistent
     src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig,
                          constexprs={(list(sig).index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
