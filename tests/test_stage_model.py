@@ -56,11 +56,14 @@ def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     shares, every burst costs what the first did. (Free-running with unequal shares, the programs stay staggered
     by the first burst and stop contending: later bursts are cheaper, as measured.)"""
     b = np.full(6, RNG.integers(8, 320) * 2048.0)
-    P = int(RNG.choice([16, 66, 132, 264]))
+    # (tpc: shares are equal only where every occupied TPC holds the same programs: 132, 264 on 132 SMs)
+    P = int(RNG.choice([132, 264] if arb == "tpc" else [16, 66, 132, 264]))
     for prm, sync in ((random_params(arbitration=arb), True), (random_params(arbitration=arb, spread=0.0), False)):
         t = predict_train(prm, P, b, np.full(6, 1e9), sync=sync)
         assert np.allclose(t, t[0], rtol=1e-6), (sync, t)
-    t = predict_train(random_params(arbitration=arb, spread=0.9, drain_gbps=40.0), 132, b, np.full(6, 1e9))
+    # (a first burst larger than any stage, 132 x 4 MiB, so that it contends whatever the random parameters drew)
+    t = predict_train(random_params(arbitration=arb, spread=0.9, drain_gbps=40.0), 132, np.full(6, 4.0 * 2**20),
+                      np.full(6, 1e9))
     assert t[-1] < t[0]
 
 
@@ -71,8 +74,8 @@ def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
     a burst that overflows the stage makes the next ones slower than the first."""
     # (slots: with unequal slots the favoured programs' parts drain while the last one still issues, so
     # only equal parts leave the whole stage full at the barrier)
-    prm = random_params(arbitration=arb, drain_gbps=RNG.uniform(30, 100), **({"spread": 0.0} if arb == "slots" else {}))
-    P = int(RNG.choice([66, 132, 264]))
+    prm = random_params(arbitration=arb, drain_gbps=RNG.uniform(30, 100), **({"spread": 0.0} if arb != "pool" else {}))
+    P = int(RNG.choice([132, 264] if arb == "tpc" else [66, 132, 264]))
     b = np.full(5, 4 * float(prm.capacity_bytes(P)) / P)     # every burst overflows the stage
     gap = np.zeros(5)
     rel = predict_train(prm, P, b, gap, sync=True)
@@ -369,3 +372,54 @@ def test_scores_by_programs_covers_every_never_fitted_record():
     for rec, g in s.groupby("record"):
         assert g[g.programs == 0].bursts.iloc[0] == g[g.programs > 0].bursts.sum()
         assert (g.median_abs_error >= 0).all() and (g.p90_abs_error >= g.median_abs_error).all()
+
+
+def test_dispatch_order_and_placement_classes():
+    """The dispatch order measured on the host link's per-program records: the last 4 TPCs first (even SMs, then
+    odd), then one SM of every other TPC, then their other SMs; every SM once per pass. The placement classes
+    count every program once and give a TPC's share to its SMs, an SM's to its programs."""
+    order = model.dispatch_order(132)
+    assert sorted(order) == list(range(132))
+    assert list(order[:10]) == [124, 126, 128, 130, 125, 127, 129, 131, 0, 2]
+    assert list(order[8 + 62:8 + 64]) == [1, 3]
+    pp, _ = __import__("xstage.studies", fromlist=["x"]).train_programs_data(sub="train_programs_p")
+    first = pp[(pp.burst == 0) & (pp.repeat == 0)].drop_duplicates(["programs", "program"]).sort_values("program")
+    for P in (8, 16, 66, 132):   # the recorded grids: the first 8 and the TPC occupancy as dispatch_order says
+        sm = first[first.programs == P].smid.to_numpy()
+        assert sorted(sm[:8]) == list(range(124, 132))
+        occ = np.bincount(sm // 2, minlength=66)
+        want = np.bincount(order[np.arange(P) % 132] // 2, minlength=66)
+        assert sorted(occ) == sorted(want), P
+    for P in RNG.integers(1, 400, 20).tolist() + [1, 8, 16, 132, 133, 264]:
+        cls = model.placement_classes(P)
+        assert sum(n for n, _ in cls) == P
+        # shares per TPC: every occupied TPC's programs hold weights summing to 1
+        per_sm = np.bincount(order[np.arange(P) % 132], minlength=132)
+        occupied_tpcs = int(((per_sm.reshape(-1, 2) > 0).any(axis=1)).sum())
+        assert np.isclose(sum(n * w for n, w in cls), occupied_tpcs)
+    assert model.placement_classes(16) == [(8, 1.0), (8, 0.5)]
+    assert model.placement_classes(132) == [(132, 0.5)]
+    with pytest.raises(ValueError, match="programs must be >= 1"):
+        model.placement_classes(0)
+
+
+def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():
+    """The recorded first bursts: the capacity they show per program count (fitted D, r, o) and the share a
+    program gets by its placement. Both read the recorded files; both can fail if the records or the model's
+    placement rule change."""
+    from xstage import studies
+
+    cap = studies.first_burst_capacity()
+    assert {16, 66, 132}.issubset(set(cap.programs))
+    row = cap.set_index("programs")
+    assert (row.loc[[16, 66, 132], "bursts"] >= 20).all()
+    # the capacity grows with the programs (16 -> 66 -> 132) and the model's C(P) is given beside it
+    assert row.capacity_kib[16] < row.capacity_kib[66] < row.capacity_kib[132]
+    assert np.allclose(row.model_kib, model.load_params(studies.data.machine_dir("h200x1"), "host")
+                       .capacity_bytes(row.index.to_numpy()) / KIB)
+    pp, _ = studies.train_programs_data(sub="train_programs_p")
+    sh = studies.placement_share(pp, first=True).set_index(["programs", "on_sm", "on_tpc"])
+    # first bursts: a program sharing its TPC drains slower than one alone on its TPC (P = 16 .. 66)
+    for P in (16, 32, 48, 66):
+        assert sh.rel_median[(P, 1, 2)] < sh.rel_median[(P, 1, 1)], P
+    assert sh.weight[(16, 1, 2)] == 0.5 and sh.weight[(16, 1, 1)] == 1.0

@@ -238,11 +238,15 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "shares": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
                     "base_capacity_kib", "spread", "overhead_ns", "span_overhead_ns"),
          "pool": tuple(STAGE_PARAMS),
-         "stage": tuple(STAGE_PARAMS)}
+         "stage": tuple(STAGE_PARAMS),
+         "tpc": tuple(STAGE_PARAMS)}
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
-RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots"}
+RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("tpc", "host"): "tpc",
+                    ("tpc", "nvlink"): "tpc"}
+# the rung a candidate starts from (its parameters read the same way); others start from "pool"
+RUNG_START = {"tpc": "stage"}
 
 
 @dataclass
@@ -565,9 +569,9 @@ def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageF
     if RUNG_ARBITRATION.get((rung, link), "pool") != "pool":
         # the slots model has the pool's parameters, read differently: it starts from the pool rung's fit (its
         # cost moves in steps; from the read-off values it stalls in a worse minimum: lab notebook, session 6)
-        below = Path(folder) / stage_fit_name(link, "pool")
+        below = Path(folder) / stage_fit_name(link, RUNG_START.get(rung, "pool"))
         if below.is_file():
-            f = read_stage_fit(folder, link, "pool")
+            f = read_stage_fit(folder, link, RUNG_START.get(rung, "pool"))
             start = {k: float(f["params"][k]) for k in RUNGS[rung] if k in f["params"]}
             start["span_overhead_ns"] = float(f["span_overhead_ns"])
             obs.sources["start"] = dict(file=below.name)

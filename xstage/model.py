@@ -315,7 +315,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots")
+ARBITRATIONS = ("pool", "slots", "tpc")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
@@ -336,7 +336,9 @@ class StageParams:
     sm_count: int = 132              # S: programs beyond one per SM add no stage (not fitted: the GPU's count)
     link: str = ""                   # "nvlink" or "host" (a label)
     arbitration: str = "pool"        # "pool": C(P) is one shared stage, its drain shared by weight once full;
-                                     # "slots": C(P) - C_0 is every program's own slots (by weight), C_0 shared
+                                     # "slots": C(P) - C_0 is every program's own slots (by weight), C_0 shared;
+                                     # "tpc": "slots" whose weights are the placement's (placement_classes) times
+                                     # the spread's
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -403,6 +405,70 @@ def _water_fill(w, m, total, cap):
     return s
 
 
+def dispatch_order(sm_count: int = 132) -> np.ndarray:
+    """The SM each program of a grid lands on, in program order (one program per SM per pass; a grid larger than
+    the SMs wraps around in the same order). Measured on the host link's per-program records (data/h200x1
+    burst_program, smid; the same on every chip recorded): programs 0-3 on the even SMs of the last 4 TPCs
+    (SMs 124, 126, 128, 130), 4-7 on their odd SMs, then one SM per remaining TPC (the even ones, the order over
+    GPCs is the chip's), then the other SM of each of those TPCs. TPC t = SMs 2t and 2t + 1."""
+    S = int(sm_count)
+    last = min(8, S - S % 2)
+    head = list(range(S - last, S, 2)) + list(range(S - last + 1, S, 2))
+    rest = S - last
+    return np.array(head + list(range(0, rest, 2)) + list(range(1, rest, 2)) + list(range(rest, S - last)), int)
+
+
+def placement_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
+    """(programs, weight) per class of the placement of a grid of ``programs``: each occupied TPC gets an equal
+    share of the drain, split equally among its occupied SMs, and each SM's share equally among its programs.
+    Measured on the host link (data/h200x1 burst_program, first bursts past the onset): a program that shares its
+    TPC takes 1.2-5x the median program's time at 24-100 programs (two programs on TPCs 62-65, one elsewhere), and
+    with two programs on some SMs (P = 198, 200) the one alone on its SM finishes at 0.49x the median, those
+    sharing an SM at 1.07-1.2x."""
+    P = int(programs)
+    if P < 1:
+        raise ValueError(f"programs must be >= 1, got {programs!r}")
+    S = int(sm_count)
+    order = dispatch_order(S)
+    per_sm = np.zeros(S, int)
+    np.add.at(per_sm, order[np.arange(P) % S], 1)
+    npad = per_sm if S % 2 == 0 else np.append(per_sm, 0)
+    tpc = npad.reshape(-1, 2)
+    occ = (tpc > 0).sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(tpc > 0, 1.0 / (np.maximum(occ, 1) * np.maximum(tpc, 1)), 0.0)
+    classes: dict[float, int] = {}
+    for wi, ni in zip(w.ravel(), tpc.ravel()):
+        if ni:
+            classes[round(float(wi), 12)] = classes.get(round(float(wi), 12), 0) + int(ni)
+    return sorted(((n, wv) for wv, n in classes.items()), key=lambda c: -c[1])
+
+
+def _placement_groups(P, spread: float, groups: int, sm_count: int):
+    """m, w [N, groups] for arbitration="tpc": every placement class split into groups // classes weight groups
+    (the spread's uniform law within a class), so a grid is simulated as at most ``groups`` groups."""
+    N = len(P)
+    m = np.zeros((N, groups))
+    w = np.zeros((N, groups))
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, p in enumerate(P):
+        p = int(p)
+        if p not in cache:
+            cls = placement_classes(p, sm_count)
+            sub = max(groups // len(cls), 1)
+            mm, ww = [], []
+            for n, wc in cls[:groups]:
+                k = min(sub, n)
+                for j in range(k):
+                    mm.append(n / k)
+                    ww.append(wc * (1.0 - spread * (j + 0.5) / k))
+            cache[p] = (np.array(mm), np.array(ww))
+        mm, ww = cache[p]
+        m[i, :len(mm)] = mm
+        w[i, :len(ww)] = ww
+    return m, w
+
+
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int = STAGE_GROUPS,
                    barrier_drains=True):
     """Every configuration's train through the stage model, vectorized over configurations.
@@ -423,14 +489,18 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
                          f"({MAX_STAGE_WORK}); predict fewer at a time")
     G = groups
-    Gc = np.minimum(P, G).astype(int)                                  # groups used per configuration
-    gi = np.arange(G)[None, :]
-    valid = gi < Gc[:, None]                                            # [N, G]
-    m = np.where(valid, P[:, None] / np.maximum(Gc, 1)[:, None], 0.0)   # programs per group
-    w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
+    if prm.arbitration == "tpc":
+        m, w = _placement_groups(P, prm.spread, G, prm.sm_count)
+        valid = m > 0
+    else:
+        Gc = np.minimum(P, G).astype(int)                                  # groups used per configuration
+        gi = np.arange(G)[None, :]
+        valid = gi < Gc[:, None]                                            # [N, G]
+        m = np.where(valid, P[:, None] / np.maximum(Gc, 1)[:, None], 0.0)   # programs per group
+        w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration == "slots"
+    private = prm.arbitration in ("slots", "tpc")
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]

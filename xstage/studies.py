@@ -1428,13 +1428,14 @@ def trains_summary(df: pd.DataFrame) -> pd.DataFrame:
                  start_skew_ns=("start_skew_ns", "median")))
 
 
-def score_trains(folder, link: str = "host", min_ns: float = 1000.0) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A link's fitted stage model (xstage.model.load_params, unchanged) against trains recorded apart from
-    its fit (``folder``'s burst_train record): per (train, programs, burst) measured median program and
-    prediction, and the median / p90 |error| over bursts >= ``min_ns``."""
+def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A link's fitted stage model (xstage.model.load_params, unchanged; or ``prm``, e.g. another rung's fit)
+    against trains recorded apart from its fit (``folder``'s burst_train record): per (train, programs, burst)
+    measured median program and prediction, and the median / p90 |error| over bursts >= ``min_ns``."""
     from .model import load_params, predict_train
 
-    prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
+    if prm is None:
+        prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
     df, _ = data.load(folder, data.BURST_TRAIN)
     t = trains_summary(df[df.target == LINK_TARGET[link]])
     parts = []
@@ -1455,7 +1456,7 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0) -> tuple[pd
 SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p")   # data/h200x1/: never fitted
 
 
-def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0) -> pd.DataFrame:
+def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0, prm=None) -> pd.DataFrame:
     """The fitted model on every never-fitted train record of ``machine`` (:data:`SCORED_TRAIN_RECORDS`), per
     record and program count: bursts >= ``min_ns``, median / p90 |error| and the median signed error (> 0: the
     model is too slow), plus each record's row over all its program counts (programs = 0)."""
@@ -1464,7 +1465,7 @@ def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: floa
         folder = data.machine_dir(machine) / sub
         if not data.paths(folder, data.BURST_TRAIN)[0].is_file():
             continue
-        r, _ = score_trains(folder, link, min_ns)
+        r, _ = score_trains(folder, link, min_ns, prm)
         r = r[r.measured_ns >= min_ns]
         for P, g in [*r.groupby("programs"), (0, r)]:
             e = g.rel_error
@@ -1574,6 +1575,62 @@ def program_favour(pp: pd.DataFrame, link: str = "host") -> tuple[pd.DataFrame, 
                      "persistence_across_repeats": float(np.nanmean(across)) if across else np.nan,
                      "next_burst_rank_spearman": float(np.nanmedian(nxt)) if nxt else np.nan})
     return per_sm, pd.DataFrame(rows)
+
+
+def placement_share(pp: pd.DataFrame, link: str = "host", first: bool = False) -> pd.DataFrame:
+    """How a program's placement sets its share of a full stage's drain, from a per-program record: every
+    contended burst's programs (:func:`program_rates`) by how many programs share its SM (``on_sm``) and its TPC
+    (``on_tpc``; TPC t = SMs 2t, 2t + 1). Per (programs, on_sm, on_tpc): program-bursts, the median ``rel``
+    (> 1: it drains faster than its burst's median program) and ``weight``, the share arbitration="tpc"
+    (xstage.model.placement_classes) gives such a program: 1 / (occupied SMs of its TPC x programs on its SM).
+    ``first``: only each train's first burst (into an empty stage, every program starting together)."""
+    c = program_rates(pp, link)
+    if first:
+        c = c[c.burst == 0]
+    key = ["train", "programs", "repeat", "burst"]
+    c = c.assign(tpc=c.smid // 2)
+    c["on_sm"] = c.groupby(key + ["smid"]).program.transform("size")
+    c["on_tpc"] = c.groupby(key + ["tpc"]).program.transform("size")
+    occ = c.groupby(key + ["tpc"]).smid.transform("nunique")
+    c["weight"] = 1.0 / (occ * c.on_sm)
+    return (c.groupby(["programs", "on_sm", "on_tpc"], as_index=False)
+            .agg(program_bursts=("rel", "size"), rel_median=("rel", "median"), weight=("weight", "median")))
+
+
+FIRST_BURST_RECORDS = ("", "independent", TRAIN_PROGRAMS, TRAIN_PROGRAMS_P, "train_programs_new_p",
+                       *TRAIN_PROCESSES)   # under data/h200x1/ ("": the fitted family itself)
+
+
+def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.DataFrame:
+    """The stage's capacity per program count as the first bursts of the trains show it: a burst into an empty
+    stage whose median program takes > ``CONTENDED`` x its unimpeded issue held C = P b - D (t - b / r - o) when
+    its median program finished (D, r, o: the link's fitted stage model). Per program count over every train
+    record of ``machine`` (:data:`FIRST_BURST_RECORDS`): bursts, the median and quartiles of C (KiB), and the
+    fitted model's C(P) beside it."""
+    from .model import load_params
+
+    prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
+    parts = []
+    for sub in FIRST_BURST_RECORDS:
+        folder = data.machine_dir(machine) / sub
+        if not data.paths(folder, data.BURST_TRAIN)[0].is_file():
+            continue
+        df, _ = data.load(folder, data.BURST_TRAIN)
+        df = df[(df.target == LINK_TARGET[link]) & (df.burst == 0)]
+        g = df.groupby(["train", "programs"], as_index=False).agg(b=("burst_bytes", "first"), t=("issue_ns", "median"))
+        parts.append(g.assign(record=sub or "fitted family"))
+    if not parts:
+        raise ValueError(f"no train record of {machine} for the {link} link")
+    f = pd.concat(parts, ignore_index=True)
+    unimpeded = f.b / prm.program_rate + prm.overhead_ns
+    f = f[f.t > CONTENDED * unimpeded].copy()
+    f["capacity_kib"] = (f.programs * f.b - prm.drain_gbps * (f.t - unimpeded[f.index])) / KIB
+    out = f.groupby("programs").capacity_kib.describe()[["count", "25%", "50%", "75%"]]
+    out = out.rename(columns={"count": "bursts", "25%": "capacity_p25_kib", "50%": "capacity_kib",
+                              "75%": "capacity_p75_kib"}).reset_index()
+    out["bursts"] = out.bursts.astype(int)
+    out["model_kib"] = prm.capacity_bytes(out.programs.to_numpy()) / KIB
+    return out
 
 
 # ------------------------------------------------------------------------------- the README's derived tables
