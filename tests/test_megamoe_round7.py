@@ -143,3 +143,59 @@ def test_round7_script_runs_the_tests_the_controls_and_the_host_sweep_into_new_f
     assert "tests/test_megamoe_gemm6.py" in text and "tests/test_moe_one_gpu.py" in text
     assert "--link host" in text and "data/h200x1/megamoe_round7_host/$f" in text      # resumed from the record
     assert studies.MEGAMOE_HOST_RECORDS[0] == studies.MEGAMOE_ROUND7_HOST
+
+
+# ------------------------------------------------------------------------------------------ the recorded round 7
+R7_COMMIT = "6d5a5298795802cfa70d9cff9eda677416d9ba17"      # call M9-1
+
+
+def _config(d):
+    return d["shape"] + "_T" + d.tokens.astype(str) + "_" + d.routing
+
+
+def test_recorded_controls7_every_configuration_and_the_summary_from_the_rows():
+    """data/h200x1/megamoe_round7_controls (call M9-1): all 84 configurations x bf16 / fp8 x every schedule, dynamic,
+    the default tiles of version 3 (bf16 rows TMA, fp8 rows the pointer loops); a random schedule's geomean and
+    worst recomputed from the raw rows; the goal's geomean met everywhere, and the pairs over 5 % exactly those the
+    lab draft names."""
+    df, meta = data.load("data/h200x1/megamoe_round7_controls", data.MEGAMOE_GEMM)
+    assert meta["git_commit"] == R7_COMMIT and meta["params"]["tiles_version"] == 3
+    assert set(df.study) == {"controls7"} and (df.assignment == "dynamic").all()
+    for dt, g in df.groupby("dtype"):
+        assert g.groupby(_config(g)).schedule.apply(frozenset).eq(frozenset(MP.SCHEDULES)).all()
+        assert set(_config(g)) == {c.name for c in MP.CASES}
+        assert (g.tma == (dt == "bf16")).all() and (g.tiles.str.endswith(" tma") == (dt == "bf16")).all()
+    per = studies.megamoe_round7_controls(df)
+    sm = studies.megamoe_round7_controls_summary(per).set_index(["dtype", "schedule"])
+    dt, sch = random.choice(["bf16", "fp8"]), random.choice(["interleaved", "lag", "model_guided"])
+    g = df[df.dtype == dt].assign(config=lambda x: _config(x)).set_index(["config", "schedule"]).ms
+    r = np.array([g[(c.name, sch)] / g[(c.name, "expert_wave")] for c in MP.CASES])
+    assert sm.loc[(dt, sch), "configs"] == 84 and sm.loc[(dt, sch), "over_ew_geomean"] == pytest.approx(geomean(r))
+    assert sm.loc[(dt, sch), "over_ew_worst"] == pytest.approx(r.max())
+    assert (sm.over_ew_geomean <= studies.MEGAMOE_ORDER_GOALS["geomean"]).all()
+    over = per[per.over_ew > 1.05]
+    assert set(zip(over.config, over.dtype, over.schedule)) == {
+        ("deepseek_v4_pro_T2048_uniform", "bf16", "model_guided"), ("deepseek_v4_pro_T8192_hot", "bf16", "lag"),
+        ("qwen3_235b_T4096_hot", "bf16", "model_guided"), ("qwen3_235b_T8192_zipf", "fp8", "interleaved"),
+        ("mixtral_8x7b_T256_hot", "fp8", "lag")}
+
+
+def test_recorded_host7_is_a_prefix_of_the_sweep_order_and_its_summary_from_the_rows():
+    """data/h200x1/megamoe_round7_host (call M9-1, time-bounded): tiles version 3 (bf16 rows TMA), the pairs it holds
+    are the first of the sweep's fixed order (none chosen or dropped), every schedule per pair; the model's count
+    within 10 % and the geomean speedup recomputed from the raw rows."""
+    df, meta = data.load("data/h200x1/megamoe_round7_host", data.MEGAMOE)
+    assert meta["git_commit"] == R7_COMMIT and meta["params"]["tiles_version"] == 3
+    assert (df.tma == (df.dtype == "bf16")).all()
+    have = set(zip(_config(df), df.dtype))
+    order = [(c.name, d) for c, d in MG._pairs(list(MP.CASES), ["bf16", "fp8"])]
+    assert have == set(order[:len(have)]) and len(have) == 72
+    assert df.groupby([_config(df), df.dtype]).schedule.nunique().eq(len(MP.SCHEDULES)).all()
+    s = studies.megamoe_round7_host_summary(df).set_index(["dtype", "schedule"])
+    dt, sch = random.choice(["bf16", "fp8"]), random.choice(["interleaved", "lag", "model_guided"])
+    d = df[df.dtype == dt].assign(config=lambda x: _config(x)).set_index(["config", "schedule"])
+    cs = sorted({c for c, _ in d.index})
+    sp = np.array([d.kernel_ms[(c, "expert_wave")] / d.kernel_ms[(c, sch)] for c in cs])
+    err = np.array([d.predicted_speedup[(c, sch)] for c in cs]) / sp - 1
+    assert s.loc[(dt, sch), "configs"] == len(cs) and s.loc[(dt, sch), "geomean_speedup"] == pytest.approx(geomean(sp))
+    assert s.loc[(dt, sch), "within"] == int((np.abs(err) <= 0.1).sum())

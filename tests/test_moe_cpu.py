@@ -687,7 +687,8 @@ def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
     from xstage import env
 
     meta = {**env.provenance("test", {}), "schema": "megamoe", "schema_version": 1, "runs": []}
-    cols = [c for c in data.MEGAMOE.columns if c != "compute_sched_ms" and c not in data.MEGAMOE_TILE_COLUMNS]
+    cols = [c for c in data.MEGAMOE.columns
+            if c not in ("compute_sched_ms", "tma") and c not in data.MEGAMOE_TILE_COLUMNS]
     (tmp_path / "megamoe.csv").write_text(",".join(cols) + "\n")
     data.write_json_atomic(tmp_path / "megamoe.json", meta)
     df, got = data.load(tmp_path, data.MEGAMOE)
@@ -698,5 +699,6 @@ def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
     df, _ = data.load(tmp_path, data.MEGAMOE)
     assert len(df) == 1 and df.compute_sched_ms.isna().all()
     assert (df.block_n2 == 128).all() and (df.num_stages == 3).all()     # tiles version 1, explicitly
-    with pytest.raises(data.DataError, match="holds schema v1; record v3 elsewhere"):
+    assert df.tma.dtype == bool and not df.tma.any()                      # the pointer main loops
+    with pytest.raises(data.DataError, match="holds schema v1; record v4 elsewhere"):
         data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {}))

@@ -139,7 +139,38 @@ def _one_gpu_megamoe_rows() -> list[str]:
         rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's ({assignment}) | "
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
-            + _one_gpu_megamoe_round6_rows())
+            + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows())
+
+
+def _one_gpu_megamoe_round7_rows() -> list[str]:
+    """MegaMoE round 7 (tiles version 3: bf16 through the TMA main loops): each schedule's compute-only time /
+    Expert-Wave's (data/h200x1/megamoe_round7_controls, study controls7, dynamic) and the host-link sweep with the
+    new default (data/h200x1/megamoe_round7_host, the configurations it holds so far) beside the model."""
+    rows, cmd = [], "`scripts/megamoe_round7.sh`, notebook 03"
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND7_CONTROLS_SUB)
+        cs = studies.megamoe_round7_controls_summary(studies.megamoe_round7_controls(df))
+        cs = cs[cs.schedule != "expert_wave"]
+    except studies.NoRecordedData:
+        cs = None
+    if cs is not None and len(cs):
+        per = "; ".join(f"{dt} ({int(g.configs.max())}): " + ", ".join(
+            f"{x.schedule} {x.over_ew_geomean:.3f} (worst {x.over_ew_worst:.3f})" for x in g.itertuples())
+            for dt, g in cs.groupby("dtype", sort=False))
+        rows.append(f"| MegaMoE, tiles v3 (bf16 through TMA), compute only: each schedule's time / Expert-Wave's, "
+                    f"dynamic assignment, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean {per} | "
+                    f"{cmd} (study controls7) |")
+    try:
+        h, _ = studies.megamoe_world_data("one-gpu", "host", record=studies.MEGAMOE_ROUND7_HOST)
+    except studies.NoRecordedData:
+        return rows
+    hs = studies.megamoe_round7_host_summary(h)
+    per = "; ".join(f"{dt} ({int(g.configs.max())} of {int(g.expected.max())}): " + ", ".join(
+        f"{x.schedule} **{x.geomean_speedup:.3f}** / max {x.max_speedup:.2f} (model {x.geomean_predicted:.3f}, "
+        f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
+    rows.append(f"| MegaMoE, tiles v3, combine over PCIe: each schedule / Expert-Wave kernel time, geomean / max, "
+                f"beside the model (the sweep resumes call by call) | {per} | {cmd} |")
+    return rows
 
 
 def _one_gpu_megamoe_round6_rows() -> list[str]:
