@@ -140,6 +140,26 @@ shapes with S % 128 == 0 it changes nothing at S >= 8K); the ping-pong costs 3-4
 gains 3 % with three at D = 64. Against run C3's FA4 (another run; cuDNN moved by <= 2 % between the runs at S >=
 8K) z would be 0.94 / 0.94 / 0.95 / 0.96 / 0.88 and zz 0.92 / 0.91: an estimate, not the measured ratio.
 
+Session 8, call S8-U4 (record data/h200x1/attention_vs_fa4_gluon_best/): z and zz beside FA4 in the same rounds:
+z 0.883 / 0.934 / 0.950 / 0.955 of FA4 at 8192x24 / 16384x24 / 32768x12 / 49152x12, 0.890 on 32760x6; zz 0.925 /
+0.941 at D = 64. Session 9, call U4 of docs/lab-U-session9.md (2026-12-02, commit 835fe12, record
+data/h200x1/attention_vs_fa4_gluon_pe/, ``STUDY=gluon_pe scripts/attention_vs_fa4.sh``): the persistent ws grid
+(``-pe``: one CTA per SM walking tiles, the output staged apart from Q so the next tile's Q and K/V load under the
+last P V and the epilogue), TFLOP/s (ours / FA4 of the same block):
+  rung (D = 128)                        8192x24     16384x24    32768x12    49152x12    32760x6     4096x12
+  h. Triton base (this kernel)          528 (0.78)  524 (0.77)  518 (0.76)  532 (0.79)  494 (0.71)  418 (0.72)
+  z. gluon ws -ml                       600 (0.89)  627 (0.95)  639 (0.97)  645 (0.96)  606 (0.89)  311 (0.62)
+  pe. z on the persistent grid (-pe)    607 (0.93)  630 (0.96)  628 (0.96)  642 (0.96)  606 (0.90)  355 (0.72)
+  -  pe with the ping-pong (-ml-pp-pe)  588 (0.91)  608 (0.92)  611 (0.93)  625 (0.93)  588 (0.86)  452 (0.79)
+  rung (D = 64)                         30000x20    17776x24
+  p. Triton base (this kernel)          424 (0.75)  414 (0.74)
+  zz. gluon ws 192x128 -ml-pp           517 (0.93)  493 (0.92)
+  -  zz on the persistent grid          510 (0.92)  486 (0.91)
+The persistent grid moves ours by -1.7 .. +1.2 % at S >= 8K (FA4's own median moved by up to 3.5 % between blocks,
+so pe's 0.93 at 8192x24 is mostly FA4's lower block): the per-tile cost that 8192x24 pays (ours 600 -> 645 TFLOP/s
+from 64 to 384 key blocks per tile: ~6 blocks' time per tile, a + b n fits all four D = 128 shapes within 1 %)
+is not the loads that the persistent grid hides. Goal 0.95 met on 3 of 7 shapes (16K, 32K, 48K at D = 128).
+
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
 everywhere" has a time and a failure to arrive has a report instead of a hang.

@@ -423,16 +423,18 @@ def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
         check_bit_identical(outs[r].to(want[r].device), want[r], f"{cfg.label} {link} P={P} rank {r}")
 
 
-def test_recorded_gluon_study_ratios_are_the_rows_medians():
-    """The round-4 record (data/h200x1/attention_vs_fa4_gluon): every Gluon variant was checked against float32
-    before it was timed, and the summary's fastest / FA4 ratio per shape is the ratio of that variant block's raw
-    medians (FA4's over ours), recomputed here from the rows."""
+@pytest.mark.parametrize("record", ["attention_vs_fa4_gluon", "attention_vs_fa4_gluon_best",
+                                    "attention_vs_fa4_gluon_pe"])
+def test_recorded_gluon_study_ratios_are_the_rows_medians(record):
+    """The Gluon records beside FA4 (round 4, call S8-U4, session 9's persistent grid): every Gluon variant was
+    checked against float32 before it was timed, and the summary's fastest / FA4 ratio per shape is the ratio of
+    that variant block's raw medians (FA4's over ours), recomputed here from the rows."""
     from xstage import studies
 
     try:
-        df, m = studies.attention_ladder_data("h200x1", record="attention_vs_fa4_gluon")
+        df, m = studies.attention_ladder_data("h200x1", record=record)
     except ValueError:
-        pytest.skip("no recorded attention_vs_fa4_gluon")
+        pytest.skip(f"no recorded {record}")
     gl_variants = set(df[df.method == "gluon"].variant)
     assert gl_variants and all(v.startswith("gluon-") for v in gl_variants)
     for D, checks in m["checks"].items():
@@ -449,3 +451,22 @@ def test_recorded_gluon_study_ratios_are_the_rows_medians():
         ours_ms = {v: med[shape, v, "gluon" if v.startswith("gluon-") else "triton"]
                    for v in df[df["shape"] == shape].variant.unique()}
         assert row.best_variant == min(ours_ms, key=ours_ms.get)      # same FLOPs per shape: the fastest time
+
+
+def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
+    """Session 9's record (data/h200x1/attention_vs_fa4_gluon_pe, call U4): each persistent rung beside the same
+    rung one CTA per tile, FA4 present (never absent, never 0) on every shape, the sidecar's commit has the -pe rungs."""
+    from xstage import studies
+
+    try:
+        df, m = studies.attention_ladder_data("h200x1", record="attention_vs_fa4_gluon_pe")
+    except ValueError:
+        pytest.skip("no recorded attention_vs_fa4_gluon_pe")
+    assert m["git_commit"].startswith("835fe12") and not m.get("fa4_absent")
+    got = set(df.variant)
+    for D, cs in G.PERSISTENT_RUNGS.items():
+        for c in cs:
+            assert c.label in got
+    assert {"gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"} <= got
+    fa = df[df.method == "fa4"]
+    assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
