@@ -10,9 +10,12 @@
 #   call 3:      (each within 30 s of the last's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
 #                  sweep:<local_s>:<host_s> test:<s> pack   (carry the last part, .whl/fa4site312.tar.xz.part-02)
 #   stash copies whichever parts the call carried; install joins every stashed and carried part in name order.
-#   The session-8 tarball lacks nvidia-cutlass-dsl-libs-core==4.8.1: call 3 also carries
-#   .whl/nvidia_cutlass_dsl_libs_core-4.8.1-py3-none-any.whl (pip download --no-deps), which install unzips into
-#   the site. (pip install --target of several wheels sharing nvidia_cutlass_dsl/ keeps them all: list every one.)
+#   The session-8 tarball lacked nvidia-cutlass-dsl-libs-core==4.8.1 (call 3 then also carried its wheel, which
+#   install unzips into the site when carried). Session 9 rebuilt the tarball with all 8 wheels (flash-attn-4,
+#   nvidia-cutlass-dsl, -libs-base, -libs-cu13, -libs-core, quack-kernels, apache-tvm-ffi, torch-c-dlpack-ext:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ...):
+#   72.3 MB of xz, three parts of 24,115,134 B (split -b 24115134); no separate wheel needed.
+#   (pip install --target of several wheels sharing nvidia_cutlass_dsl/ keeps them all: list every one.)
 # Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
 set -u
 . "$(dirname "$0")/fa4_env.sh"     # SITE, PARTS, SHA, PYTHONPATH, NCCL / symmetric-memory settings
