@@ -38,7 +38,7 @@ FA4 at S >= 8K with 12-24 heads) < the same with the key mask on the last block 
 three consumers of a 192-row tile with the ping-pong (U3: +19 % over round 4's best). The ping-pong (turn
 mbarriers) loses 3-4 % with two consumers at D = 128 (U3); the persistent grid (session 9, ``-pe``: at most one CTA
 per SM walking tiles; Q and the output in separate buffers): -1.7 .. +1.2 % at S >= 8K (call U4 of
-docs/lab-U-session9.md), +14 % on 4096x12 (a shape noisy between blocks).
+docs/lab-notebook.md, session 9), +14 % on 4096x12 (a shape noisy between blocks).
 
 In the one-partition kernel every wait is on hardware that completes by itself (TMA byte counts, wgmma groups); no
 wait depends on another CTA. The warp-specialised kernel's waits depend on its other partitions' arrivals (ring
