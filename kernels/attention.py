@@ -142,7 +142,7 @@ gains 3 % with three at D = 64. Against run C3's FA4 (another run; cuDNN moved b
 
 Session 8, call S8-U4 (record data/h200x1/attention_vs_fa4_gluon_best/): z and zz beside FA4 in the same rounds:
 z 0.883 / 0.934 / 0.950 / 0.955 of FA4 at 8192x24 / 16384x24 / 32768x12 / 49152x12, 0.890 on 32760x6; zz 0.925 /
-0.941 at D = 64. Session 9, call U4 of docs/lab-notebook.md, session 9 (2026-12-02, commit 835fe12, record
+0.941 at D = 64. Session 9, call U4 (docs/lab-notebook.md; 2026-12-02, commit 835fe12, record
 data/h200x1/attention_vs_fa4_gluon_pe/, ``STUDY=gluon_pe scripts/attention_vs_fa4.sh``): the persistent ws grid
 (``-pe``: one CTA per SM walking tiles, the output staged apart from Q so the next tile's Q and K/V load under the
 last P V and the epilogue), TFLOP/s (ours / FA4 of the same block):
