@@ -401,6 +401,9 @@ def test_dispatch_order_and_placement_classes():
     assert model.placement_classes(132) == [(132, 0.5)]
     with pytest.raises(ValueError, match="programs must be >= 1"):
         model.placement_classes(0)
+    with pytest.raises(ValueError, match="placement classes, more than the 1 weight groups"):
+        model.simulate_stage(random_params(arbitration="tpc"), [16], np.full((1, 2), 4096.0), np.zeros((1, 2)),
+                             [False], groups=1)
 
 
 def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():

@@ -432,16 +432,16 @@ def placement_classes(programs: int, sm_count: int = 132) -> list[tuple[int, flo
     order = dispatch_order(S)
     per_sm = np.zeros(S, int)
     np.add.at(per_sm, order[np.arange(P) % S], 1)
-    npad = per_sm if S % 2 == 0 else np.append(per_sm, 0)
-    tpc = npad.reshape(-1, 2)
-    occ = (tpc > 0).sum(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.where(tpc > 0, 1.0 / (np.maximum(occ, 1) * np.maximum(tpc, 1)), 0.0)
-    classes: dict[float, int] = {}
-    for wi, ni in zip(w.ravel(), tpc.ravel()):
-        if ni:
-            classes[round(float(wi), 12)] = classes.get(round(float(wi), 12), 0) + int(ni)
-    return sorted(((n, wv) for wv, n in classes.items()), key=lambda c: -c[1])
+    tpc = (per_sm if S % 2 == 0 else np.append(per_sm, 0)).reshape(-1, 2)
+    occ = np.broadcast_to((tpc > 0).sum(axis=1, keepdims=True), tpc.shape)
+    on = tpc > 0
+    # a class is (occupied SMs of the TPC, programs on the SM): its weight 1 / (occ * programs) is exact
+    keys, counts = np.unique(np.stack([occ[on], tpc[on]], axis=1), axis=0, return_counts=True)
+    classes = [(int(n * c), 1.0 / int(o * n)) for (o, n), c in zip(keys, counts)]
+    merged: dict[float, int] = {}
+    for n, w in classes:
+        merged[w] = merged.get(w, 0) + n
+    return sorted(((n, w) for w, n in merged.items()), key=lambda c: -c[1])
 
 
 def _placement_groups(P, spread: float, groups: int, sm_count: int):
@@ -455,9 +455,12 @@ def _placement_groups(P, spread: float, groups: int, sm_count: int):
         p = int(p)
         if p not in cache:
             cls = placement_classes(p, sm_count)
-            sub = max(groups // len(cls), 1)
+            if len(cls) > groups:
+                raise ValueError(f"{p} programs make {len(cls)} placement classes, more than the {groups} weight "
+                                 f"groups the model simulates; pass groups >= {len(cls)}")
+            sub = groups // len(cls)
             mm, ww = [], []
-            for n, wc in cls[:groups]:
+            for n, wc in cls:
                 k = min(sub, n)
                 for j in range(k):
                     mm.append(n / k)
