@@ -11,8 +11,9 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import NEXT_RUNGS, PERSISTENT_RUNGS
-from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_VARIANTS, LAUNCHES,
+from xstage.ulysses_gluon import NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS
+from xstage.ulysses import UlyssesShape
+from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_SHAPES, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
 
 # gluon_next (session 8): the last-block mask beside C3's fastest Gluon rungs, then the ping-pong and 3-consumer
@@ -29,7 +30,14 @@ STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_g
                           {D: tuple(c for c in cs if c.label in _BEST) for D, cs in GLUON_NEXT.items()}),
            "gluon_pe": ("attention_vs_fa4_gluon_pe",
                         {D: tuple(c for c in cs if c.label in _PE_BASE) + PERSISTENT_RUNGS[D]
+                         for D, cs in GLUON_NEXT.items()}),
+           # gluon_lp (session 10): the last key block peeled (-lp) beside the same rungs with the in-loop branch
+           # (-ml), one CTA per tile and persistent; 8192 x 24 timed again after every other shape (the first
+           # shape's same-round ratio moved by 3 % between blocks in call U4)
+           "gluon_lp": ("attention_vs_fa4_gluon_lp",
+                        {D: tuple(c for c in cs if c.label in _PE_BASE) + PERSISTENT_RUNGS[D][:1] + PEEL_RUNGS[D]
                          for D, cs in GLUON_NEXT.items()})}
+SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192, 24, 128),)}
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None
@@ -43,7 +51,7 @@ if __name__ == "__main__":
     variants = {D: tuple(c for c in cs if c.label not in skip) for D, cs in variants.items()}
     out = os.path.join(os.environ["OUT"], "h200x1", record)
     prefix = (f"STUDY={study} " if study else "") + (f"SKIP_VARIANTS={','.join(sorted(skip))} " if skip else "")
-    csv = run_attention_vs_fa4(out, variants=variants, repeats=repeats, warmup=3, launches=launches,
-                               deadline_s=deadline,
+    csv = run_attention_vs_fa4(out, variants=variants, shapes=SHAPES.get(study), repeats=repeats, warmup=3,
+                               launches=launches, deadline_s=deadline,
                                command=prefix + "python3 scripts/attention_vs_fa4.py " + " ".join(sys.argv[1:]))
     print(f"attention_vs_fa4: wrote {csv}", file=sys.stderr)

@@ -15,7 +15,9 @@
 # Round 4: STUDY=gluon (the study's Gluon rungs, into $OUT/h200x1/attention_vs_fa4_gluon/; STUDY=gluon_next: the
 # key mask on the last block only, not run yet), TESTS=<files> (the
 # tests stage's files), P4_RECORD=ulysses_fa_p4_v2 (the P = 4 re-run into new folders). Session 8: STUDY=gluon_next,
-# gluon_best; session 9: STUDY=gluon_pe (the persistent ws grid, into $OUT/h200x1/attention_vs_fa4_gluon_pe/).
+# gluon_best; session 9: STUDY=gluon_pe (the persistent ws grid, into $OUT/h200x1/attention_vs_fa4_gluon_pe/);
+# session 10: STUDY=gluon_lp (the last key block peeled, -lp; 8192 x 24 timed first and last; into
+# $OUT/h200x1/attention_vs_fa4_gluon_lp/).
 # Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"

@@ -181,6 +181,44 @@ def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
             assert abs(shared - rows[D, bm, 0, 1][1]) <= 256, (D, shared)     # no output buffer
 
 
+PEEL_COMPILE_CHECK = r"""
+from xstage.ulysses_gluon import PEEL_RUNGS, GluonConfig, compile_sm90, ptx_facts
+from xstage.kernels.attention_gluon import gluon_attention_ws_kernel
+for D, cs in PEEL_RUNGS.items():
+    for c in cs[:2]:
+        for lp in (False, True):
+            for even in (False, True):
+                k = compile_sm90(GluonConfig(**{**c.__dict__, "peel_last": lp}), D, even_n=even)
+                f = ptx_facts(k.asm["ptx"])
+                print("lp", D, c.block_m, int(c.persistent), int(lp), int(even), f["wait_group_1"], f["wgmma"])
+"""
+
+
+def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
+    """The peeled last key block (session 10, ``peel_last``): where S % BLOCK_N != 0 each consumer runs the
+    overlapped step in two loops (the unmasked blocks, then the masked last one), so the PTX holds twice the
+    overlapped waits of -ml (one loop with the mask's branch); where S % BLOCK_N == 0 it is -ml's kernel (same waits,
+    same wgmma count). On both rungs of each head dim (one CTA per tile and persistent)."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", PEEL_COMPILE_CHECK], env=e, capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
+            if ln.startswith("lp ")}
+    assert len(rows) == 16, out.stdout
+    for (D, bm, pe, lp, even), (w1, wgmma) in rows.items():
+        nc = bm // 64
+        assert w1 == (2 * nc if lp and not even else nc), (D, bm, pe, lp, even, w1)
+        if even:
+            assert (w1, wgmma) == rows[D, bm, pe, 0, 1], (D, bm, pe, lp)
+
+
 def _bf16(*shape, device="cpu"):
     g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
     return torch.randn(*shape, generator=g, device=device).bfloat16()
@@ -216,6 +254,8 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(64, 64, 4, 2, pingpong=True), 128, "pingpong orders the consumers"),
     (GluonConfig(128, 128, 8, 2, persistent=True), 128, "persistent is a grid of the warp-specialised"),
     (GluonConfig(128, 128, 4, 3, ws=True, persistent=True), 128, "shared memory for Q, the output"),
+    (GluonConfig(128, 128, 8, 2, mask_last=True, peel_last=True), 128, "peel_last is a loop of the warp-specialised"),
+    (GluonConfig(128, 128, 4, 2, ws=True, peel_last=True), 128, "needs mask_last=True"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
@@ -421,6 +461,42 @@ def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     want = post_all_to_all([G.attention_forward(q[r], k[r], v[r], config=cfg) for r in range(P)])
     for r in range(P):
         check_bit_identical(outs[r].to(want[r].device), want[r], f"{cfg.label} {link} P={P} rank {r}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.PEEL_RUNGS.items() for c in cs],
+                         ids=lambda x: getattr(x, "label", str(x)))
+@pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
+def test_peeled_last_block_matches_float32_and_the_branch_bit_for_bit(D, cfg, S, H):
+    """The peeled last key block (session 10) against float32 (one key block: nothing peeled; two blocks: the
+    first loop empty; several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with the
+    mask's branch in the loop (-ml: the same arithmetic in the same order), both outputs and lse NaN-poisoned."""
+    from dataclasses import replace
+
+    from xstage.numeric import check_bit_identical
+
+    _check_float32(D, cfg, S, H)
+    q, k, v = (_bf16(S, H, D, device="cuda") for _ in range(3))
+    outs = []
+    for c in (cfg, replace(cfg, peel_last=False)):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((H, S), float("nan"), device="cuda")
+        G.attention_forward(q, k, v, config=c, out=out, lse=lse)
+        outs.append((out, lse))
+    check_bit_identical(outs[0][0], outs[1][0], f"{cfg.label} out S={S}")
+    check_bit_identical(outs[0][1], outs[1][1], f"{cfg.label} lse S={S}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("D, cfg, S, H, P", [
+    (128, G.PEEL_RUNGS[128][1], 12000, 8, 2),       # persistent: 376 tiles, Sl = 6000 (straddling), 12000 % 128 = 96
+    (64, G.PEEL_RUNGS[64][0], 3000, 4, 2),          # 192 rows, ping-pong, Sl = 1500
+], ids=lambda x: getattr(x, "label", str(x)))
+def test_peeled_last_block_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
+    """The fused Ulysses epilogue with the peeled last block, bit for bit against the same kernel alone + the
+    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
+    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 
 
 @pytest.mark.parametrize("record", ["attention_vs_fa4_gluon", "attention_vs_fa4_gluon_best",

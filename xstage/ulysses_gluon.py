@@ -48,10 +48,12 @@ class GluonConfig:
                               # faster, on in CONFIGS; off here so the recorded rungs keep their meaning)
     pingpong: bool = False    # ws: the consumers' GEMMs issued in turn (session 8)
     persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer (session 9)
+    peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop (session 10)
 
     @property
     def label(self) -> str:
-        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-pe" if self.persistent else "")
+        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-pe" if self.persistent else "") \
+            + ("-lp" if self.peel_last else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
@@ -76,9 +78,14 @@ class GluonConfig:
             raise ValueError("Gluon attention: pingpong orders the consumers of the warp-specialised kernel (ws)")
         elif self.persistent:
             raise ValueError("Gluon attention: persistent is a grid of the warp-specialised kernel (ws)")
+        elif self.peel_last:
+            raise ValueError("Gluon attention: peel_last is a loop of the warp-specialised kernel (ws)")
         elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
+        if self.peel_last and not self.mask_last:
+            raise ValueError("Gluon attention: peel_last peels the masked last key block out of the loop; it needs "
+                             "mask_last=True")
         if self.block_n not in (32, 64, 128, 256):
             raise ValueError(f"Gluon attention: block_n must be 32, 64, 128 or 256, got {self.block_n}")
         if not 1 <= self.stages <= 4:
@@ -113,6 +120,18 @@ PERSISTENT_RUNGS = {
     128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True),
           GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, persistent=True)),
     64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True),),
+}
+
+# session 10 (issue 14 item 3): the masked last key block peeled out of the consumers' loop (``peel_last``, label -lp),
+# on the shapes whose S is not a multiple of 128 (Wan 32760, CogVideoX 17776, 30000): the loop is then the unmasked
+# one of S % 128 == 0 (sm_90a, Triton 3.9: no SEL in it; -ml's loop carries 64 SEL + 34 ISETP per block)
+PEEL_RUNGS = {
+    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True),
+          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, peel_last=True)),
+    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, peel_last=True),
+         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True,
+                     peel_last=True),
+         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, peel_last=True)),
 }
 
 
@@ -238,8 +257,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     LAST_LAUNCH["kernel"] = kern[grid](
         qd, kd, vd, od, lse if lse is not None else out, S, Hl, scale, *ws_args, HEAD_DIM=D, BLOCK_M=config.block_m,
         BLOCK_N=config.block_n, STAGES=config.stages, EVEN_N=S % config.block_n == 0, WRITE_LSE=lse is not None,
-        num_warps=config.num_warps, MASK_LAST=config.mask_last, **extra)
+        num_warps=config.num_warps, MASK_LAST=mask_last_arg(config), **extra)
     return out
+
+
+def mask_last_arg(config: GluonConfig):
+    """The kernels' MASK_LAST constexpr: False (every key block masked when S % BLOCK_N != 0), True (the last block
+    only, a branch in the loop), 2 (ws, peel_last: the last block peeled out of the loop)."""
+    return 2 if config.peel_last else config.mask_last
 
 
 _SMS: dict = {}
@@ -332,7 +357,7 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
                "num_warps": "constexpr"}
         const["CONSUMER_REGS"] = config.regs
     sig["MASK_LAST"] = "constexpr"
-    const["MASK_LAST"] = config.mask_last
+    const["MASK_LAST"] = mask_last_arg(config)
     if config.ws:
         sig["PINGPONG"] = "constexpr"
         const["PINGPONG"] = config.pingpong
