@@ -546,3 +546,41 @@ def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
     assert {"gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"} <= got
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
+
+
+def _lp_record():
+    """Session 10's record (call U10-3), read from its folder (the studies registry is outside this helper's area)."""
+    from xstage import data
+
+    folder = data.machine_dir("h200x1") / "attention_vs_fa4_gluon_lp"
+    if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
+        pytest.skip("no recorded attention_vs_fa4_gluon_lp")
+    return data.load(folder, data.ATTENTION_LADDER)
+
+
+def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
+    """data/h200x1/attention_vs_fa4_gluon_lp (call U10-3, commit a2650cb): every variant checked against float32
+    before timing, FA4 on every shape (never absent, never 0), 8192 x 24 timed first and last; the summary's
+    fastest / FA4 per shape is the ratio of that block's medians; and what the record says: the peeled last block
+    (-lp) is the fastest variant on none of the three masked shapes (Wan, CogVideoX, 30000 x 20), and no variant
+    reaches 0.95 of FA4 at 8192 x 24 in either position."""
+    from xstage import studies
+
+    df, m = _lp_record()
+    assert m["git_commit"].startswith("a2650cb") and not m.get("fa4_absent") and not m.get("failed")
+    for D, checks in m["checks"].items():
+        assert all(c["rel_l2_vs_fp32"] < 1e-2 for c in checks.values())
+    for D, cs in G.PEEL_RUNGS.items():
+        assert {c.label for c in cs} <= set(df.variant)
+    fa = df[df.method == "fa4"]
+    assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
+    s = studies.attention_vs_fa4_summary(studies.attention_ladder_table(df, m)).set_index("shape")
+    med = df.groupby(["shape", "variant", "method"]).ms.median()
+    for shape, row in s.iterrows():
+        mine = "gluon" if row.best_variant.startswith("gluon-") else "triton"
+        assert row.best_over_fa == pytest.approx(med[shape, row.best_variant, "fa4"] / med[shape, row.best_variant, mine])
+    for shape in ("wan21_1.3b_32760_p2", "cogvideox5b_17776_p2", "s30000_h20_d64"):
+        assert not s.loc[shape, "best_variant"].endswith("-lp"), shape
+        assert s.loc[shape, "best_over_fa"] < 0.95
+    assert s.loc["s8192_h24", "best_over_fa"] < 0.95 and s.loc["s8192_h24_again", "best_over_fa"] < 0.95
+    assert s.loc[["s16384_h24", "s32768_h12", "s49152_h12"], "met"].all()
