@@ -159,6 +159,28 @@ The persistent grid moves ours by -1.7 .. +1.2 % at S >= 8K (FA4's own median mo
 so pe's 0.93 at 8192x24 is mostly FA4's lower block): the per-tile cost that 8192x24 pays (ours 600 -> 645 TFLOP/s
 from 64 to 384 key blocks per tile: ~6 blocks' time per tile, a + b n fits all four D = 128 shapes within 1 %)
 is not the loads that the persistent grid hides. Goal 0.95 met on 3 of 7 shapes (16K, 32K, 48K at D = 128).
+Session 10, call U10-3 (docs/lab-notebook.md; 2026-12-02, commit a2650cb, record data/h200x1/attention_vs_fa4_gluon_lp/,
+``STUDY=gluon_lp scripts/attention_vs_fa4.sh``; another H200): the masked last key block peeled out of the ws
+consumers' loop (``-lp``; -ml's in-loop branch is if-converted into 64 SEL + 34 ISETP per block, sm_90a SASS of
+Triton 3.6: 587 -> 485 instructions per block), 8192x24 timed first and again last:
+  rung (D = 128)                        8192x24 (first / last)  16384x24    32768x12    49152x12    32760x6
+  h. Triton base (this kernel)          530 (0.78) / 520 (0.77)  528 (0.77)  528 (0.76)  536 (0.77)  507 (0.71)
+  z. gluon ws -ml                       621 (0.94) / 620 (0.93)  641 (0.96)  643 (0.98)  647 (0.96)  621 (0.90)
+  pe. z on the persistent grid          619 (0.92) / 583 (0.89)  633 (0.95)  640 (0.96)  642 (0.96)  614 (0.89)
+  -  z with the last block peeled (-lp) 592 (0.88) / 595 (0.89)  633 (0.95)  644 (0.96)  647 (0.96)  585 (0.85)
+  -  pe with the last block peeled      606 (0.91) / 603 (0.92)  631 (0.94)  638 (0.96)  648 (0.97)  615 (0.90)
+  rung (D = 64)                         30000x20    17776x24
+  p. Triton base (this kernel)          428 (0.75)  413 (0.74)
+  zz. gluon ws 192x128 -ml-pp           521 (0.93)  506 (0.93)
+  -  zz on the persistent grid          516 (0.92)  488 (0.94)
+  -  zz with the last block peeled      514 (0.92)  488 (0.90)
+  -  zz peeled, persistent (spills)     443 (0.78)  427 (0.77)
+The peel is refuted as a lever: on the three masked shapes it is never faster (Wan -6 % one CTA per tile, +0 %
+persistent; D = 64 -1 .. -4 %, -13 .. -14 % persistent: 120 B of stack), so the consumer loop is not issue-bound.
+Where S % 128 == 0 the -lp kernel is the -ml kernel (SASS byte-identical, Triton 3.6.0 and its ptxas compiled on the
+CPU machine), yet at 8192x24 it ran 4-5 % slower in its own block (0.94 -> 0.88 of FA4): the spread between
+blocks of one binary at 8192x24 is as large as the gap to the goal, and 8192x24 stays under 0.95 in every block,
+first or last (not the shape's position). Goal met on 3 of 7 shapes (16K, 32K, 48K at D = 128), as in session 9.
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete

@@ -39,6 +39,8 @@ three consumers of a 192-row tile with the ping-pong (U3: +19 % over round 4's b
 mbarriers) loses 3-4 % with two consumers at D = 128 (U3); the persistent grid (session 9, ``-pe``: at most one CTA
 per SM walking tiles; Q and the output in separate buffers): -1.7 .. +1.2 % at S >= 8K (call U4 of
 docs/lab-notebook.md, session 9), +14 % on 4096x12 (a shape noisy between blocks).
+The masked last key block peeled out of the consumers' loop (session 10, ``peel_last``, ``-lp``: MASK_LAST == 2):
+never faster on the masked shapes (call U10-3: Wan -6 % / +0 % persistent, D = 64 -1 .. -14 %); kept as a rung.
 
 In the one-partition kernel every wait is on hardware that completes by itself (TMA byte counts, wgmma groups); no
 wait depends on another CTA. The warp-specialised kernel's waits depend on its other partitions' arrivals (ring
