@@ -124,7 +124,8 @@ PERSISTENT_RUNGS = {
 
 # session 10 (issue 14 item 3): the masked last key block peeled out of the consumers' loop (``peel_last``, label -lp),
 # on the shapes whose S is not a multiple of 128 (Wan 32760, CogVideoX 17776, 30000): the loop is then the unmasked
-# one of S % 128 == 0 (sm_90a, Triton 3.9: no SEL in it; -ml's loop carries 64 SEL + 34 ISETP per block)
+# one of S % 128 == 0 (sm_90a, Triton 3.6 and 3.9: no SEL in it; -ml's loop carries 64 SEL + 34 ISETP per block).
+# Call U10-3 (record attention_vs_fa4_gluon_lp): never faster than -ml on those shapes; not a tuner candidate.
 PEEL_RUNGS = {
     128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True),
           GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, peel_last=True)),
