@@ -89,12 +89,13 @@ FP8_AMAX_FLOOR = tl.constexpr(1e-4)  # scale = max(amax, floor) / 448: an all-ze
 
 
 @triton.jit
-def _linear1_acc_tma(x_ptr, w1_ptr, e64, row0, row_end, col_block, Hd, I,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Linear-1's main loop through TMA (bf16 / fp16): (x W_gate^T, x W_up^T) fp32 [BM, BN] each. Descriptors are
-    made per tile: x from the tile's first row with the expert's remaining rows as its extent (rows past the
-    expert's end read as zero, as the pointer loop's ``other=0``), W1 of the expert [2I, Hd]. Both were written
-    before this launch (no proxy fence needed)."""
+def _linear1_acc_tma(x_ptr, xs_ptr, w1_ptr, w1s_ptr, e64, rows64, row_ok, row0, row_end, col_block, Hd, I,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
+    """Linear-1's main loop through TMA: (x W_gate^T, x W_up^T) fp32 [BM, BN] each. Descriptors are made per tile:
+    x from the tile's first row with the expert's remaining rows as its extent (rows past the expert's end read as
+    zero, as the pointer loop's ``other=0``), W1 of the expert [2I, Hd]. Both were written before this launch (no
+    proxy fence needed). FP8 (round 8): e4m3 operands, each 128-deep K block's MMA scaled and added in fp32 exactly
+    as the pointer loop does (the same expression, so the same bits); the scales stay pointer loads."""
     xd = tl.make_tensor_descriptor(x_ptr + row0.to(tl.int64) * Hd, shape=[row_end - row0, Hd], strides=[Hd, 1],
                                    block_shape=[BLOCK_M, BLOCK_K])                     # [rows left, Hd]
     wd = tl.make_tensor_descriptor(w1_ptr + e64 * (2 * I) * Hd, shape=[2 * I, Hd], strides=[Hd, 1],
@@ -106,17 +107,27 @@ def _linear1_acc_tma(x_ptr, w1_ptr, e64, row0, row_end, col_block, Hd, I,
         a = xd.load([0, k])                                            # [BM, BK]
         wg = wd.load([n0, k])                                          # [BN, BK] gate rows
         wu = wd.load([I + n0, k])                                      # [BN, BK] up rows
-        acc_g = tl.dot(a, wg.T, acc_g)
-        acc_u = tl.dot(a, wu.T, acc_u)
+        if FP8:
+            n_kb = Hd // BLOCK_K
+            kb = k // BLOCK_K
+            a_s = tl.load(xs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0)            # [BM]
+            s_base = w1s_ptr + e64 * (2 * I // BLOCK_N) * n_kb
+            g_s = tl.load(s_base + col_block * n_kb + kb)                                  # gate block's scale
+            u_s = tl.load(s_base + (I // BLOCK_N + col_block) * n_kb + kb)                 # up block's scale
+            acc_g += tl.dot(a, wg.T) * (a_s[:, None] * g_s)
+            acc_u += tl.dot(a, wu.T) * (a_s[:, None] * u_s)
+        else:
+            acc_g = tl.dot(a, wg.T, acc_g)
+            acc_u = tl.dot(a, wu.T, acc_u)
     return acc_g, acc_u
 
 
 @triton.jit
-def _linear2_acc_tma(a_ptrs, row_ok, w2_ptr, e64, col_block, Hd, I,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Linear-2's main loop (bf16 / fp16): h W2^T fp32 [BM, BN]. W2 of the expert [Hd, I] through a descriptor
-    made per tile; the intermediate h stays pointer-loaded (.cg): other programs wrote it during this launch with
-    generic-proxy stores, which a TMA read would need a proxy fence to see."""
+def _linear2_acc_tma(a_ptrs, hs_ptr, w2s_ptr, rows64, row_ok, w2_ptr, e64, col_block, Hd, I,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
+    """Linear-2's main loop: h W2^T fp32 [BM, BN]. W2 of the expert [Hd, I] through a descriptor made per tile;
+    the intermediate h (and with FP8 its scales) stays pointer-loaded (.cg): other programs wrote it during this
+    launch with generic-proxy stores, which a TMA read would need a proxy fence to see. FP8: as the pointer loop."""
     wd = tl.make_tensor_descriptor(w2_ptr + e64 * Hd * I, shape=[Hd, I], strides=[I, 1],
                                    block_shape=[BLOCK_N, BLOCK_K])                     # [Hd, I]
     n0 = col_block * BLOCK_N
@@ -124,7 +135,14 @@ def _linear2_acc_tma(a_ptrs, row_ok, w2_ptr, e64, col_block, Hd, I,
     for k in range(0, I, BLOCK_K):
         a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")   # [BM, BK]
         w = wd.load([n0, k])                                           # [BN, BK]
-        acc = tl.dot(a, w.T, acc)
+        if FP8:
+            n_kb = I // BLOCK_K
+            kb = k // BLOCK_K
+            a_s = tl.load(hs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0, cache_modifier=".cg")  # [BM]
+            w_s = tl.load(w2s_ptr + e64 * (Hd // BLOCK_N) * n_kb + col_block * n_kb + kb)
+            acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)
+        else:
+            acc = tl.dot(a, w.T, acc)
         a_ptrs += BLOCK_K
     return acc
 
@@ -135,7 +153,7 @@ def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, count
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
                   TMA: tl.constexpr = False):
     """h[rows, cols] = silu(x W_gate^T) * (x W_up^T) * router weight, then release the row block's counter.
-    TMA (not FP8): the main loop of :func:`_linear1_acc_tma`; the epilogue is the same code either way."""
+    TMA: the main loop of :func:`_linear1_acc_tma` (bf16, or fp8 since round 8); the epilogue is the same code."""
     rows = row0 + tl.arange(0, BLOCK_M)                                # [BM] received rows of this expert
     row_ok = rows < row_end
     rows64 = rows.to(tl.int64)
@@ -146,8 +164,8 @@ def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, count
     wg_ptrs = w1_ptr + e64 * (2 * I) * Hd + cols[None, :] * Hd + ks[:, None]   # [BK, BN] gate rows, transposed
     wu_ptrs = wg_ptrs + I * Hd                                         # [BK, BN] up rows
     if TMA:
-        acc_g, acc_u = _linear1_acc_tma(x_ptr, w1_ptr, e64, row0, row_end, col_block, Hd, I,
-                                        BLOCK_M, BLOCK_N, BLOCK_K)
+        acc_g, acc_u = _linear1_acc_tma(x_ptr, xs_ptr, w1_ptr, w1s_ptr, e64, rows64, row_ok, row0, row_end,
+                                        col_block, Hd, I, BLOCK_M, BLOCK_N, BLOCK_K, FP8)
     else:
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -189,7 +207,7 @@ def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combin
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
                   TMA: tl.constexpr = False):
     """Wait for the row block's Linear-1 tiles, y[rows, cols] = h W2^T, store each row into its source's combine.
-    TMA (not FP8): W2 through a tensor descriptor (:func:`_linear2_acc_tma`); the epilogue is the same code."""
+    TMA: W2 through a tensor descriptor (:func:`_linear2_acc_tma`, bf16 or fp8); the epilogue is the same code."""
     wait_flag(counters_ptr + pool, expected, max_polls, status_ptr + task * STATUS_FIELDS, rank, task)
     rows = row0 + tl.arange(0, BLOCK_M)                                # [BM]
     row_ok = rows < row_end
@@ -200,7 +218,8 @@ def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combin
     a_ptrs = h_ptr + rows64[:, None] * I + ks[None, :]                # [BM, BK]
     w_ptrs = w2_ptr + e64 * Hd * I + cols[None, :] * I + ks[:, None]  # [BK, BN] W2 rows, transposed
     if TMA:
-        acc = _linear2_acc_tma(a_ptrs, row_ok, w2_ptr, e64, col_block, Hd, I, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _linear2_acc_tma(a_ptrs, hs_ptr, w2s_ptr, rows64, row_ok, w2_ptr, e64, col_block, Hd, I,
+                               BLOCK_M, BLOCK_N, BLOCK_K, FP8)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(0, I, BLOCK_K):
@@ -265,7 +284,6 @@ def _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_
                      FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, DYNAMIC: tl.constexpr,
                      TMA: tl.constexpr):
     """One program's walk over the task list (the arguments: :func:`megamoe_kernel`'s)."""
-    tl.static_assert(not (TMA and FP8), "TMA main loops are bf16 / fp16 only")
     if DYNAMIC:
         # Tasks are claimed in list order, so every task before a claimed one is claimed by a running program:
         # with all programs resident a Linear-2 wait always ends (its producers come earlier in the list).
@@ -323,7 +341,7 @@ def megamoe_tma_kernel(
     FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, DYNAMIC: tl.constexpr = False,
 ):
     """:func:`megamoe_kernel` (the same arguments) with the TMA main loops (:func:`_linear1_acc_tma`,
-    :func:`_linear2_acc_tma`): bf16 / fp16 only. A kernel of its own, so that the default's signature and
+    :func:`_linear2_acc_tma`): bf16 / fp16, and (round 8) fp8 e4m3 with its scales. A kernel of its own, so that the default's signature and
     compiled code stay as they were."""
     _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
                      counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I,

@@ -25,6 +25,10 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
 - study ``controls7`` (round 7, same order): ``controls`` for the default assignment (dynamic) and the default
   tiles only (tiles version 3: bf16 through the TMA main loops), every schedule, each list bit-identical to
   Expert-Wave static first, with the per-task timings: each schedule's compute-only time / Expert-Wave's.
+- study ``gemm8`` (round 8, all 84 configurations in table order): study ``gemm`` for tiles version 3 (bf16
+  through TMA) without version 1: the default's Expert-Wave compute-only time beside the library, same rounds;
+  for fp8 also its main loops through TMA (:func:`gemm8_variants`), each checked bit-identical to the default
+  (the pointer loops) on every rank, combine poisoned, before any timing.
 - study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
   (:func:`tma_tiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
   loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
@@ -55,6 +59,22 @@ from .moe_plan import (ASSIGNMENTS, CASES, KIND_L1, OUT_DTYPES, SCHEDULES, CostM
                        cases_by_name, default_tiles, gemm_flops)
 from .numeric import check_bit_identical
 
+GEMM_STUDIES = ("gemm", "gemm8")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
+
+
+def gemm8_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
+    """Study gemm8 (round 8): the variants timed beside the default ``d`` (tiles version 3) and the library. fp8:
+    its main loops through TMA (``tma``: the default's tiles, x, W1, W2 through tensor descriptors, the scales and
+    h pointer-loaded) and the same with one pipeline stage more (``tma_s``: BM 128 3 stages, BM 64 4; sm_90a
+    ptxas on the CPU, dynamic: BM 128 2 stages 255 registers / 80 B spilled, 96 KiB shared (the pointer loops 36
+    B), BM 64 3 stages 223 / 0 / 120 KiB). Each is checked bit-identical to the default (the pointer loops) on
+    every rank before timing. bf16: none (its default is TMA since round 7)."""
+    if dtype != "fp8":
+        return {}
+    return {"tma": dataclasses.replace(d, tma=True),
+            "tma_s": dataclasses.replace(d, tma=True, num_stages=d.num_stages + 1)}
+
+
 # The configurations of the GEMM study, fixed before the first run (every one with >= 2048 rows on rank 0 of 2).
 GEMM_CASES = ("deepseek_v4_flash_T4096_uniform", "mixtral_8x7b_T2048_uniform", "qwen3_235b_T1024_zipf",
               "deepseek_v4_flash_T512_uniform")
@@ -68,8 +88,8 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7")
-ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7")   # the table's configurations in order,
+STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8")   # the table's configurations in order,
 #                                                                          weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
@@ -393,7 +413,7 @@ def round3_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: fl
                            lambda cd: (study, *cd[0].key(P, cd[1])))
     dev = world.device(0)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rounds = rounds or (ROUNDS if study == "gemm" else CONTROL_ROUNDS)
+    rounds = rounds or (ROUNDS if study in GEMM_STUDIES else CONTROL_ROUNDS)
     groups = list(dict.fromkeys((c.shape, d) for c, d in todo))
     for shape, dtype in groups:
         mine = [c for c, d in todo if c.shape == shape and d == dtype]
@@ -402,7 +422,7 @@ def round3_job(world, cases, dtypes, folder, meta, study: str, prm, deadline: fl
         t0 = time.perf_counter()
         s = shape
         w = {r: rank_weights(s.hidden, s.intermediate, s.experts, P, r, 0, dev, dtype) for r in world.local_ranks}
-        wq = rowwise_weights(hi_weights(w[0])) if study == "gemm" and dtype == "fp8" else None
+        wq = rowwise_weights(hi_weights(w[0])) if study in GEMM_STUDIES and dtype == "fp8" else None
         print(f"megamoe-gemm ({study}): {s.name} {dtype} weights in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
         for c in mine:
@@ -452,7 +472,9 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     d = default_tiles(dtype, rpe)
     variants = {"default": d}
     swz = {}                                              # study tiles: a variant's tile order (swizzle)
-    if study == "gemm":
+    if study == "gemm8":
+        variants.update(gemm8_variants(dtype, d))
+    elif study == "gemm":
         variants["v1"] = default_tiles(dtype, rpe, version=1)
         if dtype == "fp8" and d.block_m == 128:
             variants["bm64_s3"] = default_tiles(dtype, 0.0)
@@ -473,7 +495,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     what = f"{c.name} {dtype}"
     flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
     rows, methods, info, lists, notes = [], {}, {}, {}, {}
-    if study in ("gemm", "tiles", "tiles6"):
+    if study in ("gemm", "tiles", "tiles6", "gemm8"):
+        base = None                                       # gemm8: the default's combine per rank
         ref_w = _layer_weights_f32(prob)
         ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
                None if dtype == "fp8" else moe_reference(inp.x, inp.ids, inp.wts, ref_w, dtype=OUT_DTYPES[dtype]))
@@ -485,6 +508,11 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             ls = {(sch, a): {r: build_tasks(p, sch, sms, r) for r in world.local_ranks} for sch, a in runs}
             first = _runs_bit_identical(world, bufs, p, t, ls, f"{what} {tile_label(t)}")
             err = check_close(first[0], ref[0], ref[1], dtype, f"{what} {tile_label(t)}")[0]
+            if study == "gemm8" and name == "default":
+                base = first
+            elif study == "gemm8":      # the other main loops: the same bits as the default's, every rank
+                for r in world.local_ranks:
+                    check_bit_identical(first[r], base[r], f"{what} rank {r}: {tile_label(t)} vs {tile_label(d)}")
             del first
             tasks = {0: ls[("expert_wave", assign)][0]}
             methods[f"ours:{name}"] = (lambda tasks=tasks, t=t, dyn=assign == "dynamic": run_experts(
@@ -582,6 +610,8 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) 
             todo |= {(dtype, t, dyn, timed) for t in defaults for dyn, timed in ((False, False), (True, False),
                                                                                   (True, True))}
             todo |= {(dtype, default_tiles(dtype, rpe, version=1), False, False) for rpe in (32.0, 256.0)}
+            if dtype == "fp8":                                                     # round 8, study gemm8
+                todo |= {(dtype, v, True, False) for t in defaults for v in gemm8_variants(dtype, t).values()}
             if dtype == "bf16":                                                    # round 5, study tiles
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
@@ -666,6 +696,9 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
         params["tiles6_variants"] = {n: dict(change=str(ch), swizzle=g, tma=tma)
                                      for n, (ch, g, tma) in TILES6_VARIANTS.items()}
         params["tiles6_min_rows"] = TILES5_MIN_ROWS
+    if study == "gemm8":
+        params["gemm8_variants"] = {dt: {n: tile_label(t) for n, t in gemm8_variants(
+            dt, default_tiles(dt, 1024.0)).items()} for dt in dtypes}
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
     meta = env.provenance(command, params)
