@@ -147,6 +147,7 @@ def test_round7_script_runs_the_tests_the_controls_and_the_host_sweep_into_new_f
 # ------------------------------------------------------------------------------------------ the recorded round 7
 R7_COMMIT = "6d5a5298795802cfa70d9cff9eda677416d9ba17"      # call M9-1
 L91_COMMIT = "aad97d82936a711c0aeaafcd2fe6c528ed7eb506"     # call L9-1: the host sweep resumed
+M101_COMMIT = "dc3a4a3860625625514543d67cb7071c08b07b24"   # call M10-1 (session 10): the last 22 pairs
 
 
 def _config(d):
@@ -189,8 +190,8 @@ def test_recorded_host7_is_a_prefix_of_the_sweep_order_and_its_summary_from_the_
     assert (df.tma == (df.dtype == "bf16")).all()
     have = set(zip(_config(df), df.dtype))
     order = [(c.name, d) for c, d in MG._pairs(list(MP.CASES), ["bf16", "fp8"])]
-    assert have == set(order[:len(have)]) and len(have) == 72 + 74      # calls M9-1, then L9-1 (resumed)
-    assert [r["git_commit"] for r in meta["runs"]] == [L91_COMMIT]
+    assert have == set(order[:len(have)]) and len(have) == 72 + 74 + 22 == 168   # M9-1, L9-1, M10-1 (resumed)
+    assert [r["git_commit"] for r in meta["runs"]] == [L91_COMMIT, M101_COMMIT]
     assert df.groupby([_config(df), df.dtype]).schedule.nunique().eq(len(MP.SCHEDULES)).all()
     s = studies.megamoe_round7_host_summary(df).set_index(["dtype", "schedule"])
     dt, sch = random.choice(["bf16", "fp8"]), random.choice(["interleaved", "lag", "model_guided"])

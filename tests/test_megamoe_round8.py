@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,42 @@ def test_gemm8_end_to_end_checks_the_other_main_loops_bit_identical_first(tmp_pa
         MG.round3_job(world, tiny, ["fp16"], str(tmp_path / "b"), meta, "gemm8", prm, None, rounds=5)
     b = tmp_path / "b" / "megamoe_gemm.csv"
     assert not b.exists() or len(b.read_text().splitlines()) <= 1              # no row appended
+
+
+def test_round8_script_resumes_the_host_sweep_then_runs_gemm8_into_a_new_folder():
+    s = Path("scripts/megamoe_round8.sh").read_text()
+    assert s.index("stage install") < s.index("stage host") < s.index("stage gemm8")
+    assert "cp data/h200x1/megamoe_round7_host/$f" in s and "--study gemm8" in s and "megamoe_round8_gemm" in s
+    assert "--link host" in s and "XSTAGE_GIT_COMMIT" in s
+    out = subprocess.run(["bash", "-n", "scripts/megamoe_round8.sh"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+M101_COMMIT = "dc3a4a3860625625514543d67cb7071c08b07b24"   # call M10-1 (session 10)
+
+
+def test_recorded_gemm8_every_configuration_and_the_ratios_from_the_rows():
+    """data/h200x1/megamoe_round8_gemm (call M10-1): all 84 configurations x bf16 / fp8, bf16 the TMA default,
+    fp8 the pointer loops with its TMA variants (bit-identical, checked before timing: the rel. L2 of the same
+    bits), the library of the same rounds; the summary recomputed from the raw rows, and the figures the draft
+    gives (bf16 1.181 / 0.882 / 0.952, fp8 default 0.961 / 0.737, tma_s 1.153 / 0.883)."""
+    df, meta = data.load("data/h200x1/megamoe_round8_gemm", data.MEGAMOE_GEMM)
+    assert meta["git_commit"] == M101_COMMIT and meta["params"]["tiles_version"] == 3 and not meta.get("runs")
+    assert set(df.study) == {"gemm8"} and (df.status == "ok").all() and len(df) == 84 * 2 + 84 * 5
+    ours = df[df.method == "ours"]
+    assert (ours.tma == ((ours.dtype == "bf16") | (ours.variant != "default"))).all()
+    key = ["shape", "tokens", "routing"]
+    f = ours[ours.dtype == "fp8"].pivot_table(index=key, columns="variant", values="rel_l2")
+    assert len(f) == 84 and (f.tma == f.default).all() and (f.tma_s == f.default).all()   # the same bits
+    g = MG.gemm8_ratios(df)
+    assert len(g) == 168 and g.default_vs_grouped_mm.notna().all()
+    s = MG.gemm8_summary(g).set_index(["dtype", "variant"])
+    fp8 = g[g.dtype == "fp8"]
+    want = fp8.scaled_grouped_mm_ms / fp8.tma_s_ms
+    assert s.loc[("fp8", "tma_s"), "geomean"] == pytest.approx(float(np.exp(np.log(want).mean())))
+    assert s.loc[("fp8", "tma_s"), "min_big"] == pytest.approx(float(want[fp8.rows >= 2048].min()))
+    got = {k: tuple(round(float(s.loc[k, c]), 3) for c in ("geomean", "min", "min_big")) for k in s.index}
+    assert got[("bf16", "default")] == (1.181, 0.882, 0.952)
+    assert got[("fp8", "default")] == (0.961, 0.737, 0.737)
+    assert got[("fp8", "tma_s")] == (1.153, 0.883, 0.883)
+    assert s.loc[("bf16", "default"), "big_configs"] == 56 == s.loc[("fp8", "tma_s"), "big_configs"]

@@ -710,3 +710,54 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     else:
         gemm_job(world, cs, list(dtypes), str(out), meta, study, prm.as_dict(), deadline, rounds or ROUNDS)
     return Path(out) / f"{MEGAMOE_GEMM.name}.csv"
+
+
+# ------------------------------------------------------------------------------------------ study gemm8's tables
+GEMM8_MIN_ROWS = 2048        # issue 15's domain of the per-configuration goal (rows on rank 0)
+
+
+def gemm8_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Study gemm8 per configuration and dtype (table order): each of our variants' Expert-Wave compute-only time
+    (``<variant>_ms``: default, and for fp8 tma, tma_s) and the library's of the same rounds, and the ratios the
+    issue asks for: the library's time / ours (> 1: ours faster), bf16 against torch._grouped_mm
+    (``<variant>_vs_grouped_mm``), fp8 against torch._scaled_grouped_mm (``<variant>_vs_scaled_grouped_mm``); NaN
+    where a call was unavailable or a variant not run."""
+    from .moe_plan import CASES
+
+    d = df[(df.study == "gemm8") & (df.status == "ok")].copy()
+    d["config"] = [f"{s}_T{t}_{r}" for s, t, r in zip(d["shape"], d.tokens, d.routing)]
+    key = ["config", "dtype"]
+    base = d[(d.method == "ours") & (d.variant == "default")].drop_duplicates(key).set_index(key)
+    out = base[["shape", "rows", "tiles"]].copy()
+    for v in ("default", "tma", "tma_s"):
+        out[f"{v}_ms"] = d[(d.method == "ours") & (d.variant == v)].drop_duplicates(key).set_index(key).ms.reindex(
+            out.index)
+    for lib in ("grouped_mm", "scaled_grouped_mm"):
+        out[f"{lib}_ms"] = d[d.method == f"torch._{lib}"].drop_duplicates(key).set_index(key).ms.reindex(out.index)
+        for v in ("default", "tma", "tma_s"):
+            out[f"{v}_vs_{lib}"] = out[f"{lib}_ms"] / out[f"{v}_ms"]
+    out = out.reset_index()
+    order = {c.name: i for i, c in enumerate(CASES)}
+    return out.assign(_o=out.config.map(order)).sort_values(["dtype", "_o"], kind="stable").drop(
+        columns="_o").reset_index(drop=True)
+
+
+def gemm8_summary(g: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS) -> pd.DataFrame:
+    """Per dtype and variant of :func:`gemm8_ratios`, against the dtype's library (bf16: torch._grouped_mm, fp8:
+    torch._scaled_grouped_mm): configurations, geomean, minimum (and where), the minimum over configurations with
+    >= ``min_rows`` rows on rank 0, and that set's size; and each variant's time over the default's (geomean)."""
+    from .numeric import geomean
+
+    out = []
+    for dt, gd in g.groupby("dtype", sort=False):
+        lib = "grouped_mm" if dt == "bf16" else "scaled_grouped_mm"
+        for v in ("default", "tma", "tma_s"):
+            r = gd[f"{v}_vs_{lib}"].dropna()
+            if r.empty:
+                continue
+            big = r[gd.loc[r.index, "rows"] >= min_rows]
+            out.append(dict(dtype=dt, variant=v, library=f"torch._{lib}", configs=len(r), geomean=geomean(r),
+                            min=float(r.min()), min_config=gd.loc[r.idxmin(), "config"],
+                            min_big=float(big.min()) if len(big) else float("nan"), big_configs=len(big),
+                            over_default=geomean(gd.loc[r.index, f"{v}_ms"] / gd.loc[r.index, "default_ms"])))
+    return pd.DataFrame(out)
