@@ -42,6 +42,7 @@ def test_fp8_through_tma_is_accepted_and_gemm8_times_it_beside_the_default(monke
     with pytest.raises(ValueError, match="fp8 needs block_n1"):      # the scale block still holds
         dataclasses.replace(MP.gpu_tiles("fp8", 64), block_k=64, tma=True).validate("fp8")
     assert "gemm8" in MG.STUDIES and "gemm8" in MG.ROUND3 and "gemm8" in MG.GEMM_STUDIES
+    assert "controls8" in MG.STUDIES and "controls8" in MG.ROUND3 and "controls8" not in MG.GEMM_STUDIES
 
 
 @pytest.fixture

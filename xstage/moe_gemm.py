@@ -29,6 +29,8 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   through TMA) without version 1: the default's Expert-Wave compute-only time beside the library, same rounds;
   for fp8 also its main loops through TMA (:func:`gemm8_variants`), each checked bit-identical to the default
   (the pointer loops) on every rank, combine poisoned, before any timing.
+- study ``controls8`` (round 8): ``controls7`` with fp8 through TMA with one stage more (gemm8's ``tma_s``) in
+  place of fp8's default tiles (bf16: the default, as controls7): whether the schedules stay free in compute.
 - study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
   (:func:`tma_tiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
   loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
@@ -88,8 +90,8 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8")
-ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8")   # the table's configurations in order,
+STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8")   # the table's configurations in order,
 #                                                                          weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
@@ -470,6 +472,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     dev = world.device(0)
     rpe = c.tokens * P * s.topk / s.experts
     d = default_tiles(dtype, rpe)
+    if study == "controls8" and dtype == "fp8":     # round 8: fp8 through TMA with one stage more (gemm8's tma_s)
+        d = gemm8_variants(dtype, d)["tma_s"]
     variants = {"default": d}
     swz = {}                                              # study tiles: a variant's tile order (swizzle)
     if study == "gemm8":
@@ -555,7 +559,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
         ms_ew = bench.median(bench.time_ms(lambda: run_experts(world, bufs, prob.inputs, {0: ew}, d, barrier=False,
                                                                check=False, local_combine=True, dynamic=True,
                                                                ranks=[0]), warmup=2, reps=3))
-        if study == "controls7":     # round 7: the default assignment only (tiles version 3: bf16 through TMA)
+        if study in ("controls7", "controls8"):     # rounds 7-8: the default assignment only
             runs = [(sch, "dynamic", "default") for sch in SCHEDULES]
         else:
             runs = [(sch, a, "default") for a in ASSIGNMENTS for sch in SCHEDULES]
@@ -590,7 +594,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     for key in methods:
         method, variant, t, sch, a, is_def, err, task = info[key]
         note = notes.get(key, "") if study in ("tiles", "lists", "tiles6") else ""
-        if study in ("controls", "controls7"):
+        if study in ("controls", "controls7", "controls8"):
             sch_, a_, var_ = key.split(":")
             note = lists[(sch_, a_, var_)][0].param or ""
         rows.append(_row(prob, study, dtype, method, variant, t, sch, a, is_def, "ok", note, err, times[key], inner,
