@@ -115,3 +115,23 @@ def test_recorded_gemm8_every_configuration_and_the_ratios_from_the_rows():
     assert got[("fp8", "default")] == (0.961, 0.737, 0.737)
     assert got[("fp8", "tma_s")] == (1.153, 0.883, 0.883)
     assert s.loc[("bf16", "default"), "big_configs"] == 56 == s.loc[("fp8", "tma_s"), "big_configs"]
+
+
+def test_recorded_controls8_fp8_through_tma_every_configuration_and_the_summary():
+    """data/h200x1/megamoe_round8_controls (call M10-2): fp8 through TMA with one stage more, every schedule of all
+    84 configurations (dynamic), each list bit-identical to Expert-Wave static first; the summary from the rows."""
+    from xstage import studies
+    from xstage.numeric import geomean
+
+    df, meta = data.load("data/h200x1/megamoe_round8_controls", data.MEGAMOE_GEMM)
+    assert meta["git_commit"] == "cab4d3e9b40b20e546c1d32f2bc25b243ab0d623" and set(df.study) == {"controls8"}
+    assert len(df) == 84 * len(MP.SCHEDULES) and df.tma.all() and set(df.dtype) == {"fp8"}
+    assert set(df.num_stages) == {3, 4} and (df.assignment == "dynamic").all() and df.task_span_us.notna().all()
+    per = studies.megamoe_round3_controls(df, study="controls8")
+    s = studies.megamoe_round3_controls_summary(per).set_index("schedule")
+    il = per[per.schedule == "interleaved"]
+    assert s.loc["interleaved", "over_ew_geomean"] == pytest.approx(geomean(il.over_ew))
+    got = {k: (round(float(s.loc[k, "over_ew_geomean"]), 3), round(float(s.loc[k, "over_ew_worst"]), 3))
+           for k in ("interleaved", "lag", "model_guided")}
+    assert got == {"interleaved": (0.990, 1.038), "lag": (0.988, 1.084), "model_guided": (0.989, 1.126)}
+    assert int((per.over_ew > 1.05).sum()) == 4
