@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="nvlink: the remote target; host: pinned host memory (default: the one recorded)")
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
-    fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc"), default="stage",
+    fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes"), default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
                          "pool (+ the stall: a filled stage keeps part of its capacity until it empties), "

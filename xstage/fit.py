@@ -239,14 +239,22 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
                     "base_capacity_kib", "spread", "overhead_ns", "span_overhead_ns"),
          "pool": tuple(STAGE_PARAMS),
          "stage": tuple(STAGE_PARAMS),
-         "tpc": tuple(STAGE_PARAMS)}
+         "tpc": tuple(STAGE_PARAMS),
+         "processes": tuple(STAGE_PARAMS)}
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
 RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("tpc", "host"): "tpc",
-                    ("tpc", "nvlink"): "tpc"}
+                    ("tpc", "nvlink"): "tpc", ("processes", "host"): "slots", ("processes", "nvlink"): "slots"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
-RUNG_START = {"tpc": "stage"}
+RUNG_START = {"tpc": "stage", "processes": "stage"}
+# rung "processes": the full model fitted to the train records of other calls and processes as well (under the
+# machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
+# (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
+# to that draw. Held out by train name across records (a train re-recorded elsewhere is in the same fold);
+# train_programs_new_p (other program counts) and independent (other sizes and gaps) stay never fitted.
+RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_processes_p0", "train_processes_p1",
+                              "train_processes_p2")}
 
 
 @dataclass
@@ -284,8 +292,10 @@ def recorded_links(folder) -> list[str]:
     return have
 
 
-def observations(folder, link: str, store_bytes: int = 16) -> Observations:
-    """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train."""
+def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observations:
+    """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train,
+    and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
+    train recorded in several calls falls in one held-out fold)."""
     from pathlib import Path
 
     from .data import BURST_GAP, BURST_TRAIN, load, paths
@@ -329,6 +339,18 @@ def observations(folder, link: str, store_bytes: int = 16) -> Observations:
             t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
                 burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
             add("train", "burst_train", t, "issue_ns", "gap_ns")
+    for sub in records:
+        rec = folder / sub
+        if not paths(rec, BURST_TRAIN)[0].is_file():
+            raise ValueError(f"{rec}: no burst_train record (rung records: {', '.join(records)})")
+        df, meta = load(rec, BURST_TRAIN)
+        sel = df[(df.target == target) & (df.store_bytes == store_bytes)]
+        if sel.empty:
+            raise ValueError(f"{rec}: no {link} trains (target {target!r}) in its burst_train record")
+        sources[sub] = dict(file=f"{sub}/{paths(rec, BURST_TRAIN)[0].name}", sha256=meta.get("csv_sha256"))
+        t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
+            burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
+        add("train", sub, t, "issue_ns", "gap_ns")
     n = max(len(p[3]) for p in parts)
     N = len(parts)
     b = np.full((N, n), 2048.0)
@@ -557,7 +579,7 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
 
 def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageFit:
     """Fit a rung to a machine folder's records of ``link``; a drain measured directly there is fixed."""
-    obs = observations(folder, link)
+    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()))
     d = measured_drain(folder, link)
     measured = {}
     if d is not None:

@@ -631,7 +631,9 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             # session 8, call S8-U4: the fastest rungs of round 5 beside FA4 (same rounds)
                             "attention_vs_fa4_gluon_best": "STUDY=gluon_best scripts/attention_vs_fa4.sh",
                             # session 9: the persistent ws grid beside FA4 (same rounds)
-                            "attention_vs_fa4_gluon_pe": "STUDY=gluon_pe scripts/attention_vs_fa4.sh"}
+                            "attention_vs_fa4_gluon_pe": "STUDY=gluon_pe scripts/attention_vs_fa4.sh",
+                            # session 10 (call U10-3): the masked last key block peeled out of the loop (-lp)
+                            "attention_vs_fa4_gluon_lp": "STUDY=gluon_lp scripts/attention_vs_fa4.sh"}
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)",
@@ -1633,7 +1635,7 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
     return out
 
 
-CANDIDATE_RUNGS = ("tpc",)   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
+CANDIDATE_RUNGS = ("tpc", "processes")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
 
 
 def stage_candidates(link: str = "host") -> pd.DataFrame:
