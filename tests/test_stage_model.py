@@ -426,3 +426,23 @@ def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():
     for P in (16, 32, 48, 66):
         assert sh.rel_median[(P, 1, 2)] < sh.rel_median[(P, 1, 1)], P
     assert sh.weight[(16, 1, 2)] == 0.5 and sh.weight[(16, 1, 1)] == 1.0
+
+
+def test_observations_take_the_records_of_other_calls_and_refuse_a_missing_one():
+    """Rung "processes" (xstage.fit.RUNG_RECORDS): each named record's trains join the fit as kind "train" under
+    their own train names (one held-out fold per name across records); a record that is not there is an error."""
+    from xstage import data as xdata
+    from xstage.fit import RUNG_RECORDS, observations, read_stage_fit
+
+    folder = xdata.machine_dir("h200x1")
+    base = observations(folder, "host")
+    more = observations(folder, "host", records=("train_programs_p",))
+    df, _ = xdata.load(folder / "train_programs_p", xdata.BURST_TRAIN)
+    added = df[df.target == "host"].groupby(["train", "programs"]).ngroups
+    assert len(more.cfgs) == len(base.cfgs) + added
+    assert (more.cfgs.kind.iloc[len(base.cfgs):] == "train").all()
+    assert "train_programs_p" in more.sources and "train_programs_p" not in base.sources
+    with pytest.raises(ValueError, match="no burst_train record"):
+        observations(folder, "host", records=("no_such_record",))
+    fit = read_stage_fit(folder, "host", "processes")        # written from these records, checked by sha256
+    assert set(RUNG_RECORDS["processes"]) <= set(fit["sources"])
