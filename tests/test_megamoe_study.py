@@ -379,8 +379,8 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "scripts/megamoe_gemm.py --study tiles6 --out data/h200x1/megamoe_round6_gemm`",
                    "note: no recorded MegaMoE round-7 study for h200x1 (data/h200x1/megamoe_round7_controls); run "
                    "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round7_controls`",
-                   "note: no recorded MegaMoE round-3 study for h200x1 (data/h200x1/megamoe_round8_gemm); run `python3 "
-                   "scripts/megamoe_gemm.py --study gemm --out data/h200x1/megamoe_round8_gemm`",
+                   "note: no recorded MegaMoE round-8 study for h200x1 (data/h200x1/megamoe_round8_gemm); run `python3 "
+                   "scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_round8_gemm`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 

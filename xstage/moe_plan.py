@@ -70,6 +70,7 @@ Dtypes: ``bf16`` and ``fp8`` (e4m3 with 1x128 activation / 128x128 weight scales
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from dataclasses import dataclass, field, replace
@@ -1051,6 +1052,23 @@ def l2_traffic(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, act_by
 
 
 # --------------------------------------------------------------------------------- the model on recorded rows
+@functools.lru_cache(maxsize=4096)
+def _recorded_task_list(case: MoECase, P: int, r: int, tiles: TileConfig, n_sms: int, schedule: str,
+                        param: str) -> tuple[TaskList, np.ndarray]:
+    """Rank ``r``'s task list of a recorded row (:func:`schedule_of_param` on the seeded routing's grid) and its
+    remote rows per block. Independent of the stage parameters, so memoised: every re-prediction of the same
+    record (another parameter set, another wait model) reuses the lists the first one built and checked."""
+    s = case.shape
+    layouts = _layouts_of(case, P)
+    grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
+    return schedule_of_param(schedule, param, grid, n_sms), grid.remote_rows_per_block(layouts[r])
+
+
+@functools.lru_cache(maxsize=256)
+def _layouts_of(case: MoECase, P: int) -> tuple:
+    return tuple(routing_of(case, P)[2])
+
+
 def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
               wait: str | None = None) -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
@@ -1068,25 +1086,24 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
         if c is None:
             raise ValueError(f"{name} T={tokens} {routing} is not one of the 84 configurations")
         s = c.shape
-        _, _, layouts = routing_of(c, int(P))
         rows = g.drop_duplicates("schedule").set_index("schedule")
         tiles = tiles_of_row(rows.iloc[0])     # the tiles the row ran with (old records: TILES_V1)
         out_bytes = OUT_DTYPES[dtype].itemsize
         pred: dict[str, list] = {}
         for r in range(int(P)):
-            grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
-            ew = schedule_of_param("expert_wave", str(rows.schedule_param.get("expert_wave", "")), grid, n_sms)
+            ew, remote = _recorded_task_list(c, int(P), r, tiles, n_sms, "expert_wave",
+                                             str(rows.schedule_param.get("expert_wave", "")))
             rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
                                   wait=wait)
             cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait)
-            remote = grid.remote_rows_per_block(layouts[r])
             for sched, row in rows.iterrows():
                 par = str(row.schedule_param)
                 if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
                     ch = par.split("|")
                     par = ch[r] if len(ch) == int(P) else ch[0]
                 try:
-                    tl_ = ew if sched == "expert_wave" else schedule_of_param(sched, par, grid, n_sms)
+                    tl_ = ew if sched == "expert_wave" else _recorded_task_list(c, int(P), r, tiles, n_sms,
+                                                                                sched, par)[0]
                 except ValueError as e:
                     raise ValueError(f"{name} T={tokens} {routing} {dtype}: {e}") from e
                 p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)

@@ -1900,7 +1900,9 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
     if not data.paths(folder, data.MEGAMOE_GEMM)[0].is_file():
         name, study = {MEGAMOE_ROUND4_SUB: ("round-4", "controls"), MEGAMOE_ROUND5_SUB: ("round-5", "tiles"),
                        MEGAMOE_ROUND6_GEMM_SUB: ("round-6", "tiles6"),
-                       MEGAMOE_ROUND7_CONTROLS_SUB: ("round-7", "controls7")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND7_CONTROLS_SUB: ("round-7", "controls7"),
+                       MEGAMOE_ROUND8_GEMM_SUB: ("round-8", "gemm8"),
+                       MEGAMOE_ROUND8_CONTROLS_SUB: ("round-8", "controls8")}.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -2169,6 +2171,8 @@ def megamoe_round6_tiles_summary(t: pd.DataFrame) -> pd.DataFrame:
 # compute-only controls (xstage.moe_gemm study controls7) and the host-link sweep (MEGAMOE_HOST_RECORDS[0]) re-run
 MEGAMOE_ROUND7_CONTROLS_SUB = "megamoe_round7_controls"   # data/<machine>/megamoe_round7_controls/: controls7
 MEGAMOE_ROUND7_HOST = "megamoe_round7_host"               # data/h200x1/megamoe_round7_host/: the host-link sweep
+MEGAMOE_ROUND8_GEMM_SUB = "megamoe_round8_gemm"             # data/h200x1/megamoe_round8_gemm/: study gemm8
+MEGAMOE_ROUND8_CONTROLS_SUB = "megamoe_round8_controls"     # data/h200x1/megamoe_round8_controls/: controls8
 
 
 def megamoe_round7_controls(df: pd.DataFrame) -> pd.DataFrame:
