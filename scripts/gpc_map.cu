@@ -10,14 +10,15 @@
 // at once. For cluster sizes 1 (the plain dispatch order), 2, 4, 8 and 16 (non-portable), REPEATS launches each
 // of as many clusters as cudaOccupancyMaxActiveClusters says fit. Output: JSON lines on stdout, one per launch
 // ({"cluster_size", "launch", "max_active_clusters", "blocks": [[block, cluster, rank, smid], ...]}), and first
-// one line of device properties. Build: nvcc -O2 -arch=sm_90 -o gpc_map scripts/gpc_map.cu
+// one line of device properties. Build: nvcc -O2 -arch=sm_90 -o gpc_map scripts/gpc_map.cu (a program), or with
+// -shared -Xcompiler -fPIC -DGPC_MAP_LIB (a library: gpc_map_run).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-  fprintf(stderr, "gpc_map: %s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); exit(2); } } while (0)
+  fprintf(stderr, "gpc_map: %s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); return 2; } } while (0)
 
 static const unsigned long long HOLD_NS = 200000ull;   // 200 us: every cluster of a launch resident together
 static const int REPEATS = 12;
@@ -37,17 +38,22 @@ __global__ void where(int* sm, int* cl, int* rk, unsigned long long hold_ns) {
   }
 }
 
-int main() {
+// The map into ``path`` (NULL: stdout). Also a shared library (nvcc -shared -Xcompiler -fPIC -DGPC_MAP_LIB):
+// scripts/trains_gpc.py calls it through ctypes inside the process that records the trains, so both see one
+// %smid numbering. Returns 0, or 2 after a CUDA error (named on stderr).
+extern "C" int gpc_map_run(const char* path) {
+  FILE* out = path ? fopen(path, "w") : stdout;
+  if (!out) { fprintf(stderr, "gpc_map: cannot open %s\n", path); return 2; }
   cudaDeviceProp p;
   CHECK(cudaGetDeviceProperties(&p, 0));
   const int S = p.multiProcessorCount;
   const size_t smem = p.sharedMemPerMultiprocessor / 2 + 1024;   // more than half an SM's: one CTA per SM
-  printf("{\"device\": \"%s\", \"sm_count\": %d, \"cc\": \"%d.%d\", \"uuid\": \"", p.name, S, p.major, p.minor);
+  fprintf(out, "{\"device\": \"%s\", \"sm_count\": %d, \"cc\": \"%d.%d\", \"uuid\": \"", p.name, S, p.major, p.minor);
   for (int i = 0; i < 16; ++i) {
-    printf("%02x", (unsigned char)p.uuid.bytes[i]);
-    if (i == 3 || i == 5 || i == 7 || i == 9) printf("-");
+    fprintf(out, "%02x", (unsigned char)p.uuid.bytes[i]);
+    if (i == 3 || i == 5 || i == 7 || i == 9) fprintf(out, "-");
   }
-  printf("\", \"smem_per_cta\": %zu, \"hold_ns\": %llu}\n", smem, HOLD_NS);
+  fprintf(out, "\", \"smem_per_cta\": %zu, \"hold_ns\": %llu}\n", smem, HOLD_NS);
   CHECK(cudaFuncSetAttribute(where, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   CHECK(cudaFuncSetAttribute(where, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   int *sm, *cl, *rk;
@@ -72,7 +78,7 @@ int main() {
     int nclusters = 0;
     cudaError_t e = cudaOccupancyMaxActiveClusters(&nclusters, where, &cfg);
     if (e != cudaSuccess || nclusters < 1) {
-      printf("{\"cluster_size\": %d, \"error\": \"%s\", \"max_active_clusters\": %d}\n", cs,
+      fprintf(out, "{\"cluster_size\": %d, \"error\": \"%s\", \"max_active_clusters\": %d}\n", cs,
              e != cudaSuccess ? cudaGetErrorString(e) : "no cluster fits", nclusters);
       cudaGetLastError();
       continue;
@@ -84,18 +90,25 @@ int main() {
       e = cudaLaunchKernelEx(&cfg, where, sm, cl, rk, HOLD_NS);
       if (e == cudaSuccess) e = cudaDeviceSynchronize();
       if (e != cudaSuccess) {
-        printf("{\"cluster_size\": %d, \"launch\": %d, \"error\": \"%s\"}\n", cs, rep, cudaGetErrorString(e));
+        fprintf(out, "{\"cluster_size\": %d, \"launch\": %d, \"error\": \"%s\"}\n", cs, rep, cudaGetErrorString(e));
         cudaGetLastError();
         break;
       }
       CHECK(cudaMemcpy(hs.data(), sm, blocks * sizeof(int), cudaMemcpyDeviceToHost));
       CHECK(cudaMemcpy(hc.data(), cl, blocks * sizeof(int), cudaMemcpyDeviceToHost));
       CHECK(cudaMemcpy(hr.data(), rk, blocks * sizeof(int), cudaMemcpyDeviceToHost));
-      printf("{\"cluster_size\": %d, \"launch\": %d, \"max_active_clusters\": %d, \"blocks\": [", cs, rep, nclusters);
-      for (int b = 0; b < blocks; ++b) printf("%s[%d, %d, %d, %d]", b ? ", " : "", b, hc[b], hr[b], hs[b]);
-      printf("]}\n");
+      fprintf(out, "{\"cluster_size\": %d, \"launch\": %d, \"max_active_clusters\": %d, \"blocks\": [", cs, rep, nclusters);
+      for (int b = 0; b < blocks; ++b) fprintf(out, "%s[%d, %d, %d, %d]", b ? ", " : "", b, hc[b], hr[b], hs[b]);
+      fprintf(out, "]}\n");
     }
   }
-  fflush(stdout);
+  CHECK(cudaFree(sm));
+  CHECK(cudaFree(cl));
+  CHECK(cudaFree(rk));
+  if (path) fclose(out); else fflush(out);
   return 0;
 }
+
+#ifndef GPC_MAP_LIB
+int main() { return gpc_map_run(nullptr); }
+#endif

@@ -4,7 +4,7 @@
 # Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's HEAD is stale). ~15 s.
 set -euo pipefail
 : "${OUT:?set OUT}"
-D=$OUT/h200x1/gpc_map
+D=${GPC_MAP_DIR:-$OUT/h200x1/gpc_map}
 mkdir -p "$D"
 nvcc -O2 -arch=sm_90 -o /tmp/gpc_map scripts/gpc_map.cu
 timeout 120 /tmp/gpc_map > "$D/gpc_map.jsonl.part"
