@@ -89,6 +89,33 @@ FP8_AMAX_FLOOR = tl.constexpr(1e-4)  # scale = max(amax, floor) / 448: an all-ze
 
 
 @triton.jit
+def _linear1_scales(xs_ptr, w1s_ptr, e64, rows64, row_ok, col_block, k, Hd, I,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """FP8: the scales of Linear-1's 128-deep K block at ``k``: the tile rows' activation scales ``a_s`` [BM] (1 x
+    128; rows past the expert's end read 0) and the gate and up weight blocks' ``g_s``, ``u_s`` (128 x 128). The one
+    place both main loops (TMA and pointer) load them, so both scale each block's MMA from the same loads."""
+    n_kb = Hd // BLOCK_K
+    kb = k // BLOCK_K
+    a_s = tl.load(xs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0)                # [BM]
+    s_base = w1s_ptr + e64 * (2 * I // BLOCK_N) * n_kb
+    g_s = tl.load(s_base + col_block * n_kb + kb)                                      # gate block's scale
+    u_s = tl.load(s_base + (I // BLOCK_N + col_block) * n_kb + kb)                     # up block's scale
+    return a_s, g_s, u_s
+
+
+@triton.jit
+def _linear2_scales(hs_ptr, w2s_ptr, e64, rows64, row_ok, col_block, k, Hd, I,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """FP8: the scales of Linear-2's 128-deep K block at ``k``: the intermediate rows' ``a_s`` [BM] (.cg: other
+    programs wrote them during this launch) and the W2 block's ``w_s``. The one place both main loops load them."""
+    n_kb = I // BLOCK_K
+    kb = k // BLOCK_K
+    a_s = tl.load(hs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0, cache_modifier=".cg")   # [BM]
+    w_s = tl.load(w2s_ptr + e64 * (Hd // BLOCK_N) * n_kb + col_block * n_kb + kb)
+    return a_s, w_s
+
+
+@triton.jit
 def _linear1_acc_tma(x_ptr, xs_ptr, w1_ptr, w1s_ptr, e64, rows64, row_ok, row0, row_end, col_block, Hd, I,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr):
     """Linear-1's main loop through TMA: (x W_gate^T, x W_up^T) fp32 [BM, BN] each. Descriptors are made per tile:
@@ -108,12 +135,8 @@ def _linear1_acc_tma(x_ptr, xs_ptr, w1_ptr, w1s_ptr, e64, rows64, row_ok, row0, 
         wg = wd.load([n0, k])                                          # [BN, BK] gate rows
         wu = wd.load([I + n0, k])                                      # [BN, BK] up rows
         if FP8:
-            n_kb = Hd // BLOCK_K
-            kb = k // BLOCK_K
-            a_s = tl.load(xs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0)            # [BM]
-            s_base = w1s_ptr + e64 * (2 * I // BLOCK_N) * n_kb
-            g_s = tl.load(s_base + col_block * n_kb + kb)                                  # gate block's scale
-            u_s = tl.load(s_base + (I // BLOCK_N + col_block) * n_kb + kb)                 # up block's scale
+            a_s, g_s, u_s = _linear1_scales(xs_ptr, w1s_ptr, e64, rows64, row_ok, col_block, k, Hd, I, BLOCK_N,
+                                            BLOCK_K)
             acc_g += tl.dot(a, wg.T) * (a_s[:, None] * g_s)
             acc_u += tl.dot(a, wu.T) * (a_s[:, None] * u_s)
         else:
@@ -136,10 +159,7 @@ def _linear2_acc_tma(a_ptrs, hs_ptr, w2s_ptr, rows64, row_ok, w2_ptr, e64, col_b
         a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")   # [BM, BK]
         w = wd.load([n0, k])                                           # [BN, BK]
         if FP8:
-            n_kb = I // BLOCK_K
-            kb = k // BLOCK_K
-            a_s = tl.load(hs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0, cache_modifier=".cg")  # [BM]
-            w_s = tl.load(w2s_ptr + e64 * (Hd // BLOCK_N) * n_kb + col_block * n_kb + kb)
+            a_s, w_s = _linear2_scales(hs_ptr, w2s_ptr, e64, rows64, row_ok, col_block, k, Hd, I, BLOCK_N, BLOCK_K)
             acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)
         else:
             acc = tl.dot(a, w.T, acc)
@@ -174,12 +194,8 @@ def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, count
             wg = tl.load(wg_ptrs)
             wu = tl.load(wu_ptrs)
             if FP8:
-                n_kb = Hd // BLOCK_K
-                kb = k // BLOCK_K
-                a_s = tl.load(xs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0)        # [BM]
-                s_base = w1s_ptr + e64 * (2 * I // BLOCK_N) * n_kb
-                g_s = tl.load(s_base + col_block * n_kb + kb)                              # gate block's scale
-                u_s = tl.load(s_base + (I // BLOCK_N + col_block) * n_kb + kb)             # up block's scale
+                a_s, g_s, u_s = _linear1_scales(xs_ptr, w1s_ptr, e64, rows64, row_ok, col_block, k, Hd, I,
+                                                BLOCK_N, BLOCK_K)
                 acc_g += tl.dot(a, wg) * (a_s[:, None] * g_s)
                 acc_u += tl.dot(a, wu) * (a_s[:, None] * u_s)
             else:
@@ -227,10 +243,8 @@ def _linear2_tile(h_ptr, hs_ptr, w2_ptr, w2s_ptr, meta_ptr, counters_ptr, combin
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
             w = tl.load(w_ptrs)
             if FP8:
-                n_kb = I // BLOCK_K
-                kb = k // BLOCK_K
-                a_s = tl.load(hs_ptr + rows64 * n_kb + kb, mask=row_ok, other=0.0, cache_modifier=".cg")  # [BM]
-                w_s = tl.load(w2s_ptr + e64 * (Hd // BLOCK_N) * n_kb + col_block * n_kb + kb)
+                a_s, w_s = _linear2_scales(hs_ptr, w2s_ptr, e64, rows64, row_ok, col_block, k, Hd, I, BLOCK_N,
+                                           BLOCK_K)
                 acc += tl.dot(a, w) * (a_s[:, None] * w_s)
             else:
                 acc = tl.dot(a, w, acc)
