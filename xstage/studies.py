@@ -1579,6 +1579,95 @@ def program_favour(pp: pd.DataFrame, link: str = "host") -> tuple[pd.DataFrame, 
     return per_sm, pd.DataFrame(rows)
 
 
+TRAIN_GPC = "train_gpc"       # under data/h200x1/: seed-7 per-program trains, P = 16-66, the GPC map read in-process
+GPC_MAP_MIN_CLUSTER = 4       # clusters of 2 pair a TPC's SMs only; from 4 up a cluster's CTAs share a GPC
+
+
+def gpc_map(path) -> pd.DataFrame:
+    """The SM -> GPC map of a ``scripts/gpc_map.cu`` record (JSON lines: the device, then one line per launch with
+    every CTA's [block, cluster, rank, smid]). A thread-block cluster runs in one GPC, so SMs that ever ran CTAs of
+    one cluster of >= :data:`GPC_MAP_MIN_CLUSTER` share a GPC (union over every launch). Returns per SM: ``gpc``
+    (the smallest SM of its group; -1: the SM never ran in such a cluster, e.g. a TPC that only takes clusters
+    of <= 2) and ``gpc_sms`` (the group's size; 1 for -1); ``attrs``: the device's uuid and SM count.
+    A malformed record is a ValueError naming the file and line."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no GPC map record {path} (bash scripts/gpc_map.sh on a GPU writes one)")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        head = json.loads(lines[0])
+        S = int(head["sm_count"])
+    except (IndexError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}:1: not a gpc_map.cu record (its first line names the device and sm_count): {e}")
+    parent = list(range(S))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    launches = 0
+    for i, line in enumerate(lines[1:], start=2):
+        try:
+            rec = json.loads(line)
+            cs = int(rec["cluster_size"])
+            if "error" in rec:
+                continue                       # a cluster size the device refused (the record says why)
+            clusters: dict[int, list[int]] = {}
+            for b, c, r, sm in rec["blocks"]:
+                if not 0 <= int(sm) < S:
+                    raise ValueError(f"smid {sm} outside 0..{S - 1}")
+                clusters.setdefault(int(c), []).append(int(sm))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{i}: malformed gpc_map line: {e}") from None
+        launches += 1
+        if cs >= GPC_MAP_MIN_CLUSTER:
+            for sms in clusters.values():
+                for sm in sms[1:]:
+                    parent[find(sm)] = find(sms[0])
+    if not launches:
+        raise ValueError(f"{path}: no launches recorded")
+    groups: dict[int, list[int]] = {}
+    for sm in range(S):
+        groups.setdefault(find(sm), []).append(sm)
+    gpc = np.full(S, -1)
+    size = np.ones(S, int)
+    for sms in groups.values():
+        if len(sms) > 1:
+            gpc[sms], size[sms] = min(sms), len(sms)
+    out = pd.DataFrame({"smid": np.arange(S), "gpc": gpc, "gpc_sms": size})
+    out.attrs.update(uuid=head.get("uuid", ""), sm_count=S)
+    return out
+
+
+def favour_by_gpc(machine: str = "h200x1", sub: str = TRAIN_GPC, link: str = "host") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The drain's share per SM against the GPC the SM is in, from a per-program record whose process also read
+    the chip's GPC map (``scripts/trains_gpc.sh``: ``gpc_map_before.jsonl`` beside the trains). First bursts only
+    (every program starts together into an empty stage), contended ones (:func:`program_rates`). Returns (per
+    program count and SM: median ``rel`` -- the burst's median program's time over this program's --, its GPC
+    and how many of the grid's programs run in that GPC; per program count and GPC: its programs and the median,
+    min and max of its SMs' ``rel``). SMs outside every cluster-schedulable GPC (gpc -1) form one row."""
+    folder = data.machine_dir(machine) / sub
+    gm = gpc_map(folder / "gpc_map_before.jsonl").set_index("smid")
+    pp, _ = train_programs_data(machine, sub)
+    c = program_rates(pp, link)
+    c = c[c.burst == 0]
+    per_sm = c.groupby(["programs", "smid"], as_index=False).rel.median()
+    per_sm["gpc"] = gm.gpc.reindex(per_sm.smid).to_numpy()
+    used = pp[pp.target == LINK_TARGET[link]].drop_duplicates(["programs", "program"])[["programs", "smid"]]
+    used = used.assign(gpc=gm.gpc.reindex(used.smid).to_numpy())
+    in_gpc = used.groupby(["programs", "gpc"]).size().rename("programs_in_gpc").reset_index()
+    per_sm = per_sm.merge(in_gpc, on=["programs", "gpc"], how="left")
+    summary = (per_sm.groupby(["programs", "gpc"], as_index=False)
+               .agg(programs_in_gpc=("programs_in_gpc", "first"), sms=("smid", "size"), rel_median=("rel", "median"),
+                    rel_min=("rel", "min"), rel_max=("rel", "max"))
+               .sort_values(["programs", "rel_median"]))
+    return per_sm, summary.reset_index(drop=True)
+
+
 def placement_share(pp: pd.DataFrame, link: str = "host", first: bool = False) -> pd.DataFrame:
     """How a program's placement sets its share of a full stage's drain, from a per-program record: every
     contended burst's programs (:func:`program_rates`) by how many programs share its SM (``on_sm``) and its TPC
