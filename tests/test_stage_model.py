@@ -23,6 +23,15 @@ def random_params(**kw) -> StageParams:
     return StageParams(**{**d, **kw})
 
 
+# grids whose programs all get equal shares under each arbitration with spread 0 (tpc: every occupied TPC holds the
+# same programs; gpc: every occupied GPC holds the same programs: the first 8, all in GPC 0)
+EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8]}
+
+
+def equal_share_p(arb, default=(16, 66, 132, 264)) -> int:
+    return int(RNG.choice(EQUAL_SHARE_P.get(arb, list(default))))
+
+
 def random_train(n=8):
     return (RNG.integers(1, 160, n) * 2048).astype(float), RNG.choice([0, 500, 3000, 30_000, 100_000], n).astype(float)
 
@@ -31,7 +40,7 @@ def random_train(n=8):
 def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
-    start, end, _ = simulate_stage(prm, [132], b[None], g[None], [False])
+    start, end, _ = simulate_stage(prm, [132 if arb != "gpc" else 8], b[None], g[None], [False])   # (gpc: EQUAL_SHARE_P)
     assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
     assert np.allclose(end[0], end[0, :1], rtol=1e-9, atol=1e-6)
     # unequal shares do drift apart (the same train, spread > 0): the measured regime. The first burst is made
@@ -56,8 +65,7 @@ def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     shares, every burst costs what the first did. (Free-running with unequal shares, the programs stay staggered
     by the first burst and stop contending: later bursts are cheaper, as measured.)"""
     b = np.full(6, RNG.integers(8, 320) * 2048.0)
-    # (tpc: shares are equal only where every occupied TPC holds the same programs: 132, 264 on 132 SMs)
-    P = int(RNG.choice([132, 264] if arb == "tpc" else [16, 66, 132, 264]))
+    P = equal_share_p(arb)   # (tpc, gpc: shares are equal only on some grids, EQUAL_SHARE_P)
     for prm, sync in ((random_params(arbitration=arb), True), (random_params(arbitration=arb, spread=0.0), False)):
         t = predict_train(prm, P, b, np.full(6, 1e9), sync=sync)
         assert np.allclose(t, t[0], rtol=1e-6), (sync, t)
@@ -75,7 +83,7 @@ def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
     # (slots: with unequal slots the favoured programs' parts drain while the last one still issues, so
     # only equal parts leave the whole stage full at the barrier)
     prm = random_params(arbitration=arb, drain_gbps=RNG.uniform(30, 100), **({"spread": 0.0} if arb != "pool" else {}))
-    P = int(RNG.choice([132, 264] if arb == "tpc" else [66, 132, 264]))
+    P = equal_share_p(arb, (66, 132, 264))
     b = np.full(5, 4 * float(prm.capacity_bytes(P)) / P)     # every burst overflows the stage
     gap = np.zeros(5)
     rel = predict_train(prm, P, b, gap, sync=True)
@@ -110,7 +118,9 @@ def test_sync_is_the_grids_span_and_free_running_is_faster_after_the_first_burst
     prm = random_params(arbitration=arb, spread=0.8, drain_gbps=60.0)
     b, g = np.full(8, 128 * KIB), np.full(8, 30_000.0)
     sync, free = predict_train(prm, 132, b, g, sync=True), predict_train(prm, 132, b, g)
-    assert free[0] <= sync[0] and free[-1] < 0.8 * sync[-1]
+    # (first burst: the same simulation; where it is drain-bound every program ends near the drain time and the
+    # median program's issue time can exceed the grid's span by the per-burst overhead: 2 % tolerance)
+    assert free[0] <= 1.02 * sync[0] and free[-1] < 0.8 * sync[-1]
 
 
 def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, seed=0):
@@ -406,6 +416,43 @@ def test_dispatch_order_and_placement_classes():
                              [False], groups=1)
 
 
+def test_gpc_map_and_gpc_classes():
+    """The model's GPC map is the recorded one (data/h200x1/gpc_map: SMs that share a cluster of >= 4 share a GPC;
+    the SMs outside every such cluster in GPC 0), and the GPC classes count every program once, each occupied
+    GPC's programs holding weights summing to 1."""
+    from xstage import data, studies
+
+    rec = studies.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
+    clustered = rec[rec.gpc >= 0]
+    for _, g in clustered.groupby("gpc"):                       # one recorded group is one model GPC
+        assert len(set(model.GPC_OF_SM[g.smid])) == 1
+    assert clustered.groupby(model.GPC_OF_SM[clustered.smid]).gpc.nunique().max() == 1   # and no two groups merge
+    assert (model.GPC_OF_SM[rec.smid[rec.gpc < 0]] == 0).all()
+    order = model.dispatch_order(132)
+    for P in RNG.integers(1, 400, 20).tolist() + [1, 8, 9, 16, 132, 264]:
+        cls = model.gpc_classes(P)
+        assert sum(n for n, _ in cls) == P
+        occupied = len(set(model.GPC_OF_SM[order[np.arange(P) % 132]]))
+        assert np.isclose(sum(n * w for n, w in cls), occupied)
+    assert model.gpc_classes(8) == [(8, 0.125)]                 # the dispatch head: four TPCs of GPC 0
+    assert model.gpc_classes(16) == [(7, 1.0), (9, 1.0 / 9)]    # + one program in each GPC
+    with pytest.raises(ValueError, match="programs must be >= 1"):
+        model.gpc_classes(0)
+    with pytest.raises(ValueError, match="needs the measured GPC map"):
+        random_params(arbitration="gpc", sm_count=114)
+
+
+def test_gpc_shares_let_the_lone_programs_of_a_gpc_finish_first():
+    """P = 16 under equal GPC shares (spread 0): the 7 programs alone in their GPC finish a contended burst before
+    the 9 of GPC 0, as measured (studies.favour_by_gpc); equal slots shares keep all 16 together."""
+    b = np.full((1, 1), 4.0 * 2**20)             # 16 x 4 MiB: contends whatever the random parameters drew
+    for arb, apart in (("gpc", True), ("slots", False)):
+        _, end, m = simulate_stage(random_params(arbitration=arb, spread=0.0, drain_gbps=40.0), [16], b,
+                                   np.zeros((1, 1)), [False])
+        t = end[0, m[0] > 0, 0]
+        assert (np.ptp(t) > 0.2 * t.max()) == apart, (arb, t)
+
+
 def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():
     """The recorded first bursts: the capacity they show per program count (fitted D, r, o) and the share a
     program gets by its placement. Both read the recorded files; both can fail if the records or the model's
@@ -446,3 +493,20 @@ def test_observations_take_the_records_of_other_calls_and_refuse_a_missing_one()
         observations(folder, "host", records=("no_such_record",))
     fit = read_stage_fit(folder, "host", "processes")        # written from these records, checked by sha256
     assert set(RUNG_RECORDS["processes"]) <= set(fit["sources"])
+
+
+def test_the_free_running_measure_is_the_median_program_over_groups_of_unequal_size():
+    """stage_measure with ``m`` (programs per group): the median over programs, as np.median of the groups' times
+    repeated by their programs; equal groups keep the median over groups (every arbitration's fits unchanged)."""
+    rng = np.random.default_rng()
+    for _ in range(50):
+        G, n = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+        m = rng.integers(1, 20, G).astype(float)
+        x = rng.uniform(1, 1e4, (G, n))
+        start = np.zeros((1, G, n))
+        got = stage_measure(start, x[None], [False], m[None])[0]
+        want = [np.median(np.repeat(x[:, k], m.astype(int))) for k in range(n)]
+        assert np.allclose(got, want, rtol=1e-12), (m, x)
+    x = rng.uniform(1, 1e4, (4, 3))
+    assert np.array_equal(stage_measure(np.zeros((1, 4, 3)), x[None], [False], np.full((1, 4), 5.0))[0],
+                          np.median(x, axis=0))

@@ -315,7 +315,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
@@ -339,6 +339,8 @@ class StageParams:
                                      # "slots": C(P) - C_0 is every program's own slots (by weight), C_0 shared;
                                      # "tpc": "slots" whose weights are the placement's (placement_classes) times
                                      # the spread's
+                                     # "gpc": "slots" whose weights are the GPC share's (gpc_classes) times the
+                                     # spread's
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -355,6 +357,9 @@ class StageParams:
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
+        if self.arbitration == "gpc" and int(self.sm_count) != len(GPC_OF_SM):
+            raise ValueError(f"arbitration 'gpc' needs the measured GPC map, which is of a {len(GPC_OF_SM)}-SM "
+                             f"chip (H200); sm_count is {self.sm_count}")
         if self.arbitration not in ARBITRATIONS:
             raise ValueError(f"arbitration must be one of {', '.join(ARBITRATIONS)}, got {self.arbitration!r}")
 
@@ -444,9 +449,45 @@ def placement_classes(programs: int, sm_count: int = 132) -> list[tuple[int, flo
     return sorted(((n, w) for w, n in merged.items()), key=lambda c: -c[1])
 
 
-def _placement_groups(P, spread: float, groups: int, sm_count: int):
-    """m, w [N, groups] for arbitration="tpc": every placement class split into groups // classes weight groups
-    (the spread's uniform law within a class), so a grid is simulated as at most ``groups`` groups."""
+def _gpc_of_tpc(t: int) -> int:
+    """The GPC (its smallest TPC) of TPC t of an H200, as measured with thread-block clusters (data/h200x1/gpc_map,
+    two chips and one process before and after its trains alike; studies.gpc_map): TPCs 0-31 are GPC t mod 8 in
+    turn, TPCs 32-59 the seven GPCs but GPC 0 in turn; TPCs 60-65 never run a cluster of 4 and are put in GPC 0:
+    the dispatch head (programs 0-7 on TPCs 62-65) takes GPC 0's share at P = 16-66 (studies.favour_by_gpc; for
+    TPCs 60-61 not measured)."""
+    if t < 32:
+        return t % 8
+    if t < 60:
+        return 1 + (t - 32) % 7
+    return 0
+
+
+GPC_OF_SM = np.array([_gpc_of_tpc(sm // 2) for sm in range(132)], int)   # SM -> GPC id (0-7) of a 132-SM H200
+
+
+def gpc_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
+    """(programs, weight) per class of a grid of ``programs`` when the drain is shared equally per occupied GPC,
+    then equally among the GPC's programs (weight 1 / programs in its GPC). Measured on the host link
+    (data/h200x1/train_gpc, first bursts): at P = 32 / 48 / 66 GPC 0 holds 11 / 12 / 12 programs and the others 3 /
+    5-6 / 7-8, and GPC 0's programs drain at 0.22 / 0.43 / 0.60 of the others' (equal GPC shares: 0.27 / 0.42 /
+    0.67); within a GPC a program sharing its TPC drains as fast as one alone on its TPC."""
+    P = int(programs)
+    if P < 1:
+        raise ValueError(f"programs must be >= 1, got {programs!r}")
+    if int(sm_count) != len(GPC_OF_SM):
+        raise ValueError(f"the GPC map is of a {len(GPC_OF_SM)}-SM chip, got sm_count {sm_count}")
+    gpc = GPC_OF_SM[dispatch_order(sm_count)[np.arange(P) % sm_count]]
+    n = np.bincount(gpc, minlength=8)
+    merged: dict[float, int] = {}
+    for g in np.flatnonzero(n):
+        merged[1.0 / n[g]] = merged.get(1.0 / n[g], 0) + int(n[g])
+    return sorted(((c, w) for w, c in merged.items()), key=lambda c: -c[1])
+
+
+def _placement_groups(P, spread: float, groups: int, sm_count: int, classes=placement_classes):
+    """m, w [N, groups] for arbitration="tpc" (``classes``: placement_classes) or "gpc" (gpc_classes): every class
+    split into groups // classes weight groups (the spread's uniform law within a class), so a grid is simulated
+    as at most ``groups`` groups."""
     N = len(P)
     m = np.zeros((N, groups))
     w = np.zeros((N, groups))
@@ -454,7 +495,7 @@ def _placement_groups(P, spread: float, groups: int, sm_count: int):
     for i, p in enumerate(P):
         p = int(p)
         if p not in cache:
-            cls = placement_classes(p, sm_count)
+            cls = classes(p, sm_count)
             if len(cls) > groups:
                 raise ValueError(f"{p} programs make {len(cls)} placement classes, more than the {groups} weight "
                                  f"groups the model simulates; pass groups >= {len(cls)}")
@@ -492,8 +533,9 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
                          f"({MAX_STAGE_WORK}); predict fewer at a time")
     G = groups
-    if prm.arbitration == "tpc":
-        m, w = _placement_groups(P, prm.spread, G, prm.sm_count)
+    if prm.arbitration in ("tpc", "gpc"):
+        m, w = _placement_groups(P, prm.spread, G, prm.sm_count,
+                                 placement_classes if prm.arbitration == "tpc" else gpc_classes)
         valid = m > 0
     else:
         Gc = np.minimum(P, G).astype(int)                                  # groups used per configuration
@@ -503,7 +545,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc")
+    private = prm.arbitration in ("slots", "tpc", "gpc")
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]
@@ -678,17 +720,36 @@ def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bo
     if barrier not in ("release", "relaxed"):
         raise ValueError(f"barrier must be 'release' or 'relaxed', got {barrier!r}")
     P, b, g = _check_train(programs, burst_bytes, gap_ns)
-    start, end, _ = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)],
+    start, end, m = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)],
                                    barrier_drains=[barrier == "release"])
-    return stage_measure(start, end, [bool(sync)])[0]
+    return stage_measure(start, end, [bool(sync)], m)[0]
 
 
-def stage_measure(start, end, sync) -> np.ndarray:
-    """What the benchmark measures per burst [N, n]: the span over groups (sync) or the median group's issue
-    time (free-running: groups hold equal numbers of programs, so this is the median program)."""
+def stage_measure(start, end, sync, m=None) -> np.ndarray:
+    """What the benchmark measures per burst [N, n]: the span over groups (sync) or the median program's issue
+    time (free-running). ``m`` [N, G]: programs per group (simulate_stage's third result); where a row's groups
+    hold unequal numbers of programs (arbitration "tpc", "gpc": classes of unequal size) the median is weighted by
+    them, else (and without ``m``) it is the median group's, which is then the median program's."""
     sync = np.asarray(sync, bool)
     span = np.nanmax(end, axis=1) - np.nanmin(start, axis=1)
-    med = np.nanmedian(end - start, axis=1)
+    x = end - start
+    med = np.nanmedian(x, axis=1)
+    if m is not None:
+        m = np.asarray(m, np.float64)
+        valid = m > 0
+        lo = np.where(valid, m, np.inf).min(axis=1)
+        hi = np.where(valid, m, -np.inf).max(axis=1)
+        for i in np.flatnonzero(hi > lo * (1 + 1e-12)):      # unequal groups: the weighted median
+            for k in range(x.shape[2]):
+                ok = valid[i] & np.isfinite(x[i, :, k])
+                if not ok.any():
+                    continue
+                v, w = x[i, ok, k], m[i, ok]
+                o = np.argsort(v, kind="stable")
+                c = np.cumsum(w[o]) / w.sum()
+                j = int(np.searchsorted(c, 0.5))
+                # exactly half the programs below: the mean of the two middle programs, as np.median does
+                med[i, k] = 0.5 * (v[o][j] + v[o][j + 1]) if np.isclose(c[j], 0.5) and j + 1 < len(v) else v[o][j]
     return np.where(sync[:, None], span, med)
 
 
