@@ -52,6 +52,11 @@ Version ladder (constexprs of one kernel; each a bar of the MegaMoE figure):
      run: 1.074 / 0.849 / 11 -> 1.158 / 0.928 / 0); TMA with 3 stages 1.082 / 0.869 / 2; TMA with tile swizzle
      16 1.140 / 0.921 / 0. Over all 84: pointer loops 1.092 -> TMA 1.154 (geomean). Peak 626 TFLOP/s (TMA)
      against 523 (pointer loops) and grouped_mm's 592 in the same rounds.
+  4. TMA with FP8 (round 8; the fp8 default since tiles version 4, xstage.moe_plan.gpu_tiles): x, W1, W2 e4m3
+     through descriptors, the scales pointer-loaded by the same helpers as the pointer loops
+     (:func:`_linear1_scales`, :func:`_linear2_scales`), one pipeline stage more than the pointer loops could
+     afford (BM 64: 4, BM 128: 3). Bit-identical to the pointer loops on all 84 configurations; their time 0.834x
+     (geomean), fp8 / torch._scaled_grouped_mm 0.961 -> 1.153 (data/h200x1/megamoe_round8_gemm, study gemm8).
 A second kernel here is the dispatch (push): each rank stores its tokens' rows into the owners' receive buffers.
 
 Legend: P = ranks, E = experts, El = E / P local experts, K = top-k, T = tokens per rank, Hd = hidden,
@@ -355,8 +360,9 @@ def megamoe_tma_kernel(
     FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, DYNAMIC: tl.constexpr = False,
 ):
     """:func:`megamoe_kernel` (the same arguments) with the TMA main loops (:func:`_linear1_acc_tma`,
-    :func:`_linear2_acc_tma`): bf16 / fp16, and (round 8) fp8 e4m3 with its scales. A kernel of its own, so that the default's signature and
-    compiled code stay as they were."""
+    :func:`_linear2_acc_tma`): bf16 / fp16, and (round 8) fp8 e4m3 with its scales; the default of both since
+    tiles version 4. A kernel of its own, so that the pointer loops' signature and compiled code stay as they
+    were."""
     _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
                      counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I,
                      expected, max_polls, ticket_base, BLOCK_M, BLOCK_N1, BLOCK_N2, BLOCK_K, FP8, TIMED, DEVICE,

@@ -5,6 +5,7 @@
   python3 scripts/megamoe_gemm.py --study gemm     --out $OUT/h200x1/megamoe_round3 [--max-minutes 3]
   python3 scripts/megamoe_gemm.py --study controls --out $OUT/h200x1/megamoe_round3 [--max-minutes 2]
   python3 scripts/megamoe_gemm.py --warm [--part I --parts N]   (Triton's cache: no kernel launched)
+  python3 scripts/megamoe_gemm.py --warm --defaults [--dtypes fp8]   (only the default tiles: the sweep, the tests)
 """
 import argparse
 import shlex
@@ -23,9 +24,11 @@ def main(argv=None) -> None:
     ap.add_argument("--warm", action="store_true")
     ap.add_argument("--part", type=int, default=0)
     ap.add_argument("--parts", type=int, default=1)
+    ap.add_argument("--defaults", action="store_true", help="--warm: only the default tiles (sweep, GPU tests)")
     a = ap.parse_args(argv)
     if a.warm:
-        print(f"warmed {moe_gemm.warm(a.dtypes.split(','), a.part, a.parts)} kernel variants", file=sys.stderr)
+        n = moe_gemm.warm(a.dtypes.split(","), a.part, a.parts, defaults_only=a.defaults)
+        print(f"warmed {n} kernel variants", file=sys.stderr)
         return
     if not a.out:
         ap.error("--out is required")

@@ -77,11 +77,13 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
     assert MP.default_tiles("bf16", 256.0) == MP.TileConfig(128, 128, 256, 64, 8, 4, tma=True)
     assert MP.default_tiles("bf16", 24.0) == MP.TileConfig(64, 128, 256, 64, 8, 4, tma=True)
-    assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(64, 128, 128, 128, 8, 3)
-    assert MP.default_tiles("fp8", 1024.0) == MP.TileConfig(128, 128, 128, 128, 8, 2)
+    assert MP.default_tiles("fp8", 192.0, version=3) == MP.TileConfig(64, 128, 128, 128, 8, 3)
+    assert MP.default_tiles("fp8", 1024.0, version=3) == MP.TileConfig(128, 128, 128, 128, 8, 2)
+    assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(64, 128, 128, 128, 8, 4, tma=True)     # version 4
+    assert MP.default_tiles("fp8", 1024.0) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)
     assert MP.default_tiles("bf16", 256.0, version=2) == MP.TileConfig(128, 128, 256, 64, 8, 4)
     assert MP.default_tiles("bf16", 24.0, version=2) == MP.TileConfig(64, 128, 256, 64, 8, 4)
-    assert MP.default_tiles("fp8", 1024.0, version=2) == MP.default_tiles("fp8", 1024.0)
+    assert MP.default_tiles("fp8", 1024.0, version=2) == MP.default_tiles("fp8", 1024.0, version=3)
     assert MP.default_tiles("bf16", 256.0, version=1) == MP.TileConfig(128, 128, 128, 64, 8, 3)
     assert MP.default_tiles("fp8", 1024.0, version=1) == MP.TileConfig(64, 128, 128, 128, 8, 2)
     for c in MP.CASES:                  # every configuration's default tiles pass the launchers' checks
@@ -89,8 +91,8 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
         for dt in MP.DTYPES_GPU:
             t = MP.default_tiles(dt, c.tokens * 2 * s.topk / s.experts)
             MP.validate_problem(s.hidden, s.intermediate, s.experts, s.topk, c.tokens, 2, t, dt)
-    for v in (0, 4):
-        with pytest.raises(ValueError, match="tiles version must be 1, 2 or 3"):
+    for v in (0, 5):
+        with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4"):
             MP.gpu_tiles("bf16", 128, version=v)
     MP.TileConfig(64, 128, 128, 128, 8, 3, tma=True).validate("fp8")   # fp8 through TMA: accepted since round 8
 

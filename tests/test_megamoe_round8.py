@@ -27,8 +27,8 @@ TMA = MG.tma_tiles(TILES)
 def test_fp8_through_tma_is_accepted_and_gemm8_times_it_beside_the_default(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
     for bm in (64, 128):
-        d = MP.gpu_tiles("fp8", bm)
-        assert not d.tma                                     # the default stays the pointer loops
+        d = MP.gpu_tiles("fp8", bm, version=3)
+        assert not d.tma                      # round 8's default: the pointer loops (version 4's is tma_s, round 9)
         v = MG.gemm8_variants("fp8", d)
         assert set(v) == {"tma", "tma_s"} and v["tma"] == dataclasses.replace(d, tma=True)
         assert v["tma_s"].num_stages == d.num_stages + 1 and v["tma_s"].tma
@@ -38,7 +38,7 @@ def test_fp8_through_tma_is_accepted_and_gemm8_times_it_beside_the_default(monke
     assert MG.gemm8_variants("bf16", MP.gpu_tiles("bf16", 128)) == {}
     warm = MG.warm_variants()
     assert all((("fp8", t, True, False) in warm) for bm in (64, 128)
-               for t in MG.gemm8_variants("fp8", MP.gpu_tiles("fp8", bm)).values())
+               for t in MG.gemm8_variants("fp8", MP.gpu_tiles("fp8", bm, version=3)).values())
     with pytest.raises(ValueError, match="fp8 needs block_n1"):      # the scale block still holds
         dataclasses.replace(MP.gpu_tiles("fp8", 64), block_k=64, tma=True).validate("fp8")
     assert "gemm8" in MG.STUDIES and "gemm8" in MG.ROUND3 and "gemm8" in MG.GEMM_STUDIES

@@ -106,3 +106,193 @@ def test_both_main_loops_take_their_scales_from_the_one_helper():
     for name in ("xs_ptr + rows64", "hs_ptr + rows64", "s_base +", "w2s_ptr + e64"):
         loads = [ln for ln in src.splitlines() if "tl.load(" in ln and name in ln]
         assert len(loads) == (2 if name == "s_base +" else 1), (name, loads)
+
+
+# ------------------------------------------------------------------------------- tiles version 4 (task 2)
+def test_tiles_version_4_is_fp8_through_tma_with_one_stage_more(monkeypatch):
+    """Version 4 (the default): fp8 = version 3's tiles through TMA with one stage more (round 8's tma_s, the
+    tiles controls8 measured), bf16 = version 3's; versions 1-3 unchanged (what the records ran)."""
+    monkeypatch.setattr(env, "interpreted", lambda: False)
+    assert MP.TILES_VERSION == 4 and MP.TILES_VERSIONS == (1, 2, 3, 4)
+    for bm, stages in ((64, 4), (128, 3)):
+        v4, v3 = MP.gpu_tiles("fp8", bm), MP.gpu_tiles("fp8", bm, version=3)
+        assert v4 == MG.gemm8_variants("fp8", v3)["tma_s"] == dataclasses.replace(v3, tma=True, num_stages=stages)
+        assert not v3.tma and v3.num_stages == stages - 1
+        v4.validate("fp8")
+        assert MP.gpu_tiles("bf16", bm) == MP.gpu_tiles("bf16", bm, version=3)
+    for rpe, bm in ((24.0, 64), (511.0, 64), (512.0, 128), (4096.0, 128)):     # the BM rule unchanged
+        assert MP.default_tiles("fp8", rpe).block_m == bm == MP.default_tiles("fp8", rpe, version=3).block_m
+        assert MP.default_tiles("fp8", rpe).tma
+    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, got 5"):
+        MP.default_tiles("fp8", 64.0, version=5)
+
+
+def test_round8_studies_keep_their_tiles_under_version_4(monkeypatch):
+    """Studies gemm8 / controls8 answer round 8's question: their default is tiles version 3's (the sidecar says
+    so), so gemm8 still times the pointer loops beside tma / tma_s and controls8 still the tma_s tiles (= version
+    4's fp8 default); every other study runs and records the current version. The warm list covers both."""
+    monkeypatch.setattr(env, "interpreted", lambda: False)
+    assert MG.study_tiles_version("gemm8") == MG.study_tiles_version("controls8") == 3
+    assert all(MG.study_tiles_version(s) == MP.TILES_VERSION == 4 for s in MG.STUDIES if s not in MG.ROUND8_STUDIES)
+    warm = MG.warm_variants()
+    for bm in (64, 128):
+        v3 = MP.gpu_tiles("fp8", bm, version=3)
+        assert ("fp8", v3, True, False) in warm and ("fp8", MP.gpu_tiles("fp8", bm), True, True) in warm
+        assert all(("fp8", t, True, False) in warm for t in MG.gemm8_variants("fp8", v3).values())
+    small = MG.warm_variants(["fp8", "bf16"], defaults_only=True)
+    assert len(small) == 10 and all(not timed for *_, timed in small)
+    assert {t for dt, t, *_ in small if dt == "fp8" and t.tma} == {MP.gpu_tiles("fp8", 64), MP.gpu_tiles("fp8", 128)}
+
+
+@pytest.fixture
+def tiny(monkeypatch, cpu_timing):
+    import types
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
+    shape = MP.MoEShape("tiny", 64, 32, 4, 2)
+    return [MP.MoECase(shape, 12, "uniform", 1)]
+
+
+@pytest.mark.interpreter
+def test_controls8_under_version_4_runs_version_3s_tma_s_and_says_version_3(tmp_path, tiny, monkeypatch):
+    """run_megamoe_gemm end to end on the emulated world (the GPU check and the world stubbed, fp16 under the
+    interpreter): controls8 asks default_tiles for version 3 and its sidecar says tiles version 3; controls7 asks
+    for and records the current version (4)."""
+    from xstage import data, ranks, studies
+    from xstage.model import BurstGapParams
+
+    asked = []
+
+    def tiles(dtype, rpe=None, version=MP.TILES_VERSION):
+        asked.append(version)
+        return MP.INTERPRETER_TILES
+    monkeypatch.setattr(MG, "default_tiles", tiles)
+    monkeypatch.setattr(MG, "cases_by_name", lambda names: tiny)
+    monkeypatch.setattr(MG, "VARIANTS", {"fp16": {"default": {}}})
+    monkeypatch.setattr(env, "require_gpus", lambda *a, **k: None)
+    monkeypatch.setattr(ranks, "OneGPUWorld", lambda *a, **k: ranks.EmulatedWorld(2))
+    monkeypatch.setattr(studies, "recorded_params", lambda *a, **k: BurstGapParams.reference())
+    for study, want in (("controls8", 3), ("controls7", 4)):
+        asked.clear()
+        MG.run_megamoe_gemm(tmp_path / study, study, ["tiny"], ["fp16"], None, "test", rounds=5)
+        df, meta = data.load(tmp_path / study, data.MEGAMOE_GEMM)
+        assert set(asked) == {want} and meta["params"]["tiles_version"] == want, (study, asked)
+        assert set(df.study) == {study} and len(df) == len(MP.SCHEDULES)
+
+
+# ------------------------------------------------------------------------ the sweep's writes (task 3)
+def test_a_signal_during_the_append_lands_after_rows_and_sidecar(tmp_path, tiny, monkeypatch):
+    """The one-process sweep (emulated world, interpreter): SIGINT sent while a configuration's rows are being
+    appended (as `timeout --signal=INT` may) is held until the rows and the sidecar are both written; the sweep
+    then stops with KeyboardInterrupt, the record loads (rows and sha256 agree) with that configuration, and a
+    re-run resumes with the next one."""
+    import os
+    import signal
+
+    from xstage import data
+    from xstage import moe_sweep as MS
+    from xstage.model import BurstGapParams
+    from xstage.ranks import EmulatedWorld
+
+    monkeypatch.setattr(MS, "default_tiles", lambda *a, **k: MP.INTERPRETER_TILES)
+    real = data.append_rows
+    calls = []
+
+    def append(csv, schema, df):
+        calls.append(len(df))
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)       # arrives mid-append
+            import time
+            time.sleep(0.2)                           # (a handler would have run by now if it were not held)
+        real(csv, schema, df)
+    monkeypatch.setattr(MS.data, "append_rows", append)
+    cases = tiny + [MP.MoECase(tiny[0].shape, 16, "hot", 2)]
+    meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
+    prm = BurstGapParams.reference().as_dict()
+    args = (str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0, None)
+    with pytest.raises(KeyboardInterrupt):
+        MS.megamoe_job(EmulatedWorld(2), cases, *args)
+    df, side = data.load(tmp_path, data.MEGAMOE)
+    assert calls == [len(MP.SCHEDULES)] and len(df) == side["csv_rows"] == len(MP.SCHEDULES)
+    assert set(df.tokens) == {12}
+    MS.megamoe_job(EmulatedWorld(2), cases, *args)                     # resumes: the second configuration
+    df, side = data.load(tmp_path, data.MEGAMOE)
+    assert len(df) == side["csv_rows"] == 2 * len(MP.SCHEDULES) and set(df.tokens) == {12, 16}
+
+
+def test_signals_held_is_a_no_op_off_the_main_thread():
+    import threading
+
+    from xstage import moe_sweep as MS
+
+    seen = []
+
+    def body():
+        with MS.signals_held():
+            seen.append(1)
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen == [1]
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+# tests/test_moe_one_gpu.py's cases (both fp8 row-block classes: BM 64 and 128) and a Pro-sized layer (Hd 7168)
+GPU_CASES = ["mixtral_8x7b_T128_hot", "qwen3_235b_T256_zipf", "deepseek_v4_flash_T512_uniform",
+             "mixtral_8x7b_T1024_uniform"]
+PRO_LIKE = (7168, 3072, 16, 2, 1024, "uniform")
+
+
+@pytest.mark.gpu
+def test_fp8_default_is_bit_identical_to_version_3s_pointer_loops_on_one_gpu():
+    """OneGPUWorld(2), link host, fp8, fresh random inputs: the whole fused layer (Expert-Wave, dynamic and static)
+    with tiles version 4 (through TMA, one stage more) and with version 3's pointer loops, combine poisoned before
+    each, bit-identical on every rank and every element written. (tests/test_moe_one_gpu.py checks version 4
+    against the float32 reference with every schedule x assignment.)"""
+    from xstage import moe as M
+    from xstage.ranks import OneGPUWorld
+
+    world = OneGPUWorld(2, link="host")
+    seed = random.randrange(2**30)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = list(MP.cases_by_name(GPU_CASES)) + [MP.as_case(PRO_LIKE, seed)]
+    bms = set()
+    for i, c in enumerate(cases):
+        rpe = c.tokens * 2 * c.shape.topk / c.shape.experts
+        v4, v3 = MP.default_tiles("fp8", rpe), MP.default_tiles("fp8", rpe, version=3)
+        assert v4.tma and not v3.tma and v4.num_stages == v3.num_stages + 1
+        bms.add(v4.block_m)
+        prob = M.make_problem(world, MP.as_case(c, seed + i), "fp8", v4, weight_seed=seed + i)
+        s = prob.case.shape
+        bufs = M.moe_buffers(world, max(prob.cap_rows, 1), prob.case.tokens, s.hidden, s.intermediate, s.topk,
+                             s.experts // 2, "fp8", min_block_m=v4.block_m)
+        tasks = {r: M.build_tasks(prob, "expert_wave", sms, r) for r in range(2)}
+        out = {}
+        for name, t, dyn in (("v3", v3, True), ("v4", v4, True), ("v4 static", v4, False)):
+            M.poison_combine(world, bufs, prob.case.tokens)
+            M.megamoe_layer(world, bufs, prob.inputs, tasks, t, dynamic=dyn)
+            torch.cuda.synchronize()
+            out[name] = {r: bufs.combine_view(r, prob.case.tokens).to(world.device(r)).clone() for r in range(2)}
+        for r in range(2):
+            assert not out["v4"][r].isnan().any(), (prob.case.name, r)
+            for name in ("v4", "v4 static"):
+                assert torch.equal(out[name][r].view(torch.int16), out["v3"][r].view(torch.int16)), \
+                    (prob.case.name, r, name)
+        print(f"one GPU, link host, fp8, {prob.case.name}, seed {seed + i}: tiles v4 ({v4.block_m} x s"
+              f"{v4.num_stages} tma) bit-identical to v3 (pointer loops, s{v3.num_stages}) on both ranks")
+        del prob, bufs, out
+        torch.cuda.empty_cache()
+    assert bms == {64, 128}, bms
+
+
+def test_round9_script_runs_the_gpu_tests_then_a_new_host_sweep_fp8_first():
+    s = Path("scripts/megamoe_round9.sh").read_text()
+    assert "megamoe_stages.sh" in s and "stage() {" not in s and "NCCL_NVLS_ENABLE=0" in s
+    assert s.index("stage install") < s.index("stage tests") < s.index("stage host")
+    assert "tests/test_megamoe_round9.py" in s and "tests/test_moe_one_gpu.py" in s and "-m gpu" in s
+    assert "--link host" in s and "--world one-gpu" in s and "DTYPES=${3:-fp8}" in s and "--max-minutes" in s
+    assert "megamoe_round9_host" in s and "cp data/h200x1/megamoe_round9_host/$f" in s   # new record, resumable
+    assert "megamoe_round7_host" not in s.split("megamoe_round7_host_summary")[0]         # never appends round 7's
+    assert "XSTAGE_GIT_COMMIT" in s and "--warm --defaults" in s
+    out = subprocess.run(["bash", "-n", "scripts/megamoe_round9.sh"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

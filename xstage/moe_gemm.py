@@ -64,13 +64,29 @@ from .numeric import check_bit_identical
 GEMM_STUDIES = ("gemm", "gemm8")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
 
 
+# Studies gemm8 and controls8 measure round 8's question, so their default is tiles version 3's (fp8 the pointer
+# loops) whatever the current version: under version 4 (fp8's default is controls8's tiles) a re-run times what
+# they timed, and their sidecars say tiles version 3.
+ROUND8_TILES_VERSION = 3
+ROUND8_STUDIES = ("gemm8", "controls8")
+
+
+def study_tiles_version(study: str) -> int:
+    """The tiles version whose default tiles ``study`` runs (and records in its sidecar's params.tiles_version):
+    :data:`ROUND8_TILES_VERSION` for gemm8 / controls8, else the current one (moe_plan.TILES_VERSION)."""
+    from .moe_plan import TILES_VERSION
+
+    return ROUND8_TILES_VERSION if study in ROUND8_STUDIES else TILES_VERSION
+
+
 def gemm8_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
     """Study gemm8 (round 8): the variants timed beside the default ``d`` (tiles version 3) and the library. fp8:
     its main loops through TMA (``tma``: the default's tiles, x, W1, W2 through tensor descriptors, the scales and
     h pointer-loaded) and the same with one pipeline stage more (``tma_s``: BM 128 3 stages, BM 64 4; sm_90a
     ptxas on the CPU, dynamic: BM 128 2 stages 255 registers / 80 B spilled, 96 KiB shared (the pointer loops 36
     B), BM 64 3 stages 223 / 0 / 120 KiB). Each is checked bit-identical to the default (the pointer loops) on
-    every rank before timing. bf16: none (its default is TMA since round 7)."""
+    every rank before timing. bf16: none (its default is TMA since round 7). ``tma_s`` of version 3's fp8 tiles
+    is tiles version 4's fp8 default (xstage.moe_plan.gpu_tiles)."""
     if dtype != "fp8":
         return {}
     return {"tma": dataclasses.replace(d, tma=True),
@@ -118,7 +134,8 @@ LISTS5_CASES = tuple(f"{sh}_T{t}_{r}" for sh in ("deepseek_v4_pro", "qwen3_235b"
 
 def tma_tiles(t: TileConfig) -> TileConfig:
     """``t`` with the TMA main loops (``tma = True``: x, W1 and W2 through tensor descriptors, h pointer-loaded;
-    bf16 / fp16 only). Tiles version 3's bf16 default already is (xstage.moe_plan.gpu_tiles)."""
+    bf16 / fp16, and fp8 since round 8). The defaults already are: bf16 since tiles version 3, fp8 since version 4
+    (xstage.moe_plan.gpu_tiles)."""
     return dataclasses.replace(t, tma=True)
 
 
@@ -471,7 +488,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     s = c.shape
     dev = world.device(0)
     rpe = c.tokens * P * s.topk / s.experts
-    d = default_tiles(dtype, rpe)
+    d = default_tiles(dtype, rpe, version=study_tiles_version(study))
     if study == "controls8" and dtype == "fp8":     # round 8: fp8 through TMA with one stage more (gemm8's tma_s)
         d = gemm8_variants(dtype, d)["tma_s"]
     variants = {"default": d}
@@ -480,8 +497,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
         variants.update(gemm8_variants(dtype, d))
     elif study == "gemm":
         variants["v1"] = default_tiles(dtype, rpe, version=1)
-        if dtype == "fp8" and d.block_m == 128:
-            variants["bm64_s3"] = default_tiles(dtype, 0.0)
+        if dtype == "fp8" and d.block_m == 128:     # BM 64 with 3 stages, the default's main loops
+            variants["bm64_s3"] = dataclasses.replace(d, block_m=64, num_stages=3)
     elif study == "tiles":
         for name, (change, g) in TILES5_VARIANTS.items():
             variants[name] = dataclasses.replace(d, **change)
@@ -603,19 +620,31 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     return rows
 
 
-def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) -> list[tuple]:
+def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True,
+                  defaults_only: bool = False) -> list[tuple]:
     """(dtype, tiles, dynamic, timed) of every experts-kernel launch the studies make: round 3 (``round3``: the
     default tiles of both row-block classes static / dynamic, dynamic with timestamps, tiles version 1 static)
-    or the ladder and order studies."""
+    or the ladder and order studies. ``defaults_only``: only what the sweep and the one-GPU tests launch (the default
+    tiles of both row-block classes, static and dynamic; for fp8 also tiles version 3's, dynamic: the reference of
+    tests/test_megamoe_round9.py's bit-identity test)."""
     todo = set()
     for dtype in dtypes:
-        if round3:
+        if defaults_only:
+            todo |= {(dtype, default_tiles(dtype, rpe), dyn, False) for rpe in (32.0, 1024.0)
+                     for dyn in (False, True)}
+            if dtype == "fp8":
+                todo |= {(dtype, default_tiles(dtype, rpe, version=ROUND8_TILES_VERSION), True, False)
+                         for rpe in (32.0, 1024.0)}
+        elif round3:
             defaults = {default_tiles(dtype, rpe) for rpe in (32.0, 256.0, 1024.0)}
             todo |= {(dtype, t, dyn, timed) for t in defaults for dyn, timed in ((False, False), (True, False),
                                                                                   (True, True))}
             todo |= {(dtype, default_tiles(dtype, rpe, version=1), False, False) for rpe in (32.0, 256.0)}
-            if dtype == "fp8":                                                     # round 8, study gemm8
-                todo |= {(dtype, v, True, False) for t in defaults for v in gemm8_variants(dtype, t).values()}
+            if dtype == "fp8":                                      # round 8, studies gemm8 / controls8
+                v3 = {default_tiles(dtype, rpe, version=ROUND8_TILES_VERSION) for rpe in (32.0, 256.0, 1024.0)}
+                todo |= {(dtype, t, dyn, False) for t in v3 for dyn in (False, True)}
+                todo |= {(dtype, v, True, timed) for t in v3 for v in gemm8_variants(dtype, t).values()
+                         for timed in (False, True)}
             if dtype == "bf16":                                                    # round 5, study tiles
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
@@ -629,7 +658,8 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True) 
     return sorted(todo, key=str)
 
 
-def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1, round3: bool = True) -> int:
+def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1, round3: bool = True,
+         defaults_only: bool = False) -> int:
     """Compile (no launch) the kernel variants of :func:`warm_variants` (every ``parts``-th from ``part``: run
     several processes side by side) into Triton's cache, with arguments of the launch's dtypes and alignment;
     returns how many. Run beside another job to take the compiles off the device's clock."""
@@ -637,7 +667,7 @@ def warm(dtypes: Sequence[str] = ("bf16", "fp8"), part: int = 0, parts: int = 1,
 
     dev = torch.device("cuda", 0)
     n = 0
-    for dtype, t, dyn, timed in warm_variants(dtypes, round3)[part::parts]:
+    for dtype, t, dyn, timed in warm_variants(dtypes, round3, defaults_only)[part::parts]:
         fp8 = dtype == "fp8"
         act = torch.float8_e4m3fn if fp8 else torch.bfloat16
         a = torch.empty(64, device=dev, dtype=torch.uint8).view(act) if fp8 else torch.empty(64, device=dev,
@@ -668,7 +698,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                      rounds: int | None = None) -> Path:
     """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path.
     ``cases``: default GEMM_CASES (ladder, order) or all 84 in table order (gemm, controls)."""
-    from .moe_plan import ORDER_VERSION, TILE_SWIZZLE, TILES_VERSION
+    from .moe_plan import ORDER_VERSION, TILE_SWIZZLE
 
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
@@ -691,7 +721,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                   link="local", observed_rank=0, variants={d: {n: str(ch) for n, ch in VARIANTS[d].items()}
                                                            for d in dtypes},
                   prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
-                  tiles_version=TILES_VERSION, order_version=ORDER_VERSION,
+                  tiles_version=study_tiles_version(study), order_version=ORDER_VERSION,
                   tile_swizzle=TILE_SWIZZLE)
     if study == "tiles":
         params["tiles5_variants"] = {n: dict(change=str(ch), swizzle=g) for n, (ch, g) in TILES5_VARIANTS.items()}
@@ -702,7 +732,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
         params["tiles6_min_rows"] = TILES5_MIN_ROWS
     if study == "gemm8":
         params["gemm8_variants"] = {dt: {n: tile_label(t) for n, t in gemm8_variants(
-            dt, default_tiles(dt, 1024.0)).items()} for dt in dtypes}
+            dt, default_tiles(dt, 1024.0, version=ROUND8_TILES_VERSION)).items()} for dt in dtypes}
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
     meta = env.provenance(command, params)

@@ -243,7 +243,8 @@ class TileConfig:
     block_k: int = 64     # 128 with fp8 (the scale block)
     num_warps: int = 8
     num_stages: int = 3
-    tma: bool = False     # the main loops load x, W1, W2 through TMA tensor descriptors (bf16; fp8 since round 8)
+    tma: bool = False     # the main loops load x, W1, W2 through TMA tensor descriptors (bf16; fp8 since round 8;
+    #                       the default of both since tiles version 4)
 
     def validate(self, dtype: str | None = None) -> None:
         for name in ("block_m", "block_n1", "block_n2", "block_k"):
@@ -272,19 +273,27 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 # tensor descriptors (tma = True; round 6's study tiles6, data/h200x1/megamoe_round6_gemm: ours / grouped_mm
 # >= 0.911 on all 56 configurations with >= 2048 rows in two runs, against the pointer loops' 0.844, bit-identical
 # output); fp8 keeps the pointer loops (v2's fp8 tiles). Rows record tma (schema megamoe v4 / megamoe_gemm v3;
-# older rows read tma = False, or for megamoe_gemm its tiles label: what they ran).
-TILES_VERSION = 3
+# older rows read tma = False, or for megamoe_gemm its tiles label: what they ran). v4 (session 11) = v3 with fp8's
+# main loops through TMA and one pipeline stage more (BM 64: 4 stages, BM 128: 3; round 8's tma_s,
+# xstage.moe_gemm.gemm8_variants): bit-identical to the pointer loops on all 84 configurations, 0.834x their time
+# (study gemm8, data/h200x1/megamoe_round8_gemm: fp8 / torch._scaled_grouped_mm geomean 0.961 -> 1.153), each
+# schedule's compute-only time / Expert-Wave's 0.988-0.990 (study controls8, data/h200x1/megamoe_round8_controls);
+# bf16 as v3. Every record says its version in its sidecar (params.tiles_version) and its tiles in every row.
+TILES_VERSION = 4
+TILES_VERSIONS = (1, 2, 3, 4)
 FP8_BM128_ROWS = 512        # fp8: average rows per expert from which BM = 128 (else 64)
 BF16_BM64_ROWS = 96         # bf16: average rows per expert below which BM = 64 (else 128)
 
 
 def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int = TILES_VERSION) -> TileConfig:
-    """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION). bf16: BN1 = 128, BN2 = 256, BK =
-    64, 4 stages, BM = 64 when experts get few rows (< BF16_BM64_ROWS on average), else 128. fp8: BN1 = BN2 = BK
-    = 128 (the scale block); BM = 64 with 3 stages, or BM = 128 with 2 stages (ptxas: 32 B spilled) where experts
-    get >= FP8_BM128_ROWS rows on average. Version 3 (the default): bf16 through the TMA main loops (tma = True),
-    else as version 2. Version 1 (every record before schema megamoe v3): bf16 BN2 = 128 with 3 stages (same BM
-    rule), fp8 BM = 64 with 2 stages always. Small tiles (pointer loops) under the interpreter."""
+    """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION = 4). bf16: BN1 = 128, BN2 = 256,
+    BK = 64, 4 stages, through the TMA main loops (tma = True; since version 3), BM = 64 when experts get few rows
+    (< BF16_BM64_ROWS on average), else 128. fp8: BN1 = BN2 = BK = 128 (the scale block), through the TMA main
+    loops (since version 4) with BM = 64 and 4 stages, or BM = 128 and 3 stages where experts get >=
+    FP8_BM128_ROWS rows on average. Version 3: bf16 as version 4, fp8 the pointer loops with BM 64 3 stages / BM
+    128 2 stages (ptxas: 32 B spilled); version 2: version 3 with bf16's pointer loops. Version 1 (every record
+    before schema megamoe v3): bf16 BN2 = 128 with 3 stages (same BM rule), fp8 BM = 64 with 2 stages always.
+    Small tiles (pointer loops) under the interpreter."""
     if env.interpreted():
         return INTERPRETER_TILES
     rpe = rows_per_expert
@@ -296,16 +305,20 @@ def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int
 
 def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileConfig:
     """The H200 tiles of ``dtype`` with row blocks of ``block_m`` in tiles version ``version`` (1: what every
-    MegaMoE record before schema megamoe v3 ran with; 2: the pointer loops of rounds 3-6; 3: the current default,
-    version 2 with bf16's main loops through TMA)."""
+    MegaMoE record before schema megamoe v3 ran with; 2: the pointer loops of rounds 3-6; 3: version 2 with bf16's
+    main loops through TMA (rounds 7-8); 4: the current default, version 3 with fp8's main loops through TMA and
+    one pipeline stage more)."""
     if version == 1:
         from .data import MEGAMOE_TILES_V1
         return TileConfig(block_m, *MEGAMOE_TILES_V1[dtype])
-    if version not in (2, 3):
-        raise ValueError(f"tiles version must be 1, 2 or 3, got {version}")
+    if version not in TILES_VERSIONS:
+        raise ValueError(f"tiles version must be one of {', '.join(map(str, TILES_VERSIONS))}, got {version}")
     if dtype == "fp8":
-        return TileConfig(block_m, 128, 128, 128, 8, 2 if block_m == 128 else 3)
-    return TileConfig(block_m, 128, 256, 64, 8, 4, tma=version == 3)
+        stages = 2 if block_m == 128 else 3
+        if version >= 4:                      # round 8's tma_s: the stage the pointer loops could not afford
+            return TileConfig(block_m, 128, 128, 128, 8, stages + 1, tma=True)
+        return TileConfig(block_m, 128, 128, 128, 8, stages)
+    return TileConfig(block_m, 128, 256, 64, 8, 4, tma=version >= 3)
 
 
 def tiles_of_row(row) -> TileConfig:

@@ -15,8 +15,11 @@ baseline, predicts each schedule's kernel time with the Burst-Gap parameters it 
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -42,6 +45,31 @@ from .resume import pending
 CALLS_TARGET_MS = 2.0       # back-to-back calls per timed run so that a run lasts >= ~2 ms ...
 CALLS_MAX = 16              # ... at most this many (CUDA events around one short call include its launch)
 WORLDS = ("gpus", "one-gpu")   # one process per GPU (NVLink peers) | every rank in this process on one GPU
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT / SIGTERM held while a configuration's rows and the sidecar are written: a time limit's signal
+    (``timeout --signal=INT``) is recorded by a stand-in handler and handed to the previous handler on leaving,
+    so an interrupted sweep keeps every configuration it finished and never leaves the CSV and its sidecar's row
+    count and sha256 disagreeing. (Python runs signal handlers in the main thread whichever thread the signal hit,
+    so a handler swap holds it where a thread's signal mask would not.) Outside the main thread a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {n: signal.signal(n, lambda num, frame: got.append(num)) for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for n, h in old.items():
+            signal.signal(n, h)
+        if got:
+            h = old[got[0]]
+            if callable(h):
+                h(got[0], None)                 # SIGINT: KeyboardInterrupt, now
+            elif h == signal.SIG_DFL:
+                signal.raise_signal(got[0])     # SIGTERM: its default action
 
 
 def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[str], repeats: int, warmup: int,
@@ -259,7 +287,8 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
                                      getattr(world, "played", None))
                     if schema is not MEGAMOE:   # 8-rank traffic on 2 GPUs
                         rows = rows.assign(traffic_ranks=world.traffic_ranks, gpus=world.gpus)
-                    data.append_rows(csv, schema, rows)
+                    with signals_held():           # the rows and the sidecar, or neither
+                        data.append_rows(csv, schema, rows)
                     ph = " ".join(f"{k} {v:.1f}" for k, v in res["phases"].items())
                     print(f"megamoe: {c.name} {dtype} done in {time.perf_counter() - t0:.1f} s (setup "
                           f"{t_setup:.1f} {ph}; inner {res['inner']})", file=sys.stderr, flush=True)

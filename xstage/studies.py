@@ -1206,11 +1206,12 @@ def megamoe_world_label(meta: dict) -> str:
     return label + (" (rank 0's times)" if world == "one-gpu" else "")
 
 
-# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 7's defaults
-# (tiles v3: bf16 through the TMA main loops; else as round 4; time-bounded, resumed call by call), round 4's defaults
+# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 9's defaults
+# (tiles v4: fp8 through the TMA main loops with one stage more too; fp8 first, time-bounded, resumed call by call),
+# round 7's defaults (tiles v3: bf16 through the TMA main loops; else as round 4; complete), round 4's defaults
 # (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
 # v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
-MEGAMOE_HOST_RECORDS = ("megamoe_round7_host", "megamoe_host_v2", "megamoe_host")
+MEGAMOE_HOST_RECORDS = ("megamoe_round9_host", "megamoe_round7_host", "megamoe_host_v2", "megamoe_host")
 
 
 def megamoe_defaults_label(meta: dict) -> str:
@@ -2262,6 +2263,19 @@ MEGAMOE_ROUND7_CONTROLS_SUB = "megamoe_round7_controls"   # data/<machine>/megam
 MEGAMOE_ROUND7_HOST = "megamoe_round7_host"               # data/h200x1/megamoe_round7_host/: the host-link sweep
 MEGAMOE_ROUND8_GEMM_SUB = "megamoe_round8_gemm"             # data/h200x1/megamoe_round8_gemm/: study gemm8
 MEGAMOE_ROUND8_CONTROLS_SUB = "megamoe_round8_controls"     # data/h200x1/megamoe_round8_controls/: controls8
+# ---- MegaMoE round 9 (issue 15, item 4): tiles version 4 (fp8 through TMA with one stage more) as the default; the
+# host-link sweep re-recorded with it (fp8 first: only fp8's default changed), summarised as round 7's
+MEGAMOE_ROUND9_HOST = "megamoe_round9_host"               # data/h200x1/megamoe_round9_host/: the host-link sweep
+
+
+def megamoe_pairs_line(df: pd.DataFrame, what: str = "host-link sweep") -> str:
+    """How much of a sweep a record holds, in (configuration, dtype) pairs of the 84 x bf16 / fp8 (168) with
+    every schedule: e.g. 'host-link sweep: 62 of 168 (configuration, dtype) pairs (bf16 0 of 84, fp8 62 of 84)'."""
+    cov = megamoe_coverage(df)
+    per = {r.dtype: (int(r.complete), int(r.expected)) for r in cov.itertuples(index=False)}
+    n, total = sum(c for c, _ in per.values()), sum(e for _, e in per.values())
+    return (f"{what}: {n} of {total} (configuration, dtype) pairs ("
+            + ", ".join(f"{d} {c} of {e}" for d, (c, e) in per.items()) + ")")
 
 
 def megamoe_round7_controls(df: pd.DataFrame) -> pd.DataFrame:
