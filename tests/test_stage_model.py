@@ -427,7 +427,10 @@ def test_gpc_map_and_gpc_classes():
     for _, g in clustered.groupby("gpc"):                       # one recorded group is one model GPC
         assert len(set(model.GPC_OF_SM[g.smid])) == 1
     assert clustered.groupby(model.GPC_OF_SM[clustered.smid]).gpc.nunique().max() == 1   # and no two groups merge
-    assert (model.GPC_OF_SM[rec.smid[rec.gpc < 0]] == 0).all()
+    outside = rec.smid[rec.gpc < 0].to_numpy()                  # TPCs 60-65: the head's four in GPC 0, 60-61 not
+    assert sorted(outside) == list(range(120, 132))
+    assert (model.GPC_OF_SM[124:132] == 0).all() and (model.GPC_OF_SM[120:124] != 0).all()
+    assert np.bincount(model.GPC_OF_SM[::2]).max() <= 9       # TPCs per GPC: at most 9 on a Hopper GPC
     order = model.dispatch_order(132)
     for P in RNG.integers(1, 400, 20).tolist() + [1, 8, 9, 16, 132, 264]:
         cls = model.gpc_classes(P)

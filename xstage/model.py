@@ -450,16 +450,18 @@ def placement_classes(programs: int, sm_count: int = 132) -> list[tuple[int, flo
 
 
 def _gpc_of_tpc(t: int) -> int:
-    """The GPC (its smallest TPC) of TPC t of an H200, as measured with thread-block clusters (data/h200x1/gpc_map,
-    two chips and one process before and after its trains alike; studies.gpc_map): TPCs 0-31 are GPC t mod 8 in
-    turn, TPCs 32-59 the seven GPCs but GPC 0 in turn; TPCs 60-65 never run a cluster of 4 and are put in GPC 0:
-    the dispatch head (programs 0-7 on TPCs 62-65) takes GPC 0's share at P = 16-66 (studies.favour_by_gpc; for
-    TPCs 60-61 not measured)."""
+    """The GPC (0-7) of TPC t of an H200, as measured with thread-block clusters (data/h200x1/gpc_map: two chips and
+    one process before and after its trains alike; studies.gpc_map): TPCs 0-31 are GPC t mod 8 in turn, TPCs 32-59
+    the seven GPCs but GPC 0 in turn. TPCs 60-65 never run a cluster of 4. TPCs 62-65 (the dispatch head, programs
+    0-7) are put in GPC 0: they take GPC 0's share at P = 16-66 (studies.favour_by_gpc). TPCs 60 and 61 are not
+    measured: a GPC has at most 9 TPCs, so GPC 0 (4 + the head's 4) cannot hold them; they are put in GPCs 6 and 7
+    (the two that hold none of the 12 TPCs favoured at P = 132 in data/h200x1/train_programs_p; GPCs 1 and 2
+    score the same within 0.5 %, and all six in GPC 0 worse: lab notebook, session 11)."""
     if t < 32:
         return t % 8
     if t < 60:
         return 1 + (t - 32) % 7
-    return 0
+    return {60: 6, 61: 7}.get(t, 0)
 
 
 GPC_OF_SM = np.array([_gpc_of_tpc(sm // 2) for sm in range(132)], int)   # SM -> GPC id (0-7) of a 132-SM H200
