@@ -139,7 +139,58 @@ def _one_gpu_megamoe_rows() -> list[str]:
         rows.append(f"| MegaMoE, same run: interleaved's compute-only time / Expert-Wave's ({assignment}) | "
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
-            + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows())
+            + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows() + _one_gpu_megamoe_round8_rows()
+            + _one_gpu_megamoe_round9_rows())
+
+
+def _one_gpu_megamoe_round8_rows() -> list[str]:
+    """MegaMoE round 8 (tiles version 3; link local, compute only): study gemm8, our GEMM phases / the library per
+    dtype and variant (data/h200x1/megamoe_round8_gemm), and study controls8, each schedule's compute-only time /
+    Expert-Wave's with fp8 through TMA with one stage more (data/h200x1/megamoe_round8_controls)."""
+    from . import moe_gemm
+
+    rows, cmd = [], "`scripts/megamoe_round8.sh`, notebook 03"
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND8_GEMM_SUB)
+        g = moe_gemm.gemm8_summary(moe_gemm.gemm8_ratios(df))
+    except studies.NoRecordedData:
+        g = None
+    if g is not None and len(g):
+        per = "; ".join(f"{x['dtype']} {x.variant} / `{x.library}`: geomean **{x.geomean:.3f}**, min {x['min']:.3f}, "
+                        f"min at >= 2048 rows {x.min_big:.3f} ({int(x.configs)} configurations)"
+                        for _, x in g.iterrows())
+        rows.append(f"| MegaMoE, round 8 (tiles v3), compute only: GEMM phases / the library, same rounds (goal: "
+                    f"geomean >= 0.95; bf16 >= 0.9 at >= 2048 rows) | {per} | {cmd} (study gemm8) |")
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND8_CONTROLS_SUB)
+        cs = studies.megamoe_round7_controls_summary(studies.megamoe_round3_controls(df, study="controls8"))
+        cs = cs[cs.schedule != "expert_wave"]
+    except studies.NoRecordedData:
+        cs = None
+    if cs is not None and len(cs):
+        per = "; ".join(f"{dt} ({int(g.configs.max())}): " + ", ".join(
+            f"{x.schedule} {x.over_ew_geomean:.3f} (worst {x.over_ew_worst:.3f})" for x in g.itertuples())
+            for dt, g in cs.groupby("dtype", sort=False))
+        rows.append(f"| MegaMoE, round 8, compute only, fp8 through TMA with one stage more (tma_s): each schedule's "
+                    f"time / Expert-Wave's, dynamic, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean "
+                    f"{per} | {cmd} (study controls8) |")
+    return rows
+
+
+def _one_gpu_megamoe_round9_rows() -> list[str]:
+    """MegaMoE round 9 (tiles version 4, the default: fp8 through TMA with one stage more): the host-link sweep
+    (data/h200x1/megamoe_round9_host, the pairs it holds so far) beside the model."""
+    try:
+        h, _ = studies.megamoe_world_data("one-gpu", "host", record=studies.MEGAMOE_ROUND9_HOST)
+    except studies.NoRecordedData:
+        return []
+    hs = studies.megamoe_round7_host_summary(h)
+    per = "; ".join(f"{dt} ({int(g.configs.max())} of {int(g.expected.max())}): " + ", ".join(
+        f"{x.schedule} **{x.geomean_speedup:.3f}** / max {x.max_speedup:.2f} (model {x.geomean_predicted:.3f}, "
+        f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
+    return [f"| MegaMoE, tiles v4 (fp8 through TMA, one stage more), combine over PCIe: each schedule / Expert-Wave "
+            f"kernel time, geomean / max, beside the model (the sweep resumes call by call) | {per} | "
+            f"`scripts/megamoe_round9.sh`, notebook 03 |"]
 
 
 def _one_gpu_megamoe_round7_rows() -> list[str]:
