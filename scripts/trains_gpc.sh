@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 11 (one H200, ~60 s): per-program host-link trains with the SM -> GPC map read in the same process
 # (scripts/trains_gpc.py), between two maps read by separate processes (scripts/gpc_map.sh), all into
-# $OUT/h200x1/train_gpc/. Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's HEAD is stale).
+# $OUT/h200x1/train_gpc/ (the separate processes' maps into $OUT/h200x1/train_gpc_process_{a,c}/: folders two levels
+# under h200x1/ do not come back from the device). Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's
+# HEAD is stale).
 set -euo pipefail
 : "${OUT:?set OUT}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
@@ -9,8 +11,8 @@ D=$OUT/h200x1/train_gpc
 mkdir -p "$D"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "note: pip install -e . failed"
 nvcc -O2 -arch=sm_90 -shared -Xcompiler -fPIC -DGPC_MAP_LIB -o /tmp/libgpcmap.so scripts/gpc_map.cu
-GPC_MAP_DIR=$D/process_a bash scripts/gpc_map.sh >/dev/null
+GPC_MAP_DIR=${D}_process_a bash scripts/gpc_map.sh >/dev/null
 timeout 240 python3 scripts/trains_gpc.py /tmp/libgpcmap.so "$D" "$@" 2>&1 | tail -5
-GPC_MAP_DIR=$D/process_c bash scripts/gpc_map.sh >/dev/null
+GPC_MAP_DIR=${D}_process_c bash scripts/gpc_map.sh >/dev/null
 gzip -f "$D"/burst_program.csv "$D"/burst_train.csv 2>/dev/null || true
-ls -la "$D" "$D"/process_a
+ls -la "$D" "${D}_process_a"
