@@ -143,6 +143,33 @@ def _one_gpu_megamoe_rows() -> list[str]:
             + _one_gpu_megamoe_round9_rows())
 
 
+def _controls_cell(sub: str, study: str) -> str | None:
+    """A compute-only controls study of data/h200x1/<sub> (controls7, controls8): per dtype, each schedule's time /
+    Expert-Wave's, geomean and worst; None without the record."""
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=sub)
+    except studies.NoRecordedData:
+        return None
+    cs = studies.megamoe_round7_controls_summary(studies.megamoe_round3_controls(df, study=study))
+    cs = cs[cs.schedule != "expert_wave"]
+    return "; ".join(f"{dt} ({int(g.configs.max())}): " + ", ".join(
+        f"{x.schedule} {x.over_ew_geomean:.3f} (worst {x.over_ew_worst:.3f})" for x in g.itertuples())
+        for dt, g in cs.groupby("dtype", sort=False)) or None
+
+
+def _host_sweep_cell(record: str) -> str | None:
+    """A one-GPU host-link MegaMoE sweep (data/h200x1/<record>): per dtype, the pairs it holds and each schedule /
+    Expert-Wave beside the model; None without the record."""
+    try:
+        h, _ = studies.megamoe_world_data("one-gpu", "host", record=record)
+    except studies.NoRecordedData:
+        return None
+    hs = studies.megamoe_round7_host_summary(h)
+    return "; ".join(f"{dt} ({int(g.configs.max())} of {int(g.expected.max())}): " + ", ".join(
+        f"{x.schedule} **{x.geomean_speedup:.3f}** / max {x.max_speedup:.2f} (model {x.geomean_predicted:.3f}, "
+        f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
+
+
 def _one_gpu_megamoe_round8_rows() -> list[str]:
     """MegaMoE round 8 (tiles version 3; link local, compute only): study gemm8, our GEMM phases / the library per
     dtype and variant (data/h200x1/megamoe_round8_gemm), and study controls8, each schedule's compute-only time /
@@ -161,16 +188,8 @@ def _one_gpu_megamoe_round8_rows() -> list[str]:
                         for _, x in g.iterrows())
         rows.append(f"| MegaMoE, round 8 (tiles v3), compute only: GEMM phases / the library, same rounds (goal: "
                     f"geomean >= 0.95; bf16 >= 0.9 at >= 2048 rows) | {per} | {cmd} (study gemm8) |")
-    try:
-        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND8_CONTROLS_SUB)
-        cs = studies.megamoe_round7_controls_summary(studies.megamoe_round3_controls(df, study="controls8"))
-        cs = cs[cs.schedule != "expert_wave"]
-    except studies.NoRecordedData:
-        cs = None
-    if cs is not None and len(cs):
-        per = "; ".join(f"{dt} ({int(g.configs.max())}): " + ", ".join(
-            f"{x.schedule} {x.over_ew_geomean:.3f} (worst {x.over_ew_worst:.3f})" for x in g.itertuples())
-            for dt, g in cs.groupby("dtype", sort=False))
+    per = _controls_cell(studies.MEGAMOE_ROUND8_CONTROLS_SUB, "controls8")
+    if per:
         rows.append(f"| MegaMoE, round 8, compute only, fp8 through TMA with one stage more (tma_s): each schedule's "
                     f"time / Expert-Wave's, dynamic, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean "
                     f"{per} | {cmd} (study controls8) |")
@@ -180,14 +199,9 @@ def _one_gpu_megamoe_round8_rows() -> list[str]:
 def _one_gpu_megamoe_round9_rows() -> list[str]:
     """MegaMoE round 9 (tiles version 4, the default: fp8 through TMA with one stage more): the host-link sweep
     (data/h200x1/megamoe_round9_host, the pairs it holds so far) beside the model."""
-    try:
-        h, _ = studies.megamoe_world_data("one-gpu", "host", record=studies.MEGAMOE_ROUND9_HOST)
-    except studies.NoRecordedData:
+    per = _host_sweep_cell(studies.MEGAMOE_ROUND9_HOST)
+    if per is None:
         return []
-    hs = studies.megamoe_round7_host_summary(h)
-    per = "; ".join(f"{dt} ({int(g.configs.max())} of {int(g.expected.max())}): " + ", ".join(
-        f"{x.schedule} **{x.geomean_speedup:.3f}** / max {x.max_speedup:.2f} (model {x.geomean_predicted:.3f}, "
-        f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
     return [f"| MegaMoE, tiles v4 (fp8 through TMA, one stage more), combine over PCIe: each schedule / Expert-Wave "
             f"kernel time, geomean / max, beside the model (the sweep resumes call by call) | {per} | "
             f"`scripts/megamoe_round9.sh`, notebook 03 |"]
@@ -198,27 +212,14 @@ def _one_gpu_megamoe_round7_rows() -> list[str]:
     Expert-Wave's (data/h200x1/megamoe_round7_controls, study controls7, dynamic) and the host-link sweep with the
     new default (data/h200x1/megamoe_round7_host, the configurations it holds so far) beside the model."""
     rows, cmd = [], "`scripts/megamoe_round7.sh`, notebook 03"
-    try:
-        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND7_CONTROLS_SUB)
-        cs = studies.megamoe_round7_controls_summary(studies.megamoe_round7_controls(df))
-        cs = cs[cs.schedule != "expert_wave"]
-    except studies.NoRecordedData:
-        cs = None
-    if cs is not None and len(cs):
-        per = "; ".join(f"{dt} ({int(g.configs.max())}): " + ", ".join(
-            f"{x.schedule} {x.over_ew_geomean:.3f} (worst {x.over_ew_worst:.3f})" for x in g.itertuples())
-            for dt, g in cs.groupby("dtype", sort=False))
+    per = _controls_cell(studies.MEGAMOE_ROUND7_CONTROLS_SUB, "controls7")
+    if per:
         rows.append(f"| MegaMoE, tiles v3 (bf16 through TMA), compute only: each schedule's time / Expert-Wave's, "
                     f"dynamic assignment, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean {per} | "
                     f"{cmd} (study controls7) |")
-    try:
-        h, _ = studies.megamoe_world_data("one-gpu", "host", record=studies.MEGAMOE_ROUND7_HOST)
-    except studies.NoRecordedData:
+    per = _host_sweep_cell(studies.MEGAMOE_ROUND7_HOST)
+    if per is None:
         return rows
-    hs = studies.megamoe_round7_host_summary(h)
-    per = "; ".join(f"{dt} ({int(g.configs.max())} of {int(g.expected.max())}): " + ", ".join(
-        f"{x.schedule} **{x.geomean_speedup:.3f}** / max {x.max_speedup:.2f} (model {x.geomean_predicted:.3f}, "
-        f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
     rows.append(f"| MegaMoE, tiles v3, combine over PCIe: each schedule / Expert-Wave kernel time, geomean / max, "
                 f"beside the model (the sweep resumes call by call) | {per} | {cmd} |")
     return rows
