@@ -3,11 +3,12 @@
 # (scripts/trains_gpc.py), between two maps read by separate processes (scripts/gpc_map.sh), all into
 # $OUT/h200x1/train_gpc/ (the separate processes' maps into $OUT/h200x1/train_gpc_process_{a,c}/: folders two levels
 # under h200x1/ do not come back from the device). Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's
-# HEAD is stale).
+# HEAD is stale). Arguments go to scripts/trains_gpc.py (e.g. --programs 100,132,198,264); TRAIN_GPC_NAME=<folder>
+# records into $OUT/h200x1/<folder>/ (and <folder>_process_{a,c}/) instead of train_gpc/.
 set -euo pipefail
 : "${OUT:?set OUT}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-D=$OUT/h200x1/train_gpc
+D=$OUT/h200x1/${TRAIN_GPC_NAME:-train_gpc}        # TRAIN_GPC_NAME=<folder> for a second record
 mkdir -p "$D"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "note: pip install -e . failed"
 nvcc -O2 -arch=sm_90 -shared -Xcompiler -fPIC -DGPC_MAP_LIB -o /tmp/libgpcmap.so scripts/gpc_map.cu
