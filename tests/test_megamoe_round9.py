@@ -306,50 +306,54 @@ def _config(d):
     return d["shape"] + "_T" + d.tokens.astype(str) + "_" + d.routing
 
 
-def test_recorded_host9_is_a_prefix_of_the_fp8_sweep_order_and_its_summary_from_the_rows(monkeypatch):
-    """data/h200x1/megamoe_round9_host (call M11-1, time-bounded, fp8 first): tiles version 4 (every row through TMA,
-    BM 64 with 4 stages or BM 128 with 3), the pairs it holds are the first of the fp8 sweep's fixed order (none
-    chosen or dropped), every schedule per pair; 68 of the 168 (configuration, dtype) pairs; a random schedule's
-    geomean speedup and count within 10 % recomputed from the raw rows, beside round 7's record on the same
-    configurations; the figures the draft gives."""
+def test_recorded_host9_is_complete_and_its_summary_from_the_rows(monkeypatch):
+    """data/h200x1/megamoe_round9_host (call M11-1: fp8's first 68 pairs; session 12's call S12-1 resumed it with
+    fp8's last 16 and bf16's 84): tiles version 4 (every row through TMA; fp8 BM 64 with 4 stages or BM 128 with 3,
+    bf16 version 3's tiles), all 168 (configuration, dtype) pairs of the fixed order (none chosen or dropped), every
+    schedule per pair; a random schedule's geomean speedup and count within 10 % recomputed from the raw rows per
+    dtype, beside round 7's record on the same configurations; the figures the lab notebook gives."""
     from xstage import data, studies
     from xstage.numeric import geomean
 
     df, meta = data.load("data/h200x1/megamoe_round9_host", data.MEGAMOE)
     p = meta["params"]
-    assert meta["git_commit"] == M111_COMMIT and not meta.get("runs")
-    assert (p["tiles_version"], p["world"], p["link"], p["assignment"], p["dtypes"]) == (4, "one-gpu", "host",
-                                                                                         "dynamic", ["fp8"])
-    assert (df.dtype == "fp8").all() and df.tma.all()
-    assert set(zip(df.block_m, df.num_stages)) == {(64, 4), (128, 3)}
+    assert meta["git_commit"] == M111_COMMIT and [r["git_commit"][:7] for r in meta["runs"]] == ["75b2d2f"]
+    assert meta["runs"][0]["params"]["dtypes"] == ["fp8", "bf16"]
+    assert (p["tiles_version"], p["world"], p["link"], p["assignment"]) == (4, "one-gpu", "host", "dynamic")
+    assert df.tma.all()
+    assert set(zip(df[df.dtype == "fp8"].block_m, df[df.dtype == "fp8"].num_stages)) == {(64, 4), (128, 3)}
     with monkeypatch.context() as m:                  # every row ran version 4's default tiles for its case
         m.setattr(env, "interpreted", lambda: False)
-        for r in df.drop_duplicates(["shape", "tokens", "routing"]).itertuples():
+        for r in df.drop_duplicates(["shape", "tokens", "routing", "dtype"]).itertuples():
             c = MP.cases_by_name([f"{r.shape}_T{r.tokens}_{r.routing}"])[0]
-            assert MP.tiles_of_row(r) == MP.default_tiles("fp8", c.tokens * 2 * c.shape.topk / c.shape.experts)
-    have = list(dict.fromkeys(_config(df)))
+            assert MP.tiles_of_row(r) == MP.default_tiles(r.dtype, c.tokens * 2 * c.shape.topk / c.shape.experts)
     order = [c.name for c in MP.CASES]
-    assert have == order[:len(have)] and len(have) == 68
-    assert df.groupby(_config(df)).schedule.nunique().eq(len(MP.SCHEDULES)).all()
-    assert studies.megamoe_pairs_line(df) == "host-link sweep: 68 of 168 (configuration, dtype) pairs (bf16 0 of 84, " \
-                                            "fp8 68 of 84)"
+    for dt in ("bf16", "fp8"):
+        assert list(dict.fromkeys(_config(df[df.dtype == dt]))) == order
+    assert df.groupby([_config(df), df.dtype]).schedule.nunique().eq(len(MP.SCHEDULES)).all()
+    assert studies.megamoe_pairs_line(df) == "host-link sweep: 168 of 168 (configuration, dtype) pairs (bf16 84 " \
+                                            "of 84, fp8 84 of 84)"
     h7, _ = data.load("data/h200x1/megamoe_round7_host", data.MEGAMOE)
     s = studies.megamoe_round7_host_summary(df, before=h7).set_index(["dtype", "schedule"])
     sch = random.choice(["interleaved", "lag", "model_guided"])
-    d = df.assign(config=lambda x: _config(x)).set_index(["config", "schedule"])
-    sp = np.array([d.kernel_ms[(c, "expert_wave")] / d.kernel_ms[(c, sch)] for c in have])
-    err = np.array([d.predicted_speedup[(c, sch)] for c in have]) / sp - 1
-    assert s.loc[("fp8", sch), "configs"] == 68 and s.loc[("fp8", sch), "geomean_speedup"] == pytest.approx(
-        geomean(sp))
-    assert s.loc[("fp8", sch), "within"] == int((np.abs(err) <= 0.1).sum())
-    b = h7[h7.dtype == "fp8"].assign(config=lambda x: _config(x)).set_index(["config", "schedule"])
-    before = np.array([b.kernel_ms[(c, "expert_wave")] / b.kernel_ms[(c, sch)] for c in have])
-    assert s.loc[("fp8", sch), "before_geomean"] == pytest.approx(geomean(before))
-    got = {k: tuple(round(float(s.loc[("fp8", k), c]), 3) for c in ("geomean_speedup", "max_speedup",
-                                                                     "before_geomean"))
-           for k in ("interleaved", "lag", "model_guided")}
-    assert got == {"interleaved": (1.065, 1.294, 1.058), "lag": (1.022, 1.126, 1.009),
-                   "model_guided": (1.023, 1.160, 1.018)}
-    assert [int(s.loc[("fp8", k), "within"]) for k in ("interleaved", "lag", "model_guided")] == [54, 54, 55]
-    ew = df[df.schedule == "expert_wave"]
-    assert round(geomean(ew.kernel_ms / ew.compute_ms), 3) == 1.141      # Expert-Wave / its compute-only control
+    for dt in ("bf16", "fp8"):
+        d = df[df.dtype == dt].assign(config=lambda x: _config(x)).set_index(["config", "schedule"])
+        sp = np.array([d.kernel_ms[(c, "expert_wave")] / d.kernel_ms[(c, sch)] for c in order])
+        err = np.array([d.predicted_speedup[(c, sch)] for c in order]) / sp - 1
+        assert s.loc[(dt, sch), "configs"] == 84 and s.loc[(dt, sch), "geomean_speedup"] == pytest.approx(
+            geomean(sp))
+        assert s.loc[(dt, sch), "within"] == int((np.abs(err) <= 0.1).sum())
+        b = h7[h7.dtype == dt].assign(config=lambda x: _config(x)).set_index(["config", "schedule"])
+        before = np.array([b.kernel_ms[(c, "expert_wave")] / b.kernel_ms[(c, sch)] for c in order])
+        assert s.loc[(dt, sch), "before_geomean"] == pytest.approx(geomean(before))
+    got = {(dt, k): tuple(round(float(s.loc[(dt, k), c]), 3) for c in ("geomean_speedup", "max_speedup",
+                                                                         "before_geomean"))
+           for dt in ("bf16", "fp8") for k in ("interleaved", "lag", "model_guided")}
+    assert got == {("bf16", "interleaved"): (1.014, 1.115, 1.014), ("bf16", "lag"): (1.007, 1.113, 1.007),
+                   ("bf16", "model_guided"): (1.013, 1.121, 1.018), ("fp8", "interleaved"): (1.056, 1.294, 1.053),
+                   ("fp8", "lag"): (1.020, 1.126, 1.014), ("fp8", "model_guided"): (1.026, 1.160, 1.025)}
+    assert [int(s.loc[(dt, k), "within"]) for dt in ("bf16", "fp8") for k in ("interleaved", "lag",
+                                                                                "model_guided")] == [69, 65, 67, 70, 70, 71]
+    for dt, want in (("bf16", 1.129), ("fp8", 1.127)):   # Expert-Wave / its compute-only control
+        ew = df[(df.schedule == "expert_wave") & (df.dtype == dt)]
+        assert round(geomean(ew.kernel_ms / ew.compute_ms), 3) == want

@@ -104,7 +104,10 @@ def test_one_gpu_sweep_writes_and_resumes(tmp_path, link):
     df, meta = data.load(tmp_path, data.ULYSSES)
     from xstage import fa4
 
-    methods = U.METHODS + (fa4.METHODS if fa4.available()[0] else ())    # every method the sweep has (item 6)
+    from xstage import ulysses_gluon
+
+    methods = (U.METHODS + (fa4.METHODS if fa4.available()[0] else ())    # every method the sweep has (item 6)
+               + (ulysses_gluon.SWEEP_METHODS if ulysses_gluon.available()[0] else ()))
     assert set(df.method) == set(methods) and len(df) == len(shapes) * len(methods) * 2
     assert meta["params"]["world"] == "one-gpu" and meta["params"]["link"] == link
     assert meta["params"]["fused_outputs"] == data.ULYSSES_FUSED_OUTPUTS      # where the fused outputs live

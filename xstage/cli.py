@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="head chunks of the overlapped baseline (default: timed per shape over 1, 2, 3, 4, 6, 8, "
                          "12 and the fastest kept)")
     ul.add_argument("--methods", type=_strs, default=(),
-                    help="methods to time (default: all; FA4's fa, fa_serial, fa_fused are skipped, recorded as absent, "
-                         "where the extra fa4 or a Hopper GPU is missing)")
+                    help="methods to time (default: all; FA4's fa, fa_kernel, fa_serial, fa_fused are skipped, recorded as "
+                         "absent, where the extra fa4 or a Hopper GPU is missing; the Gluon kernel's gluon, "
+                         "gluon_serial, gluon_fused where Gluon cannot run)")
     ul.add_argument("--traffic-ranks", type=int, default=None,
                     help="8-rank traffic on 2 GPUs (xstage.traffic_ulysses): each of the 2 GPUs plays one rank of a "
                          "layer of this many ranks (H/8 heads over the full sequence: 7/8 of its output crosses "

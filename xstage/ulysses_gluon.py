@@ -314,19 +314,51 @@ def attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_table
     attention_forward(q, k, v, sm_scale, config=config, fused=(out_table, rank, P))
 
 
-def ulysses_fused(world, q, k, v, bufs, config: GluonConfig, barrier: bool = True) -> dict:
-    """The fused layer with the Gluon kernel: every local rank's fused attention into ``bufs`` (an
-    ``xstage.ulysses.UlyssesBuffers``), then the existing end-of-layer epoch barrier (``xstage.ulysses.end_barrier``).
-    In a one-process world the ranks run one after another. Returns {rank: its out [Sl, H, D] view}."""
+def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barrier: bool = True,
+                  check: bool = True, ranks=None, events=None) -> dict:
+    """The fused layer with the Gluon kernel: the fused attention of ``ranks`` (default every local rank) into
+    ``bufs`` (an ``xstage.ulysses.UlyssesBuffers``), then the existing end-of-layer epoch barrier of every rank
+    (``xstage.ulysses.end_barrier``; ``check``: read its status and raise on a timeout). In a one-process world the
+    ranks run one after another. ``config``: default ``SWEEP_CONFIGS[D]``. ``events`` (start, end): CUDA events
+    recorded around the kernels (before the barrier), the sender's view. Every rank's inputs are validated before
+    any launch. Returns {rank: its out [Sl, H, D] view}."""
     from .ulysses import end_barrier
 
     P = world.world_size
-    S, Hl, D = q[world.local_ranks[0]].shape
-    for r in world.local_ranks:
-        attention_fused(q[r], k[r], v[r], bufs.out_table[r], r, P, config)
+    ranks = list(world.local_ranks if ranks is None else ranks)
+    S, Hl, D = q[ranks[0]].shape
+    config = sweep_config(D) if config is None else config
+    for r in ranks:
+        validate_fused(q[r], config, bufs.out_table[r], r, P)
+        validate(q[r], k[r], v[r], config)
+    if events is not None:
+        events[0].record()
+    for r in ranks:
+        attention_forward(q[r], k[r], v[r], config=config, fused=(bufs.out_table[r], r, P))
+    if events is not None:
+        events[1].record()
     if barrier:
-        end_barrier(world, bufs)
-    return {r: bufs.out_view(r, S, Hl * P, D) for r in world.local_ranks}
+        end_barrier(world, bufs, check=check)
+    return {r: bufs.out_view(r, S, Hl * P, D) for r in ranks}
+
+
+# the Ulysses sweep's Gluon methods (xstage.ulysses_sweep; issue 14 item 6): the Gluon kernel alone, then the
+# post-attention all-to-all as serial_* does it, and its fused layer (the all-to-all in the epilogue, then the
+# end-of-layer barrier; sender-visible: CUDA events around the kernel). Dropped with one line where
+# ``available()`` says no (recorded as absent in the sidecar's ``params.gluon``, never as a 0 time).
+SWEEP_METHODS = ("gluon", "gluon_serial", "gluon_fused")
+# the sweep's tile per head dim: the fastest fused-capable rung of the recorded ladder (data/h200x1/
+# attention_vs_fa4_gluon_lp, call U10-3: ws -ml 0.93-0.98 of FA4 at D = 128, 192 -ml-pp 0.93 at D = 64), both checked
+# bit for bit in the fused epilogue on one GPU (tests/test_attention_gluon.py)
+SWEEP_CONFIGS = {128: GluonConfig(128, 128, 4, 2, ws=True, mask_last=True),
+                 64: GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True)}
+
+
+def sweep_config(D: int) -> GluonConfig:
+    """The sweep's Gluon tile for head dim ``D`` (``SWEEP_CONFIGS``); ValueError for another head dim."""
+    if D not in SWEEP_CONFIGS:
+        raise ValueError(f"Gluon attention: head dim must be one of {sorted(SWEEP_CONFIGS)}, got {D}")
+    return SWEEP_CONFIGS[D]
 
 
 # ------------------------------------------------------------------------------------ sm_90a compile, no GPU

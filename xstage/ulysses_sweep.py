@@ -28,6 +28,13 @@ fused into FA4's kernel, ``xstage.fa4.ulysses_fused_fa``, then the end-of-layer 
 is CUDA events around the kernel alone, its end to end includes the barrier), timed round-robin beside ours and
 cuDNN. Where FA4 is missing they are dropped with one line and the sidecar's ``params.fa4`` says so (``absent``);
 a shape where an FA check fails keeps its other methods and names the error (``fa4_failed``).
+
+Gluon methods (``xstage.ulysses_gluon.SWEEP_METHODS``, Hopper and Triton >= 3.5 only): ``gluon`` (our attention in
+Gluon, ``SWEEP_CONFIGS[D]``), ``gluon_serial`` (it, then the all-to-all as ``serial_*``) and ``gluon_fused`` (the
+all-to-all in its epilogue, ``xstage.ulysses_gluon.ulysses_fused``, then the end-of-layer barrier; sender-visible:
+CUDA events around the kernel), checked as FA4's are (Gluon alone against our attention, the fused layer bit for bit
+against Gluon alone + the all-to-all, outputs poisoned first) and timed in the same rounds. Where Gluon cannot run
+they are dropped with one line (``params.gluon``: ``absent``); a failed check names its error (``gluon_failed``).
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ import pandas as pd
 import torch
 
 from . import bench, data, env, fa4
+from . import ulysses_gluon as gluon
 from .bench import median
 from .data import ULYSSES, ULYSSES_FUSED_OUTPUTS
 from .numeric import check_bit_identical, rel_l2
@@ -285,6 +293,63 @@ def _check_fa_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict,
                             f"{what} rank {rank}: FA fused vs FA + NCCL all-to-all")
 
 
+def _gluon_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, config: AttnConfig, rank: int,
+                   serial, n_calls: int) -> tuple[dict, list, dict]:
+    """The Gluon methods (``xstage.ulysses_gluon.SWEEP_METHODS``), checked before any timing as FA4's are: Gluon
+    alone against our attention (relative L2 below 2e-2), then the fused Gluon layer bit for bit against Gluon alone +
+    the all-to-all, every output poisoned with NaN first. Returns ({method: fn}, events, failed), as ``_fa_methods``."""
+    P, S, H, D = world.world_size, shape.S, shape.H, shape.D
+    q, k, v = qkv[rank]
+    what = f"{shape.name} P={P}"
+    cfg = gluon.sweep_config(D)
+    failed = {}
+    try:
+        err = rel_l2(gluon.attention_forward(q, k, v, config=cfg), attention_forward(q, k, v, config=config))
+        if not err < 2e-2:
+            raise AssertionError(f"{what}: Gluon {cfg.label} differs from our attention by {err:.3g} (relative L2)")
+    except Exception as e:  # noqa: BLE001 (recorded: Gluon cannot run or is wrong here; nothing of it is timed)
+        why = f"{type(e).__name__}: {e}"
+        print(f"ulysses: {what}: Gluon methods not timed: {why}", file=sys.stderr, flush=True)
+        return {}, [], {m: why for m in gluon.SWEEP_METHODS}
+    qd, kd, vd = ({r: t[i] for r, t in qkv.items()} for i in range(3))
+    try:
+        if world.emulated:
+            for r in range(P):
+                bufs.out_view(r, S, H, D).fill_(float("nan"))
+            world.barrier()
+            outs = gluon.ulysses_fused(world, qd, kd, vd, bufs, cfg)
+            world.barrier()
+            want = post_all_to_all([gluon.attention_forward(*qkv[r], config=cfg) for r in range(P)])
+            for r in range(P):
+                check_bit_identical(outs[r].to(want[r].device), want[r],
+                                    f"{what} rank {r}: Gluon fused vs Gluon + all-to-all")
+        else:
+            gluon.ulysses_fused(world, qd, kd, vd, bufs, cfg, barrier=False)    # compiled before any rank waits
+            world.barrier()
+            bufs.out_view(rank, S, H, D).fill_(float("nan"))
+            world.barrier()
+            out = gluon.ulysses_fused(world, qd, kd, vd, bufs, cfg)[rank]
+            torch.cuda.synchronize()
+            check_bit_identical(out, post_all_to_all_nccl(gluon.attention_forward(q, k, v, config=cfg), world),
+                                f"{what} rank {rank}: Gluon fused vs Gluon + NCCL all-to-all")
+    except Exception as e:  # noqa: BLE001 (the fused kernel failed or differs: not timed, Gluon alone still is)
+        why = f"{type(e).__name__}: {e}"
+        print(f"ulysses: {what}: gluon_fused not timed: {why}", file=sys.stderr, flush=True)
+        failed["gluon_fused"] = why
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n_calls)]
+    calls = [0]
+
+    def fused():
+        i = calls[0] % n_calls
+        calls[0] += 1
+        gluon.ulysses_fused(world, {rank: q}, {rank: k}, {rank: v}, bufs, cfg, check=False, ranks=[rank],
+                            events=events[i])
+
+    fns = {"gluon": lambda: gluon.attention_forward(q, k, v, config=cfg),
+           "gluon_serial": lambda: serial(lambda: gluon.attention_forward(q, k, v, config=cfg)), "gluon_fused": fused}
+    return {m: f for m, f in fns.items() if m not in failed}, events, failed
+
+
 def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, repeats: int, warmup: int,
                    config: AttnConfig, chunks: int | None, seed: int) -> tuple[dict, dict]:
     """({method: [(sender-visible ms, end-to-end ms)] per repeat} of the measured rank (this process's rank;
@@ -344,6 +409,13 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
         if failed:   # recorded as absent with the error (no rows), the other methods still timed
             extras["fa4_failed"] = failed
             methods = [m for m in methods if m not in failed]
+    gluon_events = []
+    if any(m in gluon.SWEEP_METHODS for m in methods):
+        g_fns, gluon_events, failed = _gluon_methods(world, shape, bufs, qkv, config, rank, serial, warmup + repeats)
+        fns.update(g_fns)
+        if failed:
+            extras["gluon_failed"] = failed
+            methods = [m for m in methods if m not in failed]
     if any("cudnn" in m or "sdpa" in m for m in methods) and not _cudnn_ok(world, q, k, v, config, shape.name):
         methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
     # every method warmed up (and compiled) first, then the repeats round-robin over the methods, so that a
@@ -366,6 +438,9 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
         elif m == "fa_fused":   # the sender's view: CUDA events around the kernel (before the barrier), same clock
             check_barrier_status(bufs, rank)
             sv = [fa_events[warmup + i][0].elapsed_time(fa_events[warmup + i][1]) for i in range(repeats)]
+        elif m == "gluon_fused":   # as fa_fused: CUDA events around the kernel, then the barrier's status
+            check_barrier_status(bufs, rank)
+            sv = [gluon_events[warmup + i][0].elapsed_time(gluon_events[warmup + i][1]) for i in range(repeats)]
         else:
             sv = e2e
         res[m] = list(zip(sv, e2e))
@@ -464,8 +539,26 @@ def fa4_methods(methods: Sequence[str]) -> tuple[list[str], dict]:
     return kept, {"available": False, "why": why, "absent": asked}
 
 
+def gluon_methods(methods: Sequence[str]) -> tuple[list[str], dict]:
+    """The methods that run here and the sidecar's ``gluon`` entry: the Gluon methods are dropped, with one line on
+    stderr, where ``xstage.ulysses_gluon.available()`` says no (recorded as ``absent``: no rows, never a 0 time)."""
+    ok, why = gluon.available()
+    asked = [m for m in methods if m in gluon.SWEEP_METHODS]
+    configs = {str(D): c.label for D, c in gluon.SWEEP_CONFIGS.items()}
+    if ok:
+        return list(methods), {"available": True, "why": why, "configs": configs, "absent": []}
+    print(f"ulysses: skipping {', '.join(asked)}: {why}", file=sys.stderr)
+    kept = [m for m in methods if m not in gluon.SWEEP_METHODS]
+    if not kept:
+        raise RuntimeError(f"nothing to run: {why}")
+    return kept, {"available": False, "why": why, "configs": configs, "absent": asked}
+
+
+ALL_METHODS = METHODS + fa4.METHODS + gluon.SWEEP_METHODS   # what the sweep can time (the extras' where they run)
+
+
 def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesShape] | None = None,
-                repeats: int = 10, warmup: int = 3, methods: Sequence[str] = METHODS + fa4.METHODS, tune: bool = True,
+                repeats: int = 10, warmup: int = 3, methods: Sequence[str] = ALL_METHODS, tune: bool = True,
                 chunks: int | None = None, seed: int = 0, command: str = "", world: str = "gpus",
                 link: str | None = None) -> Path:
     """Run (or resume) the Ulysses sweep into ``out``/ulysses.csv; returns its path. ``world``: ``gpus`` (one
@@ -487,9 +580,9 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         raise ValueError(f"world_size must be >= 2 (the all-to-all needs peers), got {world_size}")
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    bad = [m for m in methods if m not in METHODS + fa4.METHODS]
+    bad = [m for m in methods if m not in ALL_METHODS]
     if bad or not methods:
-        raise ValueError(f"methods must be a non-empty subset of {METHODS + fa4.METHODS}, got {list(methods)}")
+        raise ValueError(f"methods must be a non-empty subset of {ALL_METHODS}, got {list(methods)}")
     if chunks is not None and chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     # the default table is fitted to P (rounded, filtered, said on stderr); shapes given explicitly must fit
@@ -512,6 +605,8 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         env.apply_safe_env()
         if any(m in fa4.METHODS for m in methods):   # after the GPU check: without GPUs that is the one error
             methods, params["fa4"] = fa4_methods(methods)
+        if any(m in gluon.SWEEP_METHODS for m in methods):
+            methods, params["gluon"] = gluon_methods(methods)
         params.update(link=link, observed=0, transport="copies (cudaMemcpyAsync per destination, then relayout)",
                       fused_outputs=ULYSSES_FUSED_OUTPUTS)
         meta = env.provenance(command, params)
@@ -523,7 +618,8 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
 
         if any(m in fa4.METHODS for m in methods):
             methods, params["fa4"] = fa4_methods(methods)
-
+        if any(m in gluon.SWEEP_METHODS for m in methods):
+            methods, params["gluon"] = gluon_methods(methods)
         params.update(link="nvlink", transport="NCCL all_to_all_single")
         meta = env.provenance(command, params)
         spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks,
