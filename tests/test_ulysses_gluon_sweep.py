@@ -83,3 +83,24 @@ def test_one_gpu_sweep_records_gluon(tmp_path, link):
     fused = df[df.method == "gluon_fused"]
     assert len(fused) == 2 * len(shapes)
     assert (fused.sender_visible_ms > 0).all() and (fused.sender_visible_ms <= fused.end_to_end_ms).all()
+
+
+def test_recorded_gluon_sweeps_replay_their_ratios():
+    """data/h200x1/ulysses_gluon_{host,local} (session 12, calls S12-3 / S12-4: scripts/ulysses_gluon_one_gpu.sh, P = 2,
+    five shapes): both records hold every method asked, no Gluon check failed, and the lab notebook's finding is in the
+    rows: the Gluon fused layer costs 0-6 % over Gluon alone with every buffer local, 3.2-7.9x with the peer's output
+    in pinned host memory, where our Triton fused layer costs 0.98-1.24x of its attention."""
+    from xstage import studies
+
+    ratio = {}
+    for link in ("host", "local"):
+        df, meta = data.load(data.machine_dir("h200x1") / f"ulysses_gluon_{link}", data.ULYSSES)
+        assert meta["params"]["link"] == link and meta["params"]["gluon"]["available"]
+        assert "gluon_failed" not in meta
+        assert set(df.method) == {"fused", "serial_triton", "serial_cudnn", "attention_only", "sdpa_only", "gluon",
+                                  "gluon_serial", "gluon_fused"} and df.shape.nunique() == 5
+        w = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
+        ratio[link] = (w.gluon_fused / w.gluon, w.fused / w.attention_only)
+    assert ratio["local"][0].between(0.98, 1.08).all()
+    assert ratio["host"][0].between(3.0, 8.5).all()
+    assert ratio["host"][1].between(0.95, 1.3).all()
