@@ -98,7 +98,7 @@ def test_recorded_gluon_sweeps_replay_their_ratios():
         assert meta["params"]["link"] == link and meta["params"]["gluon"]["available"]
         assert "gluon_failed" not in meta
         assert set(df.method) == {"fused", "serial_triton", "serial_cudnn", "attention_only", "sdpa_only", "gluon",
-                                  "gluon_serial", "gluon_fused"} and df.shape.nunique() == 5
+                                  "gluon_serial", "gluon_fused"} and df["shape"].nunique() == 5
         w = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
         ratio[link] = (w.gluon_fused / w.gluon, w.fused / w.attention_only)
     assert ratio["local"][0].between(0.98, 1.08).all()
