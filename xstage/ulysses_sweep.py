@@ -269,7 +269,16 @@ def _fa_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, con
 
 
 def _check_fa_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, rank: int, what: str) -> None:
-    """The fused FA layer bit for bit against FA alone + the all-to-all, every output poisoned with NaN first."""
+    """The fused FA layer bit for bit against FA alone + the all-to-all (``_check_fused_layer``)."""
+    _check_fused_layer(world, shape, bufs, qkv, rank, f"{what}: FA", lambda *a, **kw: fa4.ulysses_fused_fa(*a, **kw),
+                       fa4.attention)
+
+
+def _check_fused_layer(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, rank: int, what: str, fused,
+                       alone) -> None:
+    """A fused layer ``fused(world, q, k, v, bufs, barrier=...)`` bit for bit against its attention alone
+    (``alone(q, k, v)``) + the all-to-all, every output poisoned with NaN first (one process driving every rank:
+    every rank's output, the all-to-all by indexing; one process per GPU: this rank's, NCCL)."""
     P, S, H = world.world_size, shape.S, shape.H
     q, k, v = qkv[rank]
     qd, kd, vd = ({r: t[i] for r, t in qkv.items()} for i in range(3))
@@ -277,20 +286,20 @@ def _check_fa_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict,
         for r in range(P):
             bufs.out_view(r, S, H, shape.D).fill_(float("nan"))
         world.barrier()
-        outs = fa4.ulysses_fused_fa(world, qd, kd, vd, bufs)
+        outs = fused(world, qd, kd, vd, bufs)
         world.barrier()
-        want = post_all_to_all([fa4.attention(*qkv[r]) for r in range(P)])
+        want = post_all_to_all([alone(*qkv[r]) for r in range(P)])
         for r in range(P):
-            check_bit_identical(outs[r].to(want[r].device), want[r], f"{what} rank {r}: FA fused vs FA + all-to-all")
+            check_bit_identical(outs[r].to(want[r].device), want[r], f"{what} fused vs alone + all-to-all, rank {r}")
     else:
-        fa4.ulysses_fused_fa(world, qd, kd, vd, bufs, barrier=False)    # compiled before any rank waits
+        fused(world, qd, kd, vd, bufs, barrier=False)    # compiled before any rank waits
         world.barrier()
         bufs.out_view(rank, S, H, shape.D).fill_(float("nan"))
         world.barrier()
-        out = fa4.ulysses_fused_fa(world, qd, kd, vd, bufs)[rank]
+        out = fused(world, qd, kd, vd, bufs)[rank]
         torch.cuda.synchronize()
-        check_bit_identical(out, post_all_to_all_nccl(fa4.attention(q, k, v), world),
-                            f"{what} rank {rank}: FA fused vs FA + NCCL all-to-all")
+        check_bit_identical(out, post_all_to_all_nccl(alone(q, k, v), world),
+                            f"{what} fused vs alone + NCCL all-to-all, rank {rank}")
 
 
 def _gluon_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, config: AttnConfig, rank: int,
@@ -311,27 +320,10 @@ def _gluon_methods(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, 
         why = f"{type(e).__name__}: {e}"
         print(f"ulysses: {what}: Gluon methods not timed: {why}", file=sys.stderr, flush=True)
         return {}, [], {m: why for m in gluon.SWEEP_METHODS}
-    qd, kd, vd = ({r: t[i] for r, t in qkv.items()} for i in range(3))
     try:
-        if world.emulated:
-            for r in range(P):
-                bufs.out_view(r, S, H, D).fill_(float("nan"))
-            world.barrier()
-            outs = gluon.ulysses_fused(world, qd, kd, vd, bufs, cfg)
-            world.barrier()
-            want = post_all_to_all([gluon.attention_forward(*qkv[r], config=cfg) for r in range(P)])
-            for r in range(P):
-                check_bit_identical(outs[r].to(want[r].device), want[r],
-                                    f"{what} rank {r}: Gluon fused vs Gluon + all-to-all")
-        else:
-            gluon.ulysses_fused(world, qd, kd, vd, bufs, cfg, barrier=False)    # compiled before any rank waits
-            world.barrier()
-            bufs.out_view(rank, S, H, D).fill_(float("nan"))
-            world.barrier()
-            out = gluon.ulysses_fused(world, qd, kd, vd, bufs, cfg)[rank]
-            torch.cuda.synchronize()
-            check_bit_identical(out, post_all_to_all_nccl(gluon.attention_forward(q, k, v, config=cfg), world),
-                                f"{what} rank {rank}: Gluon fused vs Gluon + NCCL all-to-all")
+        _check_fused_layer(world, shape, bufs, qkv, rank, f"{what}: Gluon",
+                           lambda *a, **kw: gluon.ulysses_fused(*a, config=cfg, **kw),
+                           lambda q, k, v: gluon.attention_forward(q, k, v, config=cfg))
     except Exception as e:  # noqa: BLE001 (the fused kernel failed or differs: not timed, Gluon alone still is)
         why = f"{type(e).__name__}: {e}"
         print(f"ulysses: {what}: gluon_fused not timed: {why}", file=sys.stderr, flush=True)
