@@ -357,13 +357,23 @@ if AVAILABLE:
             # the Ulysses all-to-all in the epilogue: each row to its owner rank (row // Sl), at its local row and
             # this rank's global head, through the table of peer addresses; a tile straddling two owners splits
             # per row (as kernels/attention.py's FUSED epilogue)
-            offs_m = row0 + gl.arange(0, HALF_M, layout=row_o)
-            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            # the stores leave from a blocked layout, 16 bytes (8 elements) of one row per thread: from the wgmma
+            # accumulator's layout they compile to 2-byte stores (st.global.b16, sm_90a PTX), which over PCIe to
+            # host memory cost a transaction each (session 12: 3.2-7.9x Gluon alone on the host link)
+            st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
+                                                       threads_per_warp=[32 // (HEAD_DIM // 8), HEAD_DIM // 8],
+                                                       warps_per_cta=[4, 1], order=[1, 0])
+            o = gl.convert_layout(o, st_layout)
+            offs_m = row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, st_layout))
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
             row_ok = offs_m < S
             dest = offs_m // rows_per_rank
             local_row = (offs_m - dest * rows_per_rank).to(gl.int64)
             base_ptr = gl.load(out_table + dest, mask=row_ok, other=0).to(gl.pointer_type(dtype))
             row_ptr = base_ptr + local_row * out_row_stride + (out_head0 + h) * HEAD_DIM
+            # every row starts 16-byte aligned (ulysses_fused checks the table's addresses and the row stride before
+            # the launch): without the hint the loaded base pointer's alignment is unknown and the stores stay 2-byte
+            row_ptr = gl.multiple_of(row_ptr, 16)
             gl.store(gl.expand_dims(row_ptr, 1) + gl.expand_dims(offs_d, 0), o, mask=gl.expand_dims(row_ok, 1))
         else:
             ob = o_smem.index(half)

@@ -4,7 +4,8 @@
 # epilogue (tests/test_ulysses_gluon_sweep.py, tests/test_attention_gluon.py -k fused; <= TESTS_S seconds); then a
 # time-bounded, resumable sweep (xstage sweep ulysses --world one-gpu --ranks 2 --link LINK) into
 # $OUT/h200x1/ulysses_gluon_<link>/ (resumed from data/h200x1/ulysses_gluon_<link>/ when that exists).
-# Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's HEAD is stale).
+# Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's HEAD is stale). ULYSSES_GLUON_NAME=<folder> records
+# into $OUT/h200x1/<folder>/ instead (a new kernel's record beside the old one's).
 #   scripts/ulysses_gluon_one_gpu.sh [SWEEP_S] [TESTS_S] [LINK] [SHAPES]
 set -u
 : "${OUT:?set OUT}"
@@ -12,9 +13,10 @@ SWEEP_S=${1:-240}; TESTS_S=${2:-120}; LINK=${3:-host}
 SHAPES=${4:-seq_8k,seq_16k,seq_32k,cogvideox5b_17776,wan21_1.3b_32760}
 METHODS=fused,serial_triton,serial_cudnn,attention_only,sdpa_only,gluon,gluon_serial,gluon_fused
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-D=$OUT/h200x1/ulysses_gluon_$LINK
+NAME=${ULYSSES_GLUON_NAME:-ulysses_gluon_$LINK}
+D=$OUT/h200x1/$NAME
 mkdir -p "$OUT/logs" "$D"
-for f in ulysses.csv ulysses.json; do [ -e data/h200x1/ulysses_gluon_$LINK/$f ] && cp data/h200x1/ulysses_gluon_$LINK/$f "$D/"; done
+for f in ulysses.csv ulysses.json; do [ -e data/h200x1/$NAME/$f ] && cp data/h200x1/$NAME/$f "$D/"; done
 nvidia-smi -L
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1 || tail "$OUT/logs/install.log"
 t0=$SECONDS

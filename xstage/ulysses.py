@@ -363,6 +363,10 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     for r in world.local_ranks:
         flags.local(r).zero_()
     dev = {r: world.device(r) for r in world.local_ranks}
+    for r in world.local_ranks:  # the fused epilogues store 16 bytes of a row at a time (kernels/attention_gluon.py)
+        bad = [hex(a) for a in out.table(r) if a % 16]
+        if bad:
+            raise ValueError(f"rank {r}: the output buffers' addresses must be 16-byte aligned, got {bad}")
     bufs = UlyssesBuffers(
         P, numel, dtype, out, flags,
         {r: torch.tensor(out.table(r), dtype=torch.int64, device=dev[r]) for r in world.local_ranks},

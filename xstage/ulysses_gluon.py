@@ -288,9 +288,12 @@ def _no_table(device) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------- the fused Ulysses epilogue
-def validate_fused(q: torch.Tensor, config: GluonConfig, out_table: torch.Tensor, rank: int, P: int) -> None:
+def validate_fused(q: torch.Tensor, config: GluonConfig, out_table: torch.Tensor, rank: int, P: int,
+                   addresses: bool = True) -> None:
     """One clear error before any launch: a ws tile, 1 <= P, 0 <= rank < P, S divisible by P, a table of P int64
-    addresses on q's device."""
+    addresses on q's device, each 16-byte aligned (the epilogue's stores are 16 bytes of a row; ``addresses``:
+    read the table to check it, one device-to-host copy; ``ulysses_fused`` skips it, its buffers' addresses were
+    checked when ``xstage.ulysses.ulysses_buffers`` made them)."""
     if not config.ws:
         raise ValueError(f"the fused epilogue is in the warp-specialised Gluon kernel only (ws=True), got "
                          f"{config.label}")
@@ -301,6 +304,11 @@ def validate_fused(q: torch.Tensor, config: GluonConfig, out_table: torch.Tensor
     if not (isinstance(out_table, torch.Tensor) and out_table.dtype == torch.int64 and out_table.shape == (P,)
             and out_table.device == q.device):
         raise ValueError(f"out_table must be int64 [{P}] on {q.device} (every rank's out base address)")
+    if addresses:
+        bad = [hex(a) for a in out_table.tolist() if a % 16]
+        if bad:
+            raise ValueError(f"out_table's addresses must be 16-byte aligned (the fused epilogue stores 16 bytes of a "
+                             f"row at a time), got {bad}")
 
 
 def attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_table: torch.Tensor, rank: int, P: int,
@@ -329,7 +337,7 @@ def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barri
     S, Hl, D = q[ranks[0]].shape
     config = sweep_config(D) if config is None else config
     for r in ranks:
-        validate_fused(q[r], config, bufs.out_table[r], r, P)
+        validate_fused(q[r], config, bufs.out_table[r], r, P, addresses=False)
         validate(q[r], k[r], v[r], config)
     if events is not None:
         events[0].record()
