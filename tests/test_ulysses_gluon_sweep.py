@@ -104,3 +104,22 @@ def test_recorded_gluon_sweeps_replay_their_ratios():
     assert ratio["local"][0].between(0.98, 1.08).all()
     assert ratio["host"][0].between(3.0, 8.5).all()
     assert ratio["host"][1].between(0.95, 1.3).all()
+
+
+def test_recorded_16_byte_epilogue_removes_the_host_link_slowdown():
+    """data/h200x1/ulysses_gluon_host_v16 (session 13, call S13-1: the same script and shapes after the fused epilogue's
+    stores became 16 bytes, kernels/attention_gluon.py): every method, no Gluon check failed, and the rows hold the
+    finding: over PCIe the Gluon fused layer now costs 1.03-1.26x Gluon alone (was 3.2-7.9x with 2-byte stores, in
+    ulysses_gluon_host) and beats Gluon then the all-to-all on every shape."""
+    from xstage import studies
+
+    w = {}
+    for sub in ("ulysses_gluon_host", "ulysses_gluon_host_v16"):
+        df, meta = data.load(data.machine_dir("h200x1") / sub, data.ULYSSES)
+        assert meta["params"]["link"] == "host" and "gluon_failed" not in meta
+        w[sub] = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
+    new, old = w["ulysses_gluon_host_v16"], w["ulysses_gluon_host"]
+    assert set(new.columns) == set(old.columns) and list(new.index) == list(old.index)
+    assert (new.gluon_fused / new.gluon).between(1.0, 1.3).all()
+    assert (new.gluon_fused < new.gluon_serial).all()
+    assert ((old.gluon_fused / old.gluon) / (new.gluon_fused / new.gluon) > 2.5).all()
