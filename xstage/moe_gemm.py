@@ -31,6 +31,11 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   (the pointer loops) on every rank, combine poisoned, before any timing.
 - study ``controls8`` (round 8): ``controls7`` with fp8 through TMA with one stage more (gemm8's ``tma_s``) in
   place of fp8's default tiles (bf16: the default, as controls7): whether the schedules stay free in compute.
+- study ``gemm9`` (round 9, fp8, the 56 configurations with >= 2048 rows on rank 0, table order): the default
+  tiles (version 4: fp8 through TMA) beside :func:`gemm9_variants` (the other row block's tiles, one pipeline
+  stage more, 4 warps) and ``torch._scaled_grouped_mm``, same rounds; each variant's whole layer (combine
+  poisoned) within tolerance of the float32 reference on rank 0, and whether it is bit-identical to the default
+  on every rank is recorded in the row's note. Where the default trails the library (the >= 2048-row goal).
 - study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
   (:func:`tma_tiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
   loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
@@ -58,10 +63,10 @@ from .moe import (MAX_POLLS, _unfused_gemms, _unfused_plan, build_tasks, check_c
                   megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights, reference_weights,
                   run_experts)
 from .moe_plan import (ASSIGNMENTS, CASES, KIND_L1, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
-                       cases_by_name, default_tiles, gemm_flops)
+                       cases_by_name, default_tiles, gemm_flops, gpu_tiles)
 from .numeric import check_bit_identical
 
-GEMM_STUDIES = ("gemm", "gemm8")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
+GEMM_STUDIES = ("gemm", "gemm8", "gemm9")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
 
 
 # Studies gemm8 and controls8 measure round 8's question, so their default is tiles version 3's (fp8 the pointer
@@ -93,6 +98,20 @@ def gemm8_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
             "tma_s": dataclasses.replace(d, tma=True, num_stages=d.num_stages + 1)}
 
 
+def gemm9_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
+    """Study gemm9 (round 9): the fp8 variants timed beside the default ``d`` (tiles version 4) and the library,
+    fixed before the run. ``bm_alt``: version 4's tiles of the other row block (BM 64 <-> 128); ``s_plus``: one
+    pipeline stage more; ``w4``: 4 warps. sm_90a ptxas on the CPU (Triton 3.9, dynamic): BM 64 4 stages (the
+    default) 223 registers / 0 B spilled / 160 KiB shared, 5 stages 223 / 0 / 200 KiB, 4 warps 255 / 4 B / 160
+    KiB; BM 128 3 stages (the default) 255 / 20 B / 144 KiB, 4 stages 255 / 36 B / 192 KiB. bf16: none (its goals
+    are met, study gemm8)."""
+    if dtype != "fp8":
+        return {}
+    return {"bm_alt": gpu_tiles(dtype, 128 if d.block_m == 64 else 64),
+            "s_plus": dataclasses.replace(d, num_stages=d.num_stages + 1),
+            "w4": dataclasses.replace(d, num_warps=4)}
+
+
 # The configurations of the GEMM study, fixed before the first run (every one with >= 2048 rows on rank 0 of 2).
 GEMM_CASES = ("deepseek_v4_flash_T4096_uniform", "mixtral_8x7b_T2048_uniform", "qwen3_235b_T1024_zipf",
               "deepseek_v4_flash_T512_uniform")
@@ -106,8 +125,9 @@ VARIANTS = {
 ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
-STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8")
-ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8")   # the table's configurations in order,
+STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8",
+           "gemm9")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8", "gemm9")   # the table's configurations in order,
 #                                                                          weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
@@ -285,6 +305,16 @@ def _row(prob, study, dtype, method, variant, tiles, schedule, assignment, is_de
                 ms_min=float(np.min(times)) if times else float("nan"), n_timed=len(times), calls_per_run=inner,
                 tflops=flops / (ms * 1e-3) / 1e12 if times else float("nan"),
                 **{c: float((task or {}).get(c, float("nan"))) for c in data.MEGAMOE_TASK_COLUMNS})
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same bits (NaN payloads and signed zeros included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.element_size() in (1, 2, 4, 8):
+        iv = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(iv), b.contiguous().view(iv))
+    return torch.equal(a, b)
 
 
 def _runs_bit_identical(world, bufs, prob, tiles, lists, what) -> dict:
@@ -495,6 +525,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     swz = {}                                              # study tiles: a variant's tile order (swizzle)
     if study == "gemm8":
         variants.update(gemm8_variants(dtype, d))
+    elif study == "gemm9":
+        variants.update(gemm9_variants(dtype, d))
     elif study == "gemm":
         variants["v1"] = default_tiles(dtype, rpe, version=1)
         if dtype == "fp8" and d.block_m == 128:     # BM 64 with 3 stages, the default's main loops
@@ -515,8 +547,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     inp = prob.inputs[0]
     what = f"{c.name} {dtype}"
     flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
-    rows, methods, info, lists, notes = [], {}, {}, {}, {}
-    if study in ("gemm", "tiles", "tiles6", "gemm8"):
+    rows, methods, info, lists, notes, same9 = [], {}, {}, {}, {}, {}
+    if study in ("gemm", "tiles", "tiles6", "gemm8", "gemm9"):
         base = None                                       # gemm8: the default's combine per rank
         ref_w = _layer_weights_f32(prob)
         ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
@@ -529,11 +561,14 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             ls = {(sch, a): {r: build_tasks(p, sch, sms, r) for r in world.local_ranks} for sch, a in runs}
             first = _runs_bit_identical(world, bufs, p, t, ls, f"{what} {tile_label(t)}")
             err = check_close(first[0], ref[0], ref[1], dtype, f"{what} {tile_label(t)}")[0]
-            if study == "gemm8" and name == "default":
+            if study in ("gemm8", "gemm9") and name == "default":
                 base = first
             elif study == "gemm8":      # the other main loops: the same bits as the default's, every rank
                 for r in world.local_ranks:
                     check_bit_identical(first[r], base[r], f"{what} rank {r}: {tile_label(t)} vs {tile_label(d)}")
+            elif study == "gemm9":      # within tolerance (above); whether bit-identical too goes in the note
+                same = all(_same_bits(first[r], base[r]) for r in world.local_ranks)
+                same9[f"ours:{name}"] = f"bit_identical={int(same)}"
             del first
             tasks = {0: ls[("expert_wave", assign)][0]}
             methods[f"ours:{name}"] = (lambda tasks=tasks, t=t, dyn=assign == "dynamic": run_experts(
@@ -610,7 +645,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     times, inner = _round_robin(methods, rounds)
     for key in methods:
         method, variant, t, sch, a, is_def, err, task = info[key]
-        note = notes.get(key, "") if study in ("tiles", "lists", "tiles6") else ""
+        note = notes.get(key, "") if study in ("tiles", "lists", "tiles6") else same9.get(key, "")
         if study in ("controls", "controls7", "controls8"):
             sch_, a_, var_ = key.split(":")
             note = lists[(sch_, a_, var_)][0].param or ""
@@ -645,6 +680,8 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True,
                 todo |= {(dtype, t, dyn, False) for t in v3 for dyn in (False, True)}
                 todo |= {(dtype, v, True, timed) for t in v3 for v in gemm8_variants(dtype, t).values()
                          for timed in (False, True)}
+                todo |= {(dtype, v, True, False) for bm in (64, 128)                 # round 9, study gemm9
+                         for v in gemm9_variants(dtype, gpu_tiles(dtype, bm)).values()}
             if dtype == "bf16":                                                    # round 5, study tiles
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
@@ -703,7 +740,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
     if cases is None:
-        cases = (tiles5_cases() if study in ("tiles", "tiles6") else list(LISTS5_CASES) if study == "lists"
+        cases = (tiles5_cases() if study in ("tiles", "tiles6", "gemm9") else list(LISTS5_CASES) if study == "lists"
                  else [c.name for c in CASES] if study in ROUND3 else GEMM_CASES)
     cs = cases_by_name(cases)
     if not dtypes or any(d not in VARIANTS for d in dtypes):
@@ -733,6 +770,10 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study == "gemm8":
         params["gemm8_variants"] = {dt: {n: tile_label(t) for n, t in gemm8_variants(
             dt, default_tiles(dt, 1024.0, version=ROUND8_TILES_VERSION)).items()} for dt in dtypes}
+    if study == "gemm9":
+        params["gemm9_variants"] = {dt: {f"{n}@BM{bm}": tile_label(t) for bm in (64, 128)
+                                         for n, t in gemm9_variants(dt, gpu_tiles(dt, bm)).items()} for dt in dtypes}
+        params["gemm9_min_rows"] = TILES5_MIN_ROWS
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
     meta = env.provenance(command, params)
@@ -750,25 +791,30 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
 GEMM8_MIN_ROWS = 2048        # issue 15's domain of the per-configuration goal (rows on rank 0)
 
 
-def gemm8_ratios(df: pd.DataFrame) -> pd.DataFrame:
+GEMM8_NAMES = ("default", "tma", "tma_s")
+GEMM9_NAMES = ("default", "bm_alt", "s_plus", "w4")
+
+
+def gemm8_ratios(df: pd.DataFrame, study: str = "gemm8", names: Sequence[str] = GEMM8_NAMES) -> pd.DataFrame:
     """Study gemm8 per configuration and dtype (table order): each of our variants' Expert-Wave compute-only time
     (``<variant>_ms``: default, and for fp8 tma, tma_s) and the library's of the same rounds, and the ratios the
     issue asks for: the library's time / ours (> 1: ours faster), bf16 against torch._grouped_mm
     (``<variant>_vs_grouped_mm``), fp8 against torch._scaled_grouped_mm (``<variant>_vs_scaled_grouped_mm``); NaN
-    where a call was unavailable or a variant not run."""
+    where a call was unavailable or a variant not run. ``study`` / ``names``: study gemm9 and its variants
+    (:data:`GEMM9_NAMES`) the same way."""
     from .moe_plan import CASES
 
-    d = df[(df.study == "gemm8") & (df.status == "ok")].copy()
+    d = df[(df.study == study) & (df.status == "ok")].copy()
     d["config"] = [f"{s}_T{t}_{r}" for s, t, r in zip(d["shape"], d.tokens, d.routing)]
     key = ["config", "dtype"]
     base = d[(d.method == "ours") & (d.variant == "default")].drop_duplicates(key).set_index(key)
     out = base[["shape", "rows", "tiles"]].copy()
-    for v in ("default", "tma", "tma_s"):
+    for v in names:
         out[f"{v}_ms"] = d[(d.method == "ours") & (d.variant == v)].drop_duplicates(key).set_index(key).ms.reindex(
             out.index)
     for lib in ("grouped_mm", "scaled_grouped_mm"):
         out[f"{lib}_ms"] = d[d.method == f"torch._{lib}"].drop_duplicates(key).set_index(key).ms.reindex(out.index)
-        for v in ("default", "tma", "tma_s"):
+        for v in names:
             out[f"{v}_vs_{lib}"] = out[f"{lib}_ms"] / out[f"{v}_ms"]
     out = out.reset_index()
     order = {c.name: i for i, c in enumerate(CASES)}
@@ -776,7 +822,8 @@ def gemm8_ratios(df: pd.DataFrame) -> pd.DataFrame:
         columns="_o").reset_index(drop=True)
 
 
-def gemm8_summary(g: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS) -> pd.DataFrame:
+def gemm8_summary(g: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS,
+                  names: Sequence[str] = GEMM8_NAMES) -> pd.DataFrame:
     """Per dtype and variant of :func:`gemm8_ratios`, against the dtype's library (bf16: torch._grouped_mm, fp8:
     torch._scaled_grouped_mm): configurations, geomean, minimum (and where), the minimum over configurations with
     >= ``min_rows`` rows on rank 0, and that set's size; and each variant's time over the default's (geomean)."""
@@ -785,7 +832,7 @@ def gemm8_summary(g: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS) -> pd.DataFra
     out = []
     for dt, gd in g.groupby("dtype", sort=False):
         lib = "grouped_mm" if dt == "bf16" else "scaled_grouped_mm"
-        for v in ("default", "tma", "tma_s"):
+        for v in names:
             r = gd[f"{v}_vs_{lib}"].dropna()
             if r.empty:
                 continue
