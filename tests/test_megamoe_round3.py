@@ -79,7 +79,8 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
     assert MP.default_tiles("bf16", 24.0) == MP.TileConfig(64, 128, 256, 64, 8, 4, tma=True)
     assert MP.default_tiles("fp8", 192.0, version=3) == MP.TileConfig(64, 128, 128, 128, 8, 3)
     assert MP.default_tiles("fp8", 1024.0, version=3) == MP.TileConfig(128, 128, 128, 128, 8, 2)
-    assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(64, 128, 128, 128, 8, 4, tma=True)     # version 4
+    assert MP.default_tiles("fp8", 192.0, version=4) == MP.TileConfig(64, 128, 128, 128, 8, 4, tma=True)
+    assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)    # version 5
     assert MP.default_tiles("fp8", 1024.0) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)
     assert MP.default_tiles("bf16", 256.0, version=2) == MP.TileConfig(128, 128, 256, 64, 8, 4)
     assert MP.default_tiles("bf16", 24.0, version=2) == MP.TileConfig(64, 128, 256, 64, 8, 4)
@@ -91,8 +92,8 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
         for dt in MP.DTYPES_GPU:
             t = MP.default_tiles(dt, c.tokens * 2 * s.topk / s.experts)
             MP.validate_problem(s.hidden, s.intermediate, s.experts, s.topk, c.tokens, 2, t, dt)
-    for v in (0, 5):
-        with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4"):
+    for v in (0, 6):
+        with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5"):
             MP.gpu_tiles("bf16", 128, version=v)
     MP.TileConfig(64, 128, 128, 128, 8, 3, tma=True).validate("fp8")   # fp8 through TMA: accepted since round 8
 

@@ -113,18 +113,20 @@ def test_tiles_version_4_is_fp8_through_tma_with_one_stage_more(monkeypatch):
     """Version 4 (the default): fp8 = version 3's tiles through TMA with one stage more (round 8's tma_s, the
     tiles controls8 measured), bf16 = version 3's; versions 1-3 unchanged (what the records ran)."""
     monkeypatch.setattr(env, "interpreted", lambda: False)
-    assert MP.TILES_VERSION == 4 and MP.TILES_VERSIONS == (1, 2, 3, 4)
+    assert MP.TILES_VERSION == 5 and MP.TILES_VERSIONS == (1, 2, 3, 4, 5)
     for bm, stages in ((64, 4), (128, 3)):
-        v4, v3 = MP.gpu_tiles("fp8", bm), MP.gpu_tiles("fp8", bm, version=3)
+        v4, v3 = MP.gpu_tiles("fp8", bm, version=4), MP.gpu_tiles("fp8", bm, version=3)
+        assert MP.gpu_tiles("fp8", bm) == v4            # version 5: version 4's tiles (only the BM rule moved)
         assert v4 == MG.gemm8_variants("fp8", v3)["tma_s"] == dataclasses.replace(v3, tma=True, num_stages=stages)
         assert not v3.tma and v3.num_stages == stages - 1
         v4.validate("fp8")
         assert MP.gpu_tiles("bf16", bm) == MP.gpu_tiles("bf16", bm, version=3)
-    for rpe, bm in ((24.0, 64), (511.0, 64), (512.0, 128), (4096.0, 128)):     # the BM rule unchanged
-        assert MP.default_tiles("fp8", rpe).block_m == bm == MP.default_tiles("fp8", rpe, version=3).block_m
-        assert MP.default_tiles("fp8", rpe).tma
-    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, got 5"):
-        MP.default_tiles("fp8", 64.0, version=5)
+    for rpe, bm in ((24.0, 64), (511.0, 64), (512.0, 128), (4096.0, 128)):     # version 4: version 3's BM rule
+        assert MP.default_tiles("fp8", rpe, version=4).block_m == bm == MP.default_tiles("fp8", rpe,
+                                                                                           version=3).block_m
+        assert MP.default_tiles("fp8", rpe, version=4).tma
+    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5, got 6"):
+        MP.default_tiles("fp8", 64.0, version=6)
 
 
 def test_round8_studies_keep_their_tiles_under_version_4(monkeypatch):
@@ -133,7 +135,9 @@ def test_round8_studies_keep_their_tiles_under_version_4(monkeypatch):
     4's fp8 default); every other study runs and records the current version. The warm list covers both."""
     monkeypatch.setattr(env, "interpreted", lambda: False)
     assert MG.study_tiles_version("gemm8") == MG.study_tiles_version("controls8") == 3
-    assert all(MG.study_tiles_version(s) == MP.TILES_VERSION == 4 for s in MG.STUDIES if s not in MG.ROUND8_STUDIES)
+    assert MG.study_tiles_version("gemm9") == 4
+    assert all(MG.study_tiles_version(s) == MP.TILES_VERSION == 5 for s in MG.STUDIES
+               if s not in (*MG.ROUND8_STUDIES, "gemm9"))
     warm = MG.warm_variants()
     for bm in (64, 128):
         v3 = MP.gpu_tiles("fp8", bm, version=3)
@@ -157,7 +161,7 @@ def tiny(monkeypatch, cpu_timing):
 def test_controls8_under_version_4_runs_version_3s_tma_s_and_says_version_3(tmp_path, tiny, monkeypatch):
     """run_megamoe_gemm end to end on the emulated world (the GPU check and the world stubbed, fp16 under the
     interpreter): controls8 asks default_tiles for version 3 and its sidecar says tiles version 3; controls7 asks
-    for and records the current version (4)."""
+    for and records the current version (TILES_VERSION)."""
     from xstage import data, ranks, studies
     from xstage.model import BurstGapParams
 
@@ -172,7 +176,7 @@ def test_controls8_under_version_4_runs_version_3s_tma_s_and_says_version_3(tmp_
     monkeypatch.setattr(env, "require_gpus", lambda *a, **k: None)
     monkeypatch.setattr(ranks, "OneGPUWorld", lambda *a, **k: ranks.EmulatedWorld(2))
     monkeypatch.setattr(studies, "recorded_params", lambda *a, **k: BurstGapParams.reference())
-    for study, want in (("controls8", 3), ("controls7", 4)):
+    for study, want in (("controls8", 3), ("controls7", MP.TILES_VERSION)):
         asked.clear()
         MG.run_megamoe_gemm(tmp_path / study, study, ["tiny"], ["fp16"], None, "test", rounds=5)
         df, meta = data.load(tmp_path / study, data.MEGAMOE_GEMM)
@@ -259,7 +263,7 @@ def test_fp8_default_is_bit_identical_to_version_3s_pointer_loops_on_one_gpu():
     bms = set()
     for i, c in enumerate(cases):
         rpe = c.tokens * 2 * c.shape.topk / c.shape.experts
-        v4, v3 = MP.default_tiles("fp8", rpe), MP.default_tiles("fp8", rpe, version=3)
+        v4, v3 = MP.default_tiles("fp8", rpe, version=4), MP.default_tiles("fp8", rpe, version=3)
         assert v4.tma and not v3.tma and v4.num_stages == v3.num_stages + 1
         bms.add(v4.block_m)
         prob = M.make_problem(world, MP.as_case(c, seed + i), "fp8", v4, weight_seed=seed + i)
@@ -326,7 +330,8 @@ def test_recorded_host9_is_complete_and_its_summary_from_the_rows(monkeypatch):
         m.setattr(env, "interpreted", lambda: False)
         for r in df.drop_duplicates(["shape", "tokens", "routing", "dtype"]).itertuples():
             c = MP.cases_by_name([f"{r.shape}_T{r.tokens}_{r.routing}"])[0]
-            assert MP.tiles_of_row(r) == MP.default_tiles(r.dtype, c.tokens * 2 * c.shape.topk / c.shape.experts)
+            assert MP.tiles_of_row(r) == MP.default_tiles(r.dtype, c.tokens * 2 * c.shape.topk / c.shape.experts,
+                                                          version=4)
     order = [c.name for c in MP.CASES]
     for dt in ("bf16", "fp8"):
         assert list(dict.fromkeys(_config(df[df.dtype == dt]))) == order

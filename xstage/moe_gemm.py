@@ -36,6 +36,10 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
   stage more, 4 warps) and ``torch._scaled_grouped_mm``, same rounds; each variant's whole layer (combine
   poisoned) within tolerance of the float32 reference on rank 0, and whether it is bit-identical to the default
   on every rank is recorded in the row's note. Where the default trails the library (the >= 2048-row goal).
+  Its default stays version 4's (:data:`STUDY_TILES_VERSIONS`).
+- study ``gemm10`` (round 10, fp8, all 84 configurations in table order): study ``gemm9`` for tiles version 5 (fp8's
+  BM 128 from 96 rows per expert, read off gemm9's run) with :func:`gemm10_variants` (the other row block, one stage
+  more): the rule re-timed on a new run, and for the first time on the 28 configurations with < 2048 rows.
 - study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
   (:func:`tma_tiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
   loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
@@ -66,22 +70,24 @@ from .moe_plan import (ASSIGNMENTS, CASES, KIND_L1, OUT_DTYPES, SCHEDULES, CostM
                        cases_by_name, default_tiles, gemm_flops, gpu_tiles)
 from .numeric import check_bit_identical
 
-GEMM_STUDIES = ("gemm", "gemm8", "gemm9")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
+GEMM_STUDIES = ("gemm", "gemm8", "gemm9", "gemm10")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
 
 
 # Studies gemm8 and controls8 measure round 8's question, so their default is tiles version 3's (fp8 the pointer
 # loops) whatever the current version: under version 4 (fp8's default is controls8's tiles) a re-run times what
-# they timed, and their sidecars say tiles version 3.
+# they timed, and their sidecars say tiles version 3. Study gemm9 likewise keeps version 4's (the rule version 5
+# changed is what it measured).
 ROUND8_TILES_VERSION = 3
 ROUND8_STUDIES = ("gemm8", "controls8")
+STUDY_TILES_VERSIONS = {**{s: ROUND8_TILES_VERSION for s in ROUND8_STUDIES}, "gemm9": 4}
 
 
 def study_tiles_version(study: str) -> int:
     """The tiles version whose default tiles ``study`` runs (and records in its sidecar's params.tiles_version):
-    :data:`ROUND8_TILES_VERSION` for gemm8 / controls8, else the current one (moe_plan.TILES_VERSION)."""
+    :data:`STUDY_TILES_VERSIONS` (gemm8 / controls8: 3, gemm9: 4), else the current one (moe_plan.TILES_VERSION)."""
     from .moe_plan import TILES_VERSION
 
-    return ROUND8_TILES_VERSION if study in ROUND8_STUDIES else TILES_VERSION
+    return STUDY_TILES_VERSIONS.get(study, TILES_VERSION)
 
 
 def gemm8_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
@@ -112,6 +118,13 @@ def gemm9_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
             "w4": dataclasses.replace(d, num_warps=4)}
 
 
+def gemm10_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
+    """Study gemm10 (round 10): :func:`gemm9_variants` of the default ``d`` (tiles version 5) without ``w4`` (1.55x
+    the default's time in gemm9): ``bm_alt`` (so both row blocks are timed on every configuration, in the same
+    rounds) and ``s_plus``."""
+    return {n: t for n, t in gemm9_variants(dtype, d).items() if n != "w4"}
+
+
 # The configurations of the GEMM study, fixed before the first run (every one with >= 2048 rows on rank 0 of 2).
 GEMM_CASES = ("deepseek_v4_flash_T4096_uniform", "mixtral_8x7b_T2048_uniform", "qwen3_235b_T1024_zipf",
               "deepseek_v4_flash_T512_uniform")
@@ -126,8 +139,8 @@ ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
 STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8",
-           "gemm9")
-ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8", "gemm9")   # the table's configurations in order,
+           "gemm9", "gemm10")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8", "gemm9", "gemm10")   # the table's configurations in order,
 #                                                                          weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
@@ -526,6 +539,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
         variants.update(gemm8_variants(dtype, d))
     elif study == "gemm9":
         variants.update(gemm9_variants(dtype, d))
+    elif study == "gemm10":
+        variants.update(gemm10_variants(dtype, d))
     elif study == "gemm":
         variants["v1"] = default_tiles(dtype, rpe, version=1)
         if dtype == "fp8" and d.block_m == 128:     # BM 64 with 3 stages, the default's main loops
@@ -547,7 +562,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     what = f"{c.name} {dtype}"
     flops = gemm_flops(prob.layouts[0].rows, s.hidden, s.intermediate)
     rows, methods, info, lists, notes, same9 = [], {}, {}, {}, {}, {}
-    if study in ("gemm", "tiles", "tiles6", "gemm8", "gemm9"):
+    if study in ("gemm", "tiles", "tiles6", "gemm8", "gemm9", "gemm10"):
         base = None                                       # gemm8: the default's combine per rank
         ref_w = _layer_weights_f32(prob)
         ref = (moe_reference(inp.x, inp.ids, inp.wts, ref_w, fp8=dtype == "fp8"),
@@ -560,12 +575,12 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             ls = {(sch, a): {r: build_tasks(p, sch, sms, r) for r in world.local_ranks} for sch, a in runs}
             first = _runs_bit_identical(world, bufs, p, t, ls, f"{what} {tile_label(t)}")
             err = check_close(first[0], ref[0], ref[1], dtype, f"{what} {tile_label(t)}")[0]
-            if study in ("gemm8", "gemm9") and name == "default":
+            if study in ("gemm8", "gemm9", "gemm10") and name == "default":
                 base = first
             elif study == "gemm8":      # the other main loops: the same bits as the default's, every rank
                 for r in world.local_ranks:
                     check_bit_identical(first[r], base[r], f"{what} rank {r}: {tile_label(t)} vs {tile_label(d)}")
-            elif study == "gemm9":      # within tolerance (above); whether bit-identical too goes in the note
+            elif study in ("gemm9", "gemm10"):      # within tolerance (above); whether bit-identical too goes in the note
                 same = all(_same_bits(first[r], base[r]) for r in world.local_ranks)
                 same9[f"ours:{name}"] = f"bit_identical={int(same)}"
             del first
@@ -680,7 +695,7 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True,
                 todo |= {(dtype, v, True, timed) for t in v3 for v in gemm8_variants(dtype, t).values()
                          for timed in (False, True)}
                 todo |= {(dtype, v, True, False) for bm in (64, 128)                 # round 9, study gemm9
-                         for v in gemm9_variants(dtype, gpu_tiles(dtype, bm)).values()}
+                         for v in gemm9_variants(dtype, gpu_tiles(dtype, bm)).values()}   # (gemm10's too)
             if dtype == "bf16":                                                    # round 5, study tiles
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
@@ -769,10 +784,11 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study == "gemm8":
         params["gemm8_variants"] = {dt: {n: tile_label(t) for n, t in gemm8_variants(
             dt, default_tiles(dt, 1024.0, version=ROUND8_TILES_VERSION)).items()} for dt in dtypes}
-    if study == "gemm9":
-        params["gemm9_variants"] = {dt: {f"{n}@BM{bm}": tile_label(t) for bm in (64, 128)
-                                         for n, t in gemm9_variants(dt, gpu_tiles(dt, bm)).items()} for dt in dtypes}
-        params["gemm9_min_rows"] = TILES5_MIN_ROWS
+    if study in ("gemm9", "gemm10"):
+        fn = gemm9_variants if study == "gemm9" else gemm10_variants
+        params[f"{study}_variants"] = {dt: {f"{n}@BM{bm}": tile_label(t) for bm in (64, 128)
+                                            for n, t in fn(dt, gpu_tiles(dt, bm)).items()} for dt in dtypes}
+        params[f"{study}_min_rows"] = TILES5_MIN_ROWS
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
     meta = env.provenance(command, params)
@@ -840,4 +856,49 @@ def gemm8_summary(g: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS,
                             min=float(r.min()), min_config=gd.loc[r.idxmin(), "config"],
                             min_big=float(big.min()) if len(big) else float("nan"), big_configs=len(big),
                             over_default=geomean(gd.loc[r.index, f"{v}_ms"] / gd.loc[r.index, "default_ms"])))
+    return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------ study gemm10's tables
+def gemm10_rule(df: pd.DataFrame, study: str = "gemm10") -> pd.DataFrame:
+    """fp8's row-block rule per configuration of a study that timed both row blocks in the same rounds (gemm10:
+    the default and ``bm_alt``; gemm9 likewise): rows on rank 0, average rows per expert (``rpe``), our time with
+    BM 64 and BM 128 and each / torch._scaled_grouped_mm (``bm64_vs_lib``, ``bm128_vs_lib``), and what the rule of
+    tiles version 4 (BM 128 from FP8_BM128_ROWS_V2 rows) and of version 5 (from FP8_BM128_ROWS) picks (``v4_bm``,
+    ``v5_bm``) with its ratio (``v4_vs_lib``, ``v5_vs_lib``); table order."""
+    from .moe_plan import fp8_block_m
+
+    g = gemm8_ratios(df, study=study, names=("default", "bm_alt"))
+    g = g[g.dtype == "fp8"].reset_index(drop=True)
+    if g.empty:
+        raise ValueError(f"no fp8 rows of study {study} with both row blocks")
+    cs = {c.name: c for c in cases_by_name(list(g.config))}
+    P = df[df.study == study].P.iloc[0]
+    rpe = np.array([cs[n].tokens * int(P) * cs[n].shape.topk / cs[n].shape.experts for n in g.config])
+    bm_def = np.array([int(t.split("x")[0]) for t in g.tiles])
+    out = pd.DataFrame(dict(config=g.config, rows=g.rows, rpe=rpe))
+    for bm in (64, 128):
+        ms = np.where(bm_def == bm, g.default_ms, g.bm_alt_ms)
+        out[f"bm{bm}_ms"] = ms
+        out[f"bm{bm}_vs_lib"] = g.scaled_grouped_mm_ms / ms
+    for v in (4, 5):
+        pick = np.array([fp8_block_m(r, v) for r in rpe])
+        out[f"v{v}_bm"] = pick
+        out[f"v{v}_vs_lib"] = np.where(pick == 128, out.bm128_vs_lib, out.bm64_vs_lib)
+    return out
+
+
+def gemm10_rule_summary(r: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS) -> pd.DataFrame:
+    """Per rule of :func:`gemm10_rule` (v4, v5, and each configuration's faster row block ``best``, in-sample):
+    configurations, geomean / torch._scaled_grouped_mm, minimum (and where), the minimum over configurations with
+    >= ``min_rows`` rows on rank 0, and the geomean of the rule's time over the faster block's."""
+    from .numeric import geomean
+
+    best = np.maximum(r.bm64_vs_lib, r.bm128_vs_lib)
+    out = []
+    for name, x in (("v4", r.v4_vs_lib), ("v5", r.v5_vs_lib), ("best", best)):
+        big = x[r.rows >= min_rows]
+        out.append(dict(rule=name, configs=len(x), geomean=geomean(x), min=float(x.min()),
+                        min_config=r.config[x.idxmin()], min_big=float(big.min()) if len(big) else float("nan"),
+                        big_configs=len(big), over_best=geomean(best / x)))
     return pd.DataFrame(out)

@@ -278,19 +278,26 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 # xstage.moe_gemm.gemm8_variants): bit-identical to the pointer loops on all 84 configurations, 0.834x their time
 # (study gemm8, data/h200x1/megamoe_round8_gemm: fp8 / torch._scaled_grouped_mm geomean 0.961 -> 1.153), each
 # schedule's compute-only time / Expert-Wave's 0.988-0.990 (study controls8, data/h200x1/megamoe_round8_controls);
-# bf16 as v3. Every record says its version in its sidecar (params.tiles_version) and its tiles in every row.
-TILES_VERSION = 4
-TILES_VERSIONS = (1, 2, 3, 4)
-FP8_BM128_ROWS = 512        # fp8: average rows per expert from which BM = 128 (else 64)
+# bf16 as v3. v5 (session 14) = v4 with fp8's BM 128 from FP8_BM128_ROWS = 96 rows per expert on average (v2-v4:
+# FP8_BM128_ROWS_V2 = 512): study gemm9 (data/h200x1/megamoe_round9_gemm) timed both row blocks on the 56
+# configurations with >= 2048 rows, and BM 128 was faster from 96 rows (0.77-1.00x of BM 64's time), slower at 64
+# and below (1.00-1.27x); the threshold was read off that run, so study gemm10 re-times both on all 84 (the 28 small
+# configurations never seen). Every record says its version in its sidecar (params.tiles_version) and its tiles in
+# every row.
+TILES_VERSION = 5
+TILES_VERSIONS = (1, 2, 3, 4, 5)
+FP8_BM128_ROWS = 96         # fp8 (tiles version >= 5): average rows per expert from which BM = 128 (else 64)
+FP8_BM128_ROWS_V2 = 512     # the same in tiles versions 2-4
 BF16_BM64_ROWS = 96         # bf16: average rows per expert below which BM = 64 (else 128)
 
 
 def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int = TILES_VERSION) -> TileConfig:
-    """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION = 4). bf16: BN1 = 128, BN2 = 256,
+    """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION = 5). bf16: BN1 = 128, BN2 = 256,
     BK = 64, 4 stages, through the TMA main loops (tma = True; since version 3), BM = 64 when experts get few rows
     (< BF16_BM64_ROWS on average), else 128. fp8: BN1 = BN2 = BK = 128 (the scale block), through the TMA main
     loops (since version 4) with BM = 64 and 4 stages, or BM = 128 and 3 stages where experts get >=
-    FP8_BM128_ROWS rows on average. Version 3: bf16 as version 4, fp8 the pointer loops with BM 64 3 stages / BM
+    FP8_BM128_ROWS (96) rows on average. Version 4: version 5 with fp8's BM 128 from FP8_BM128_ROWS_V2 (512) rows.
+    Version 3: bf16 as version 4, fp8 the pointer loops with BM 64 3 stages / BM
     128 2 stages (ptxas: 32 B spilled); version 2: version 3 with bf16's pointer loops. Version 1 (every record
     before schema megamoe v3): bf16 BN2 = 128 with 3 stages (same BM rule), fp8 BM = 64 with 2 stages always.
     Small tiles (pointer loops) under the interpreter."""
@@ -298,16 +305,25 @@ def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int
         return INTERPRETER_TILES
     rpe = rows_per_expert
     if dtype == "fp8":
-        big = version != 1 and rpe is not None and rpe >= FP8_BM128_ROWS
-        return gpu_tiles(dtype, 128 if big else 64, version)
+        return gpu_tiles(dtype, fp8_block_m(rpe, version), version)
     return gpu_tiles(dtype, 64 if rpe is not None and rpe < BF16_BM64_ROWS else 128, version)
+
+
+def fp8_block_m(rows_per_expert: float | None, version: int = TILES_VERSION) -> int:
+    """fp8's row block in tiles version ``version`` where experts get ``rows_per_expert`` rows on average (None:
+    unknown): 128 from FP8_BM128_ROWS (version >= 5) / FP8_BM128_ROWS_V2 (versions 2-4), else 64; version 1: 64."""
+    if version not in TILES_VERSIONS:
+        raise ValueError(f"tiles version must be one of {', '.join(map(str, TILES_VERSIONS))}, got {version}")
+    rpe = rows_per_expert
+    big = version != 1 and rpe is not None and rpe >= (FP8_BM128_ROWS if version >= 5 else FP8_BM128_ROWS_V2)
+    return 128 if big else 64
 
 
 def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileConfig:
     """The H200 tiles of ``dtype`` with row blocks of ``block_m`` in tiles version ``version`` (1: what every
     MegaMoE record before schema megamoe v3 ran with; 2: the pointer loops of rounds 3-6; 3: version 2 with bf16's
-    main loops through TMA (rounds 7-8); 4: the current default, version 3 with fp8's main loops through TMA and
-    one pipeline stage more)."""
+    main loops through TMA (rounds 7-8); 4: version 3 with fp8's main loops through TMA and one pipeline stage
+    more; 5, the current default: version 4's tiles, only default_tiles' fp8 row-block rule differs)."""
     if version == 1:
         from .data import MEGAMOE_TILES_V1
         return TileConfig(block_m, *MEGAMOE_TILES_V1[dtype])
