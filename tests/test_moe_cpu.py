@@ -420,12 +420,16 @@ def test_burst_gap_prediction_of_schedules():
     # programs every Linear-1 tile: the busiest program decides (as measured on 2 H200s, notebook 03)
     assert pred["interleaved"]["imbalance"] > 1.2 > pred["expert_wave"]["imbalance"]
     assert pred["interleaved"]["total_ns"] > pred["expert_wave"]["total_ns"]
-    # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again
+    # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again (with the
+    # positional wait term; the event walk, the dynamic default since session 14, evens the load as well)
     dyn = MP.CostModel.from_tflops(prm, 500.0, n)
-    dyn = MP.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic")
-    pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, order=1), remote, dyn, hidden, inter, tiles)
-            for s in ("expert_wave", "interleaved")}
-    assert pdyn["interleaved"]["imbalance"] < 1.1 and pdyn["interleaved"]["total_ns"] < pdyn["expert_wave"]["total_ns"]
+    for wait in ("positions", "time"):
+        d = MP.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic", wait=wait)
+        pdyn = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, order=1), remote, d, hidden, inter, tiles)
+                for s in ("expert_wave", "interleaved")}
+        assert pdyn["interleaved"]["imbalance"] < 1.1 < pred["interleaved"]["imbalance"], wait
+        if wait == "positions":
+            assert pdyn["interleaved"]["total_ns"] < pdyn["expert_wave"]["total_ns"]
     with pytest.raises(ValueError, match="assignment must be one of"):
         MP.predict_kernel_ns(MP.build_schedule("lag", grid, n), remote, MP.CostModel(prm, 1.0, n, assignment="x"),
                             hidden, inter, tiles)

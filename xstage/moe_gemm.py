@@ -749,7 +749,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                      rounds: int | None = None) -> Path:
     """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path.
     ``cases``: default GEMM_CASES (ladder, order) or all 84 in table order (gemm, controls)."""
-    from .moe_plan import ORDER_VERSION, TILE_SWIZZLE
+    from .moe_plan import ORDER_VERSION, TILE_SWIZZLE, WAIT_DEFAULT
 
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
@@ -773,7 +773,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                                                            for d in dtypes},
                   prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
                   tiles_version=study_tiles_version(study), order_version=ORDER_VERSION,
-                  tile_swizzle=TILE_SWIZZLE)
+                  tile_swizzle=TILE_SWIZZLE, wait_default=dict(WAIT_DEFAULT))
     if study == "tiles":
         params["tiles5_variants"] = {n: dict(change=str(ch), swizzle=g) for n, (ch, g) in TILES5_VARIANTS.items()}
         params["tiles5_min_rows"] = TILES5_MIN_ROWS

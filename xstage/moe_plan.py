@@ -870,8 +870,25 @@ WAIT_MODELS = Registry("wait model", (
     Choice("positions", "a consumer d < n list positions behind its producer spins c1 (1 - d / n)", _wait_positions),
     Choice("time", "the event walk: claims placed in time, a consumer spins until its producers end", _wait_time),
 ))
-# The wait model a CostModel without one uses, per assignment.
-WAIT_DEFAULT = {"static": "positions", "dynamic": "positions"}
+# The wait model a CostModel without one uses, per assignment. Dynamic: ``time`` since session 14 (before:
+# ``positions``, which every earlier record predicted and chose with; a record's sidecar names its own as
+# params.wait_default, :func:`record_wait`). Measured: the positional term prices a half-round lag (lag = 66 of 132
+# programs) at 5 % of compute where the kernel pays 12 % (fp8 Qwen3 T8192 hot, controls8 twice: 1.126 / 1.122 of
+# Expert-Wave, 17 % of its tasks waited; the event walk predicts 1.17), so model_guided chose it for the host link;
+# under the walk it picks lag 132 (1.014). Session 8's lists6 measured the walk's choices on the 61 pairs they change
+# (model_guided's compute-only worst 1.090 -> 1.047 bf16, fp8 1.042 -> 1.045; Mixtral T128 lost 4-10 % of a mixing
+# gain neither model sees). On round 9's host sweep both models hold 75-87 % of the speedups within 10 %
+# (moe_round6.host_rescore).
+WAIT_DEFAULT = {"static": "positions", "dynamic": "time"}
+WAIT_BEFORE_V14 = "positions"     # the wait model of every record whose sidecar names none
+
+
+def record_wait(meta: dict) -> str:
+    """The wait model a recorded MegaMoE sweep or study predicted and chose with: its sidecar's
+    params.wait_default for its assignment, else (every record before session 14) ``positions``."""
+    p = meta.get("params", {}) if meta else {}
+    wd = p.get("wait_default")
+    return WAIT_MODELS.check(wd[p.get("assignment", "static")] if wd else WAIT_BEFORE_V14).name
 
 
 def wait_model_of(cost: "CostModel") -> str:

@@ -1126,12 +1126,12 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     schedule: measured and both models' geomean speedups, the fraction within ±10 %, the median |error| and the
     correlation with the measured speedups)."""
     from .model import BurstGapParams, params_from_dict
-    from .moe_plan import repredict
+    from .moe_plan import record_wait, repredict
 
     recorded = meta.get("params", {}).get("prm")       # the parameters the sweep predicted with, if it kept them
     prm = params_from_dict(recorded) if recorded else BurstGapParams.reference()
     n_sms = int(meta.get("sm_count") or 132)
-    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"))
+    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"), record_wait(meta))
     keys = MEGAMOE_KEYS + ["schedule"]
     revised = df.drop(columns=["predicted_speedup"]).merge(
         rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
@@ -1155,11 +1155,12 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
 def repredicted_speedups(df: pd.DataFrame, meta: dict, prm, wait: str | None = None) -> pd.DataFrame:
     """A recorded MegaMoE sweep's speedups over Expert-Wave (:func:`megamoe_speedups`, the baseline's rows
     dropped) with ``predicted_speedup`` re-predicted by the cost model (``moe_plan.repredict``) from stage
-    parameters ``prm`` and wait model ``wait``, for the record's SM count and task assignment."""
-    from .moe_plan import repredict
+    parameters ``prm`` and wait model ``wait`` (None: the record's own, moe_plan.record_wait), for the record's SM
+    count and task assignment."""
+    from .moe_plan import record_wait, repredict
 
     rp = repredict(df, prm, int(meta.get("sm_count") or 132), meta.get("params", {}).get("assignment", "static"),
-                   wait)
+                   wait or record_wait(meta))
     keys = MEGAMOE_KEYS + ["schedule"]
     t = df.drop(columns=["predicted_speedup"]).merge(
         rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
