@@ -140,7 +140,7 @@ def _one_gpu_megamoe_rows() -> list[str]:
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
             + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows() + _one_gpu_megamoe_round8_rows()
-            + _one_gpu_megamoe_round9_rows())
+            + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows())
 
 
 def _controls_cell(sub: str, study: str) -> str | None:
@@ -205,6 +205,38 @@ def _one_gpu_megamoe_round9_rows() -> list[str]:
     return [f"| MegaMoE, tiles v4 (fp8 through TMA, one stage more), combine over PCIe: each schedule / Expert-Wave "
             f"kernel time, geomean / max, beside the model (the sweep resumes call by call) | {per} | "
             f"`scripts/megamoe_round9.sh`, notebook 03 |"]
+
+
+def _one_gpu_megamoe_round10_rows() -> list[str]:
+    """MegaMoE round 10 (tiles version 5, the default: fp8's BM 128 from 96 rows per expert; model_guided chooses
+    with the event walk's waits): study gemm10, fp8 / torch._scaled_grouped_mm under version 5's rule and version
+    4's in the same rounds (data/h200x1/megamoe_round10_gemm); controls7, each schedule's compute-only time /
+    Expert-Wave's (data/h200x1/megamoe_round10_controls); the host-link sweep (data/h200x1/megamoe_round10_host)
+    when recorded."""
+    from . import moe_gemm
+
+    rows, cmd = [], "`scripts/megamoe_round10.sh`, notebook 03"
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND10_GEMM_SUB)
+        g = moe_gemm.gemm10_rule_summary(moe_gemm.gemm10_rule(df)).set_index("rule")
+    except studies.NoRecordedData:
+        g = None
+    if g is not None:
+        per = "; ".join(f"{label}: geomean **{g.geomean[r]:.3f}**, min {g['min'][r]:.3f}, min at >= 2048 rows "
+                        f"{g.min_big[r]:.3f} ({int(g.configs[r])} configurations)"
+                        for r, label in (("v5", "fp8 tiles v5 (the default)"), ("v4", "v4's rule, same run")))
+        rows.append(f"| MegaMoE, round 10, compute only: fp8 GEMM phases / `torch._scaled_grouped_mm`, same rounds "
+                    f"(goal: geomean >= 0.95, >= 0.9 at >= 2048 rows) | {per} | {cmd} (study gemm10) |")
+    per = _controls_cell(studies.MEGAMOE_ROUND10_CONTROLS_SUB, "controls7")
+    if per:
+        rows.append(f"| MegaMoE, round 10 (tiles v5, model_guided by the event walk), compute only: each schedule's "
+                    f"time / Expert-Wave's, dynamic, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean "
+                    f"{per} | {cmd} (study controls7) |")
+    per = _host_sweep_cell(studies.MEGAMOE_ROUND10_HOST)
+    if per is not None:
+        rows.append(f"| MegaMoE, round 10 (tiles v5, model_guided by the event walk), combine over PCIe: each "
+                    f"schedule / Expert-Wave kernel time, geomean / max, beside the model | {per} | {cmd} |")
+    return rows
 
 
 def _one_gpu_megamoe_round7_rows() -> list[str]:

@@ -1207,12 +1207,14 @@ def megamoe_world_label(meta: dict) -> str:
     return label + (" (rank 0's times)" if world == "one-gpu" else "")
 
 
-# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 9's defaults
+# Every recorded one-GPU host-link MegaMoE sweep (folders under data/h200x1/), newest first: round 10's defaults
+# (tiles v5: fp8's BM 128 from 96 rows per expert; model_guided by the event walk's waits), round 9's defaults
 # (tiles v4: fp8 through the TMA main loops with one stage more too; fp8 first, time-bounded, resumed call by call),
 # round 7's defaults (tiles v3: bf16 through the TMA main loops; else as round 4; complete), round 4's defaults
 # (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
 # v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
-MEGAMOE_HOST_RECORDS = ("megamoe_round9_host", "megamoe_round7_host", "megamoe_host_v2", "megamoe_host")
+MEGAMOE_HOST_RECORDS = ("megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host", "megamoe_host_v2",
+                        "megamoe_host")
 
 
 def megamoe_defaults_label(meta: dict) -> str:
@@ -1993,7 +1995,9 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
                        MEGAMOE_ROUND6_GEMM_SUB: ("round-6", "tiles6"),
                        MEGAMOE_ROUND7_CONTROLS_SUB: ("round-7", "controls7"),
                        MEGAMOE_ROUND8_GEMM_SUB: ("round-8", "gemm8"),
-                       MEGAMOE_ROUND8_CONTROLS_SUB: ("round-8", "controls8")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND8_CONTROLS_SUB: ("round-8", "controls8"),
+                       MEGAMOE_ROUND10_GEMM_SUB: ("round-10", "gemm10"),
+                       MEGAMOE_ROUND10_CONTROLS_SUB: ("round-10", "controls7")}.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -2267,6 +2271,12 @@ MEGAMOE_ROUND8_CONTROLS_SUB = "megamoe_round8_controls"     # data/h200x1/megamo
 # ---- MegaMoE round 9 (issue 15, item 4): tiles version 4 (fp8 through TMA with one stage more) as the default; the
 # host-link sweep re-recorded with it (fp8 first: only fp8's default changed), summarised as round 7's
 MEGAMOE_ROUND9_HOST = "megamoe_round9_host"               # data/h200x1/megamoe_round9_host/: the host-link sweep
+# ---- MegaMoE round 10 (issue 15, items 2-5): tiles version 5 (fp8's BM 128 from 96 rows per expert) and the dynamic
+# wait model the event walk (model_guided's choices): study gemm10 (fp8, both row blocks, all 84), controls7 (both
+# dtypes) and the host-link sweep re-recorded (scripts/megamoe_round10.sh)
+MEGAMOE_ROUND10_GEMM_SUB = "megamoe_round10_gemm"           # data/h200x1/megamoe_round10_gemm/: study gemm10
+MEGAMOE_ROUND10_CONTROLS_SUB = "megamoe_round10_controls"   # data/h200x1/megamoe_round10_controls/: controls7
+MEGAMOE_ROUND10_HOST = "megamoe_round10_host"               # data/h200x1/megamoe_round10_host/: the host-link sweep
 
 
 def megamoe_pairs_line(df: pd.DataFrame, what: str = "host-link sweep") -> str:
