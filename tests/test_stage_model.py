@@ -24,8 +24,9 @@ def random_params(**kw) -> StageParams:
 
 
 # grids whose programs all get equal shares under each arbitration with spread 0 (tpc: every occupied TPC holds the
-# same programs; gpc: every occupied GPC holds the same programs: the first 8, all in GPC 0)
-EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8]}
+# same programs; gpc: every occupied GPC holds the same programs: the first 8, all in GPC 0; gpc_dyn: also 128, 16
+# programs in each of the 8 GPCs)
+EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8], "gpc_dyn": [8, 128]}
 
 
 def equal_share_p(arb, default=(16, 66, 132, 264)) -> int:
@@ -40,7 +41,7 @@ def random_train(n=8):
 def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
-    start, end, _ = simulate_stage(prm, [132 if arb != "gpc" else 8], b[None], g[None], [False])   # (gpc: EQUAL_SHARE_P)
+    start, end, _ = simulate_stage(prm, [{"gpc": 8, "gpc_dyn": 128}.get(arb, 132)], b[None], g[None], [False])   # (EQUAL_SHARE_P)
     assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
     assert np.allclose(end[0], end[0, :1], rtol=1e-9, atol=1e-6)
     # unequal shares do drift apart (the same train, spread > 0): the measured regime. The first burst is made
@@ -513,3 +514,95 @@ def test_the_free_running_measure_is_the_median_program_over_groups_of_unequal_s
     x = rng.uniform(1, 1e4, (4, 3))
     assert np.array_equal(stage_measure(np.zeros((1, 4, 3)), x[None], [False], np.full((1, 4), 5.0))[0],
                           np.median(x, axis=0))
+
+
+def _gpc_populations(P):
+    order = model.dispatch_order(132)
+    return np.bincount(model.GPC_OF_SM[order[np.arange(P) % 132]], minlength=model.N_GPC)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_gpc_dyn_equals_gpc_where_every_occupied_gpc_holds_the_same_programs(sync):
+    """Arbitration "gpc_dyn" (shares per GPC holding stores, then by the spread within it) is "gpc" (fixed weights
+    1 / programs in the GPC times the spread's) when every occupied GPC holds the same programs and they all start
+    together: every GPC then holds the same spread levels at every moment, so the dynamic GPC normalisation is the
+    same for all and cancels. P = 8 (the head: all in GPC 0; the same groups) and P = 128 (16 in each GPC; gpc with
+    2 groups per class against gpc_dyn's 2 per GPC: the same spread levels). Random parameters with spread > 0."""
+    assert set(_gpc_populations(128)) == {16} and np.count_nonzero(_gpc_populations(8)) == 1
+    for P, g_gpc, g_dyn in ((8, None, None), (128, 2, 16), (128, 4, 32)):
+        prm = random_params(arbitration="gpc", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
+        b, g = random_train()
+        b[0] = 4 * 2**20          # a first burst larger than any stage: it contends whatever the parameters drew
+        s1, e1, m1 = simulate_stage(prm, [P], b[None], g[None], [sync], groups=g_gpc)
+        s2, e2, m2 = simulate_stage(replace(prm, arbitration="gpc_dyn"), [P], b[None], g[None], [sync], groups=g_dyn)
+        got, want = stage_measure(s2, e2, [sync], m2)[0], stage_measure(s1, e1, [sync], m1)[0]
+        assert np.allclose(got, want, rtol=1e-7), (P, got, want)
+        # and every program's every burst: the same times per spread level
+        for k in range(len(b)):
+            assert np.allclose(np.unique(np.round(e2[0, m2[0] > 0, k], 3)), np.unique(np.round(e1[0, m1[0] > 0, k], 3)),
+                               rtol=1e-7), (P, k)
+    # where GPC populations differ (P = 24: 10 programs in GPC 0, 2 in each other) the two differ, with the same
+    # spread levels (gpc: 2 classes x 2 groups; gpc_dyn: 8 GPCs x 2): the favoured program of a small GPC leaves its
+    # share to the other
+    prm = random_params(arbitration="gpc", spread=0.6, drain_gbps=40.0)
+    one = np.full((1, 1), 4.0 * 2**20)
+    a = []
+    for p, G in ((prm, 4), (replace(prm, arbitration="gpc_dyn"), 16)):
+        s, e, m = simulate_stage(p, [24], one, np.zeros((1, 1)), [False], groups=G)
+        a.append(stage_measure(s, e, [False], m)[0])
+    assert not np.allclose(a[0], a[1], rtol=1e-3), a
+
+
+def test_gpc_dyn_gives_a_gpcs_share_to_its_remaining_programs():
+    """A hand computation. P = 24: GPC 0 holds 10 programs, GPCs 1-7 two each (dispatch_order on GPC_OF_SM); 16
+    groups: two per GPC, spread weights w0 = 1 - s/4, w1 = 1 - 3s/4 (GPC 0: 5 programs each, the others 1). A stage
+    of a few bytes, so that every program drains at its share of D from the start; one burst of b each, r >> D.
+    While all 8 GPCs hold stores each gets D / 8: in GPCs 1-7 the favoured program finishes at
+    t1 = 8 b (w0 + w1) / (D w0); then its GPC's share D / 8 goes to the remaining one, which finishes at
+    t2 = 2 b / (D / 8) = 16 b / D (its GPC's bytes at its GPC's share). GPC 0 drained (D / 8) t2 = 2 b by then and
+    gets all of D after: its favoured programs finish at t3 = 14 b / D + 5 b (w0 + w1) / (D w0), the last at
+    24 b / D (every byte at D). Fixed weights (arbitration "gpc") keep the remaining program of GPCs 1-7 at
+    w1 / 2 against GPC 0's (w0 + w1) / 2: later than 16 b / D."""
+    s, D, b = 0.6, 40.0, 256.0 * KIB
+    w0, w1 = 1 - s / 4, 1 - 3 * s / 4
+    prm = StageParams(issue_ns_per_kib=2.0, drain_gbps=D, capacity_kib=0.01, capacity_per_program_kib=0.001,
+                      spread=s, overhead_ns=0.0, stalled_fraction=1.0, base_capacity_kib=0.0, link="test",
+                      arbitration="gpc_dyn")
+    assert list(_gpc_populations(24)) == [10] + [2] * 7
+    m, _, ws, gid = model._gpc_groups(np.array([24.0]), s, 16, 132)
+    assert list(m[0]) == [5, 5] + [1] * 14 and np.allclose(ws[0], [w0, w1] * 8) and list(gid[0]) == sorted(list(range(8)) * 2)
+    start, end, m = simulate_stage(prm, [24], np.array([[b]]), np.zeros((1, 1)), [False], groups=16)
+    e = end[0, :, 0]
+    t1, t2 = 8 * b * (w0 + w1) / (D * w0), 16 * b / D
+    t3 = 14 * b / D + 5 * b * (w0 + w1) / (D * w0)
+    assert np.allclose(e[2::2], t1, rtol=1e-3), (e, t1)        # GPCs 1-7, favoured
+    assert np.allclose(e[3::2], t2, rtol=1e-3), (e, t2)        # GPCs 1-7, the remaining program
+    assert np.allclose(e[:2], [t3, 24 * b / D], rtol=1e-3), (e[:2], t3)   # GPC 0
+    # the fixed-weight rung: the remaining programs of GPCs 1-7 get less than their GPC's share
+    _, end_f, _ = simulate_stage(replace(prm, arbitration="gpc"), [24], np.array([[b]]), np.zeros((1, 1)), [False],
+                                 groups=16)
+    assert np.nanmax(end_f[0, :, 0]) == pytest.approx(24 * b / D, rel=1e-3)   # both conserve work
+    slow_f = np.sort(end_f[0, :, 0][np.isfinite(end_f[0, :, 0])])
+    assert slow_f[-2] > 1.05 * t2, slow_f                      # gpc's second-last finisher: later than gpc_dyn's
+
+
+def test_gpc_dyn_groups_and_their_bounds():
+    """gpc_dyn simulates every occupied GPC as its own groups (GPC_DYN_GROUPS by default, the work bound counted
+    with them) and refuses fewer groups than occupied GPCs."""
+    prm = random_params(arbitration="gpc_dyn")
+    _, _, m = simulate_stage(prm, [264], np.full((1, 2), 4096.0), np.zeros((1, 2)), [False])
+    assert m.shape == (1, model.GPC_DYN_GROUPS) and m.sum() == pytest.approx(264)
+    for P in RNG.integers(1, 400, 10).tolist() + [1, 8, 16, 132, 264]:
+        mm, w, ws, gid = model._gpc_groups(np.array([float(P)]), prm.spread, model.GPC_DYN_GROUPS, 132)
+        n = _gpc_populations(P)
+        for c in range(model.N_GPC):                          # a GPC's groups hold its programs, weights 1 / n_c
+            sel = gid[0] == c
+            assert mm[0, sel].sum() == pytest.approx(n[c])
+            assert np.allclose(w[0, sel], ws[0, sel] / max(n[c], 1))
+    with pytest.raises(ValueError, match="occupy 8 GPCs, more than the 4 weight groups"):
+        simulate_stage(prm, [16], np.full((1, 2), 4096.0), np.zeros((1, 2)), [False], groups=4)
+    with pytest.raises(ValueError, match="work bound"):
+        simulate_stage(prm, np.full(20_000, 132), np.full((20_000, 100), 4096.0), np.zeros((20_000, 100)),
+                       np.zeros(20_000, bool))
+    with pytest.raises(ValueError, match="needs the measured GPC map"):
+        random_params(arbitration="gpc_dyn", sm_count=114)

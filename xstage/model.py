@@ -315,8 +315,12 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
+GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
+                             # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
+                             # 32 on the gpc fit's parameters; lab notebook, session 14)
+N_GPC = 8                    # GPCs of the measured map (GPC_OF_SM)
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
 
@@ -341,6 +345,9 @@ class StageParams:
                                      # the spread's
                                      # "gpc": "slots" whose weights are the GPC share's (gpc_classes) times the
                                      # spread's
+                                     # "gpc_dyn": "gpc" whose drain shares follow the GPCs dynamically: equal
+                                     # per GPC holding stores, within it by the spread among its holding
+                                     # programs (simulate_stage; slots as "gpc")
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -357,8 +364,8 @@ class StageParams:
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
-        if self.arbitration == "gpc" and int(self.sm_count) != len(GPC_OF_SM):
-            raise ValueError(f"arbitration 'gpc' needs the measured GPC map, which is of a {len(GPC_OF_SM)}-SM "
+        if self.arbitration in ("gpc", "gpc_dyn") and int(self.sm_count) != len(GPC_OF_SM):
+            raise ValueError(f"arbitration '{self.arbitration}' needs the measured GPC map, which is of a {len(GPC_OF_SM)}-SM "
                              f"chip (H200); sm_count is {self.sm_count}")
         if self.arbitration not in ARBITRATIONS:
             raise ValueError(f"arbitration must be one of {', '.join(ARBITRATIONS)}, got {self.arbitration!r}")
@@ -515,7 +522,58 @@ def _placement_groups(P, spread: float, groups: int, sm_count: int, classes=plac
     return m, w
 
 
-def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int = STAGE_GROUPS,
+def _gpc_groups(P, spread: float, groups: int, sm_count: int):
+    """m, w, ws, gid [N, groups] for arbitration="gpc_dyn": every occupied GPC (of the grid placed by dispatch_order
+    on GPC_OF_SM) its own weight groups, min(groups // occupied GPCs, its programs) of them, with the spread's
+    uniform law within the GPC (ws = 1 - spread (j + 0.5) / k); w = ws / (programs in the GPC), the "gpc" rung's
+    static weights (they set the slots); gid: the group's GPC (-1: no group). A grid whose GPC populations are equal
+    gets "gpc"'s weights (with groups = 8 x gpc's groups per class: the same spread levels in every GPC)."""
+    N = len(P)
+    m = np.zeros((N, groups))
+    w = np.zeros((N, groups))
+    ws = np.zeros((N, groups))
+    gid = np.full((N, groups), -1)
+    if int(sm_count) != len(GPC_OF_SM):
+        raise ValueError(f"the GPC map is of a {len(GPC_OF_SM)}-SM chip, got sm_count {sm_count}")
+    cache: dict[int, tuple] = {}
+    for i, p in enumerate(P):
+        p = int(p)
+        if p not in cache:
+            if p < 1:
+                raise ValueError(f"programs must be >= 1, got {p!r}")
+            n = np.bincount(GPC_OF_SM[dispatch_order(sm_count)[np.arange(p) % sm_count]], minlength=N_GPC)
+            occ = np.flatnonzero(n)
+            if len(occ) > groups:
+                raise ValueError(f"{p} programs occupy {len(occ)} GPCs, more than the {groups} weight groups the "
+                                 f"model simulates; pass groups >= {len(occ)}")
+            sub = groups // len(occ)
+            mm, ww, ss, gg = [], [], [], []
+            for c in occ:
+                k = min(sub, int(n[c]))
+                for j in range(k):
+                    mm.append(n[c] / k)
+                    ss.append(1.0 - spread * (j + 0.5) / k)
+                    ww.append((1.0 / n[c]) * (1.0 - spread * (j + 0.5) / k))
+                    gg.append(c)
+            cache[p] = tuple(np.array(x) for x in (mm, ww, ss, gg))
+        mm, ww, ss, gg = cache[p]
+        m[i, :len(mm)], w[i, :len(ww)], ws[i, :len(ss)], gid[i, :len(gg)] = mm, ww, ss, gg
+    return m, w, ws, gid
+
+
+def _gpc_dynamic_weights(ws, m, holding, H):
+    """Drain weights [N, G] of arbitration "gpc_dyn" now: every GPC with a holding group an equal share, split among
+    its holding groups' programs by their spread weights ws; 0 for groups not holding. H [N, G, N_GPC]: one-hot
+    GPC of each group. Sums to 1 over the holding programs (sum of m * w) of every row with a holding group."""
+    x = np.where(holding, m * ws, 0.0)
+    S = np.einsum("ng,ngc->nc", x, H)                      # holding programs' spread weight per GPC
+    n_hold = (S > 0).sum(axis=1)                           # GPCs that hold stores
+    Sg = np.einsum("nc,ngc->ng", S, H)                     # ... of each group's GPC
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(holding & (Sg > 0), ws / Sg / np.maximum(n_hold, 1)[:, None], 0.0)
+
+
+def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,
                    barrier_drains=True):
     """Every configuration's train through the stage model, vectorized over configurations.
 
@@ -523,22 +581,37 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     barrier_drains [N] bool (sync only): the grid barrier's arrival is a release, which returns once the
     program's stores are performed, so the barrier also waits for the stage to drain (the recorded sweeps;
     their barrier time is the stage's content / D on both links); False: a relaxed barrier.
+    ``groups``: weight groups per grid (None: GPC_DYN_GROUPS for arbitration "gpc_dyn", else STAGE_GROUPS).
     Returns (start, end) [N, G, n] ns per weight group (groups beyond min(P, G) are NaN) and the group
-    sizes m [N, G] (programs per group)."""
+    sizes m [N, G] (programs per group).
+
+    Arbitration "gpc_dyn" (a candidate): as "gpc" (slots by the static weights 1 / programs in the GPC times the
+    spread's), but the drain is shared equally among the GPCs that hold stores NOW (a group holds while it issues
+    or has stores in the stage), and within a GPC among its holding programs by the spread's weights: when most of
+    a GPC's programs have finished a burst, the GPC's share goes to the rest. Measured (lab notebook, sessions
+    11-12: data/h200x1/train_gpc, train_gpc_full): first contended bursts drain per occupied GPC, then per program
+    within it; assumed: that the share follows the programs still holding stores (not measured per burst)."""
     P = np.asarray(programs, np.float64)
     b = np.asarray(burst_bytes, np.float64)
     g = np.asarray(gap_ns, np.float64)
     sync = np.broadcast_to(np.asarray(sync, bool), P.shape)
     drains = sync & np.broadcast_to(np.asarray(barrier_drains, bool), P.shape)
     N, n = b.shape
+    if groups is None:
+        groups = GPC_DYN_GROUPS if prm.arbitration == "gpc_dyn" else STAGE_GROUPS
     if N * groups * n > MAX_STAGE_WORK:
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
                          f"({MAX_STAGE_WORK}); predict fewer at a time")
     G = groups
+    H = None   # gpc_dyn: the one-hot GPC of each group [N, G, N_GPC]
     if prm.arbitration in ("tpc", "gpc"):
         m, w = _placement_groups(P, prm.spread, G, prm.sm_count,
                                  placement_classes if prm.arbitration == "tpc" else gpc_classes)
         valid = m > 0
+    elif prm.arbitration == "gpc_dyn":
+        m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)
+        valid = m > 0
+        H = (gid[:, :, None] == np.arange(N_GPC)[None, None, :]).astype(np.float64)
     else:
         Gc = np.minimum(P, G).astype(int)                                  # groups used per configuration
         gi = np.arange(G)[None, :]
@@ -547,7 +620,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc", "gpc")
+    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn")
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]
@@ -610,7 +683,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             # holding stores (the steady state of one FIFO drain). A program below its slots, or with room in the
             # pool, issues at r; while the pool is full its users share what leaves the pool, by weight.
             holding = valid & ((q > 0) | issuing)
-            dr = np.where(holding, D * w / np.maximum((m * w * holding).sum(axis=1), 1e-300)[:, None], 0.0)
+            wd = w if H is None else _gpc_dynamic_weights(ws, m, holding, H)   # gpc_dyn: the shares now
+            dr = np.where(holding, D * wd / np.maximum((m * wd * holding).sum(axis=1), 1e-300)[:, None], 0.0)
             Cs = np.where(stalled, C0 * phi, C0)                                   # [N]
             below = valid & (q < a * (1 - 1e-9))
             beyond = valid & (q > a * (1 + 1e-9))
@@ -620,7 +694,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             full = ~over & (Q >= Cs * (1 - 1e-9) - 1e-6)
             closed = (full | over)[:, None]
             F = (m * dr * beyond).sum(axis=1)                                      # bytes/ns leaving the pool
-            shared = _water_fill(np.where(issuing & beyond & full[:, None], w, 0.0), m, F, r)
+            shared = _water_fill(np.where(issuing & beyond & full[:, None], wd, 0.0), m, F, r)
             rate = np.where(issuing, r, 0.0)                                       # below its slots, or pool open
             rate = np.where(issuing & at & closed, np.minimum(r, dr), rate)        # keeps its own slots full
             rate = np.where(issuing & beyond & over[:, None], 0.0, rate)           # a stalled pool: wait
