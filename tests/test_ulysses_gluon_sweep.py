@@ -123,3 +123,16 @@ def test_recorded_16_byte_epilogue_removes_the_host_link_slowdown():
     assert (new.gluon_fused / new.gluon).between(1.0, 1.3).all()
     assert (new.gluon_fused < new.gluon_serial).all()
     assert ((old.gluon_fused / old.gluon) / (new.gluon_fused / new.gluon) > 2.5).all()
+
+
+def test_recorded_16_byte_epilogue_on_the_local_link():
+    """data/h200x1/ulysses_gluon_local_v16 (session 14, call S14-3: the 16-byte epilogue on the local link): every
+    method, no Gluon check failed, and the rows hold the finding: on the local link the fused layer and Gluon then
+    the device copy are within 2 % on every shape (the store width matters little where stores are not PCIe
+    transactions), while the host link's record kept its 2.5x gain from the same change."""
+    from xstage import studies
+
+    df, meta = data.load(data.machine_dir("h200x1") / "ulysses_gluon_local_v16", data.ULYSSES)
+    assert meta["params"]["link"] == "local" and "gluon_failed" not in meta
+    w = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
+    assert len(w) == 5 and (w.gluon_fused / w.gluon_serial).between(0.97, 1.03).all()
