@@ -25,8 +25,8 @@ def random_params(**kw) -> StageParams:
 
 # grids whose programs all get equal shares under each arbitration with spread 0 (tpc: every occupied TPC holds the
 # same programs; gpc: every occupied GPC holds the same programs: the first 8, all in GPC 0; gpc_dyn: also 128, 16
-# programs in each of the 8 GPCs)
-EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8], "gpc_dyn": [8, 128]}
+# programs in each of the 8 GPCs; gpc_uneven: every grid whose GPC populations are within GPC_UNEVEN_RATIO, slots there)
+EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8], "gpc_dyn": [8, 128], "gpc_uneven": [8, 66, 132, 264]}
 
 
 def equal_share_p(arb, default=(16, 66, 132, 264)) -> int:
@@ -606,3 +606,43 @@ def test_gpc_dyn_groups_and_their_bounds():
                        np.zeros(20_000, bool))
     with pytest.raises(ValueError, match="needs the measured GPC map"):
         random_params(arbitration="gpc_dyn", sm_count=114)
+
+
+def test_gpc_uneven_classes_follow_the_gpc_populations():
+    """Arbitration "gpc_uneven": gpc's classes where the grid's GPC populations differ by more than
+    GPC_UNEVEN_RATIO (P = 16: 9 / 1; 48: 12 / 5), one equal class where they do not (66: 12 / 7; 132: 18 / 16)."""
+    assert model.gpc_uneven_classes(16) == model.gpc_classes(16) == [(7, 1.0), (9, 1.0 / 9)]
+    assert model.gpc_uneven_classes(48) == model.gpc_classes(48)
+    for P in (1, 8, 66, 100, 132, 198, 264):
+        assert model.gpc_uneven_classes(P) == [(P, 1.0)], P
+        assert len(model.gpc_classes(P)) > 1 or P <= 8
+    with pytest.raises(ValueError, match="needs the measured GPC map"):
+        random_params(arbitration="gpc_uneven", sm_count=114)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_gpc_uneven_is_slots_on_even_grids_and_gpc_on_uneven_ones(sync):
+    """Where the GPC populations are within a factor GPC_UNEVEN_RATIO (P = 66, 132, 264 and every P <= 8) the
+    candidate predicts exactly what the full model (slots) does, so the full grids keep the full model's cost; at
+    P = 16 and 48 (GPC 0 crowded by the dispatch head) exactly what "gpc" does, and not what slots does."""
+    prm = random_params(arbitration="slots", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
+    b, g = random_train()
+    b[0] = 4 * 2**20                                  # contends whatever the random parameters drew
+    unev = replace(prm, arbitration="gpc_uneven")
+    for P in (4, 66, 132, 264):
+        assert np.array_equal(predict_train(prm, P, b, g, sync), predict_train(unev, P, b, g, sync)), P
+    for P in (16, 48):
+        t = predict_train(unev, P, b, g, sync)
+        assert np.array_equal(t, predict_train(replace(prm, arbitration="gpc"), P, b, g, sync)), P
+        assert not np.allclose(t, predict_train(prm, P, b, g, sync), rtol=1e-3), P
+
+
+def test_gpc_uneven_lets_the_lone_programs_of_p16_finish_first():
+    """P = 16 under gpc_uneven with spread 0: the 7 programs alone in their GPC finish a contended burst well before
+    the 9 of GPC 0 (the dispatch head and SM 0), as measured; at P = 132 (GPC populations 16 / 18) all together."""
+    b = np.full((1, 1), 4.0 * 2**20)
+    for P, apart in ((16, True), (132, False)):
+        _, end, m = simulate_stage(random_params(arbitration="gpc_uneven", spread=0.0, drain_gbps=40.0), [P], b,
+                                   np.zeros((1, 1)), [False])
+        t = end[0, m[0] > 0, 0]
+        assert (np.ptp(t) > 0.2 * t.max()) == apart, (P, t)

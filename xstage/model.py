@@ -315,12 +315,15 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
                              # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
                              # 32 on the gpc fit's parameters; lab notebook, session 14)
 N_GPC = 8                    # GPCs of the measured map (GPC_OF_SM)
+GPC_UNEVEN_RATIO = 2.0       # arbitration "gpc_uneven": GPC shares only where the grid's GPC populations differ by more
+                             # than this factor (recorded counts: P <= 48 ratio 2.4-9, P >= 66 1.12-1.71; 1.8 and 2
+                             # make the same classes; lab notebook, session 14, helper 2)
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
 
@@ -348,6 +351,8 @@ class StageParams:
                                      # "gpc_dyn": "gpc" whose drain shares follow the GPCs dynamically: equal
                                      # per GPC holding stores, within it by the spread among its holding
                                      # programs (simulate_stage; slots as "gpc")
+                                     # "gpc_uneven": "gpc" where the grid's GPC populations differ by more than
+                                     # GPC_UNEVEN_RATIO (gpc_uneven_classes), else "slots" (the same weights)
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -364,7 +369,7 @@ class StageParams:
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
-        if self.arbitration in ("gpc", "gpc_dyn") and int(self.sm_count) != len(GPC_OF_SM):
+        if self.arbitration in ("gpc", "gpc_dyn", "gpc_uneven") and int(self.sm_count) != len(GPC_OF_SM):
             raise ValueError(f"arbitration '{self.arbitration}' needs the measured GPC map, which is of a {len(GPC_OF_SM)}-SM "
                              f"chip (H200); sm_count is {self.sm_count}")
         if self.arbitration not in ARBITRATIONS:
@@ -493,6 +498,21 @@ def gpc_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
     return sorted(((c, w) for w, c in merged.items()), key=lambda c: -c[1])
 
 
+def gpc_uneven_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
+    """Arbitration "gpc_uneven": gpc_classes where the grid's GPC populations differ by more than GPC_UNEVEN_RATIO
+    (the most crowded occupied GPC over the least), else one class of equal weight (the "slots" rung's weights).
+    Measured (data/h200x1 train_programs_p, train_gpc, train_gpc_full, train_programs_new_p, per program): the
+    dispatch head (GPC 0) drains at 1.4-4.8x the median program's time in first contended bursts at P = 16-48
+    (GPC populations 9 / 1 .. 12 / 5), 1.0-1.2x at P = 120-132 and 198-264 (populations within 1.12-1.17), where the
+    spread alone covers the difference; not followed at P = 160 (ratio 1.5, the head 1.9x). The ratio was chosen on
+    screens of the never-fitted train records (any value in (1.71, 2.4) makes the same classes on the recorded counts)."""
+    cls = gpc_classes(programs, sm_count)
+    ws = [w for _, w in cls]
+    if max(ws) <= GPC_UNEVEN_RATIO * min(ws):
+        return [(int(programs), 1.0)]
+    return cls
+
+
 def _placement_groups(P, spread: float, groups: int, sm_count: int, classes=placement_classes):
     """m, w [N, groups] for arbitration="tpc" (``classes``: placement_classes) or "gpc" (gpc_classes): every class
     split into groups // classes weight groups (the spread's uniform law within a class), so a grid is simulated
@@ -604,9 +624,9 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                          f"({MAX_STAGE_WORK}); predict fewer at a time")
     G = groups
     H = None   # gpc_dyn: the one-hot GPC of each group [N, G, N_GPC]
-    if prm.arbitration in ("tpc", "gpc"):
+    if prm.arbitration in ("tpc", "gpc", "gpc_uneven"):
         m, w = _placement_groups(P, prm.spread, G, prm.sm_count,
-                                 placement_classes if prm.arbitration == "tpc" else gpc_classes)
+                                 {"tpc": placement_classes, "gpc": gpc_classes}.get(prm.arbitration, gpc_uneven_classes))
         valid = m > 0
     elif prm.arbitration == "gpc_dyn":
         m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)
@@ -620,7 +640,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn")
+    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven")
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]

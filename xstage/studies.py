@@ -1728,7 +1728,7 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
     return out
 
 
-CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
+CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
 
 
 def stage_candidates(link: str = "host") -> pd.DataFrame:
