@@ -52,3 +52,17 @@ def record_launches(monkeypatch, targets) -> list:
     for module, name in targets:
         monkeypatch.setattr(module, name, Recorder())
     return launched
+
+
+@pytest.fixture
+def tiny_gemm_case(monkeypatch, cpu_timing):
+    """One tiny MoE configuration for the GEMM studies' end-to-end runs under the interpreter (tests/
+    test_megamoe_gemm9.py, test_megamoe_round10.py): 2 SMs, the interpreter's tiles for every default."""
+    import types
+
+    from xstage import moe_gemm as MG
+    from xstage import moe_plan as MP
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
+    monkeypatch.setattr(MG, "default_tiles", lambda *a, **k: MP.INTERPRETER_TILES)
+    return [MP.MoECase(MP.MoEShape("tiny", 64, 32, 4, 2), 12, "uniform", 1)]

@@ -3,10 +3,8 @@ tiles, one stage more and 4 warps, against torch._scaled_grouped_mm on the >= 20
 variants and their compile budget, the study's cases; end to end on the emulated world under Triton's interpreter
 (rows per variant, whether each is bit-identical to the default recorded in its note, resume)."""
 import dataclasses
-import types
 
 import pytest
-import torch
 
 from xstage import data, env
 from xstage import moe_gemm as MG
@@ -37,16 +35,8 @@ def test_gemm9_variants_are_fixed_and_valid_for_both_row_blocks(monkeypatch):
     assert len(cases) == 56 and "deepseek_v4_flash_T2048_hot" in cases and "deepseek_v4_pro_T4096_hot" in cases
 
 
-@pytest.fixture
-def tiny(monkeypatch, cpu_timing):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
-    monkeypatch.setattr(MG, "default_tiles", lambda *a, **k: MP.INTERPRETER_TILES)
-    shape = MP.MoEShape("tiny", 64, 32, 4, 2)
-    return [MP.MoECase(shape, 12, "uniform", 1)]
-
-
 @pytest.mark.interpreter
-def test_gemm9_end_to_end_records_each_variant_and_whether_it_is_bit_identical(tmp_path, tiny, monkeypatch):
+def test_gemm9_end_to_end_records_each_variant_and_whether_it_is_bit_identical(tmp_path, tiny_gemm_case, monkeypatch):
     """gemm9 through the launchers (fp16 under the interpreter, whose fp8 does not run: two stand-in variants, one
     the default's bits (another stage count), one summing in another order (BK 16)): rows default / each variant /
     torch._grouped_mm, the note says which variant matched the default's bits, the ratios read them; resume."""
@@ -55,7 +45,7 @@ def test_gemm9_end_to_end_records_each_variant_and_whether_it_is_bit_identical(t
     world = EmulatedWorld(2)
     meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
     prm = BurstGapParams.reference().as_dict()
-    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "gemm9", prm, None, rounds=5)
+    MG.round3_job(world, tiny_gemm_case, ["fp16"], str(tmp_path), meta, "gemm9", prm, None, rounds=5)
     df, side = data.load(tmp_path, data.MEGAMOE_GEMM)
     assert side["csv_rows"] == len(df) == 4 and set(df.study) == {"gemm9"}
     assert list(df.method) == ["ours"] * 3 + ["torch._grouped_mm"]
@@ -67,5 +57,5 @@ def test_gemm9_end_to_end_records_each_variant_and_whether_it_is_bit_identical(t
     g = MG.gemm8_ratios(df, study="gemm9", names=MG.GEMM9_NAMES)
     assert len(g) == 1 and g.s_plus_vs_grouped_mm.iloc[0] == pytest.approx(g.grouped_mm_ms.iloc[0] / ours.ms["s_plus"])
     assert g.bm_alt_ms.isna().all()                                  # not run: NaN, never 0
-    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "gemm9", prm, None, rounds=5)   # resume: nothing
+    MG.round3_job(world, tiny_gemm_case, ["fp16"], str(tmp_path), meta, "gemm9", prm, None, rounds=5)   # resume: nothing
     assert len(data.load(tmp_path, data.MEGAMOE_GEMM)[0]) == 4

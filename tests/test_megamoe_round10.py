@@ -1,12 +1,10 @@
 """MegaMoE round 10 (issue 15, item 2): tiles version 5 (fp8's BM 128 from 96 rows per expert on average) and study
 gemm10, which times both fp8 row blocks on all 84 configurations in the same rounds."""
 import dataclasses
-import types
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from xstage import data, env
 from xstage import moe_gemm as MG
@@ -94,23 +92,15 @@ def test_recorded_gemm9_run_is_what_version_5_was_read_from():
     assert list(slower.config) == ["deepseek_v4_flash_T2048_zipf"] and slower.rpe.iloc[0] == MP.FP8_BM128_ROWS
 
 
-@pytest.fixture
-def tiny(monkeypatch, cpu_timing):
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
-    monkeypatch.setattr(MG, "default_tiles", lambda *a, **k: MP.INTERPRETER_TILES)
-    shape = MP.MoEShape("tiny", 64, 32, 4, 2)
-    return [MP.MoECase(shape, 12, "uniform", 1)]
-
-
 @pytest.mark.interpreter
-def test_gemm10_end_to_end_records_both_variants_and_their_bits(tmp_path, tiny, monkeypatch):
+def test_gemm10_end_to_end_records_both_variants_and_their_bits(tmp_path, tiny_gemm_case, monkeypatch):
     """gemm10 through the launchers (fp16 under the interpreter, whose fp8 does not run: stand-in variants, one the
     default's bits (another stage count), one summing in another order (BK 16))."""
     monkeypatch.setattr(MG, "gemm10_variants", lambda dt, d: {
         "s_plus": dataclasses.replace(d, num_stages=d.num_stages + 1), "bm_alt": dataclasses.replace(d, block_k=16)})
     world = EmulatedWorld(2)
     meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
-    MG.round3_job(world, tiny, ["fp16"], str(tmp_path), meta, "gemm10", BurstGapParams.reference().as_dict(), None,
+    MG.round3_job(world, tiny_gemm_case, ["fp16"], str(tmp_path), meta, "gemm10", BurstGapParams.reference().as_dict(), None,
                   rounds=5)
     df, side = data.load(tmp_path, data.MEGAMOE_GEMM)
     ours = df[df.method == "ours"].set_index("variant")
@@ -137,9 +127,8 @@ def test_recorded_gemm10_meets_the_fp8_goals_under_version_5_and_not_under_4():
     goals = studies.MEGAMOE_GEMM_GOALS
     assert s.geomean["v5"] >= goals["geomean"] and s.min_big["v5"] >= goals["min_big"] > s.min_big["v4"]
     d = ours[ours.variant == "default"]
-    assert all(MP.tiles_of_row(x).block_m == MP.fp8_block_m(x.tokens * 2 * MP.cases_by_name(
-        [f"{x.shape}_T{x.tokens}_{x.routing}"])[0].shape.topk / MP.cases_by_name(
-        [f"{x.shape}_T{x.tokens}_{x.routing}"])[0].shape.experts) for x in d.itertuples())
+    ran = {f"{x.shape}_T{x.tokens}_{x.routing}": MP.tiles_of_row(x).block_m for x in d.itertuples()}
+    assert [ran[c] for c in r.config] == list(r.v5_bm)          # every default ran version 5's row block
 
 
 def test_recorded_controls_round10_model_guided_meets_the_order_goal_lag_does_not():
