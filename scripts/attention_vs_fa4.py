@@ -37,7 +37,19 @@ STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_g
            "gluon_lp": ("attention_vs_fa4_gluon_lp",
                         {D: tuple(c for c in cs if c.label in _PE_BASE) + PERSISTENT_RUNGS[D][:1] + PEEL_RUNGS[D]
                          for D, cs in GLUON_NEXT.items()})}
-SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192, 24, 128),)}
+# gluon_shape (session 15): where the 8K x 24 and Wan gaps come from, without FA4 (ours beside cuDNN): the same
+# ws rung one CTA per tile and persistent on shapes that separate the key blocks per tile (S) from the tile count
+# (S / 128 x H: 8192 x 24 and 16384 x 12 both 1536 tiles, 8192 x 48 and 16384 x 24 both 3072) and, for Wan
+# (32760 x 6), the mask (S % 128 != 0) from the head count (32768 x 6, 32640 x 6 = 255 x 128, 32768 x 12)
+STUDIES["gluon_shape"] = ("attention_gluon_shape",
+                          {128: tuple(c for c in GLUON_NEXT[128] if c.label == "gluon-ws-128x128s2r232-ml")
+                           + PERSISTENT_RUNGS[128][:1]})
+SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192, 24, 128),),
+          "gluon_shape": (UlyssesShape("s8192_h24", 8_192, 24, 128), UlyssesShape("s8192_h48", 8_192, 48, 128),
+                          UlyssesShape("s16384_h12", 16_384, 12, 128), UlyssesShape("s16384_h24", 16_384, 24, 128),
+                          UlyssesShape("s32768_h6", 32_768, 6, 128), UlyssesShape("s32760_h6", 32_760, 6, 128),
+                          UlyssesShape("s32640_h6", 32_640, 6, 128), UlyssesShape("s32768_h12", 32_768, 12, 128),
+                          UlyssesShape("s8192_h24_again", 8_192, 24, 128))}
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

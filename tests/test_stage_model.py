@@ -25,8 +25,10 @@ def random_params(**kw) -> StageParams:
 
 # grids whose programs all get equal shares under each arbitration with spread 0 (tpc: every occupied TPC holds the
 # same programs; gpc: every occupied GPC holds the same programs: the first 8, all in GPC 0; gpc_dyn: also 128, 16
-# programs in each of the 8 GPCs; gpc_uneven: every grid whose GPC populations are within GPC_UNEVEN_RATIO, slots there)
-EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8], "gpc_dyn": [8, 128], "gpc_uneven": [8, 66, 132, 264]}
+# programs in each of the 8 GPCs; gpc_uneven: every grid whose GPC populations are within GPC_UNEVEN_RATIO, slots there;
+# gpc_drain: as gpc_dyn)
+EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8], "gpc_dyn": [8, 128], "gpc_uneven": [8, 66, 132, 264],
+                 "gpc_drain": [8, 128]}
 
 
 def equal_share_p(arb, default=(16, 66, 132, 264)) -> int:
@@ -41,7 +43,7 @@ def random_train(n=8):
 def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
-    start, end, _ = simulate_stage(prm, [{"gpc": 8, "gpc_dyn": 128}.get(arb, 132)], b[None], g[None], [False])   # (EQUAL_SHARE_P)
+    start, end, _ = simulate_stage(prm, [{"gpc": 8, "gpc_dyn": 128, "gpc_drain": 128}.get(arb, 132)], b[None], g[None], [False])   # (EQUAL_SHARE_P)
     assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
     assert np.allclose(end[0], end[0, :1], rtol=1e-9, atol=1e-6)
     # unequal shares do drift apart (the same train, spread > 0): the measured regime. The first burst is made
@@ -646,3 +648,108 @@ def test_gpc_uneven_lets_the_lone_programs_of_p16_finish_first():
                                    np.zeros((1, 1)), [False])
         t = end[0, m[0] > 0, 0]
         assert (np.ptp(t) > 0.2 * t.max()) == apart, (P, t)
+
+
+def test_gpc_drain_groups_and_its_batches():
+    """gpc_drain simulates a grid as every occupied GPC min(its programs, GPC_DRAIN_GROUPS // occupied GPCs) groups
+    (one per program up to 16 per GPC), configurations of equal group counts in one batch: the batches give what one
+    simulation of all GPC_DRAIN_GROUPS groups gives (the same spread levels), and fewer groups than a grid needs are
+    refused."""
+    assert [model.gpc_drain_groups(P) for P in (1, 8, 16, 66, 132, 264)] == [1, 8, 16, 66, 128, 128]
+    assert list(_gpc_populations(66)) == [12, 8, 8, 8, 8, 8, 7, 7]
+    prm = random_params(arbitration="gpc_drain", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
+    P = np.array([1, 16, 66, 132, 66])
+    b = np.stack([random_train(6)[0] for _ in P])
+    b[:, 0] = 4 * 2**20                               # contends whatever the random parameters drew
+    g = np.stack([random_train(6)[1] for _ in P])
+    sync = np.array([False, False, False, True, True])
+    s1, e1, m1 = simulate_stage(prm, P, b, g, sync)                                  # batched
+    s2, e2, m2 = simulate_stage(prm, P, b, g, sync, groups=model.GPC_DRAIN_GROUPS)    # all groups at once
+    assert m1.shape == m2.shape == (5, model.GPC_DRAIN_GROUPS) and np.array_equal(m1, m2)
+    assert np.allclose(m1.sum(axis=1), P)
+    assert np.array_equal(np.isnan(e1), np.isnan(e2))
+    assert np.allclose(e1, e2, rtol=1e-9, equal_nan=True) and np.allclose(s1, s2, rtol=1e-9, equal_nan=True)
+    with pytest.raises(ValueError, match="as up to 66 groups; got groups=32"):
+        simulate_stage(prm, [66], b[:1], g[:1], [False], groups=32)
+    with pytest.raises(ValueError, match="needs the measured GPC map"):
+        random_params(arbitration="gpc_drain", sm_count=114)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_gpc_drain_is_gpc_dyn_with_each_programs_own_slots(sync):
+    """gpc_drain shares the drain as gpc_dyn does and sizes each program's own slots by the spread's weight alone
+    (gpc_dyn: also by 1 / programs in its GPC). Where every occupied GPC holds the same programs (P = 8, 128) the
+    two are the same at the same groups; at P = 66 (GPC 0 12 programs, GPCs 6-7 7) they differ."""
+    prm = random_params(arbitration="gpc_drain", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
+    b, g = random_train()
+    b[0] = 4 * 2**20
+    G = model.GPC_DRAIN_GROUPS
+    for P, same in ((8, True), (128, True), (66, False)):
+        t = predict_train(prm, P, b, g, sync)
+        s, e, m = simulate_stage(replace(prm, arbitration="gpc_dyn"), [P], b[None], g[None], [sync], groups=G)
+        u = stage_measure(s, e, [sync], m)[0]
+        assert np.allclose(t, u, rtol=1e-7) == same, (P, t, u)
+
+
+def test_gpc_drain_own_slots_do_not_depend_on_the_gpc():
+    """A hand computation. P = 66, spread 0, no shared part (C_0 = 0) and C_max >> c_p P: C(66) = 66 c_p, every
+    program's own slots c_p. One burst of 0.8 c_p each enters every program's own slots unimpeded (issue time
+    b / r) under gpc_drain; under gpc_dyn GPC 0's 12 programs get C(66) (1 / 12) / 8 = 0.69 c_p and wait."""
+    c_p = 64.0
+    prm = StageParams(issue_ns_per_kib=20.0, drain_gbps=40.0, capacity_kib=1e7, capacity_per_program_kib=c_p,
+                      spread=0.0, overhead_ns=0.0, stalled_fraction=1.0, base_capacity_kib=0.0, link="test",
+                      arbitration="gpc_drain")
+    b = np.array([[0.8 * c_p * KIB]])
+    _, end, m = simulate_stage(prm, [66], b, np.zeros((1, 1)), [False])
+    t = end[0, m[0] > 0, 0]
+    assert np.allclose(t, 0.8 * c_p * prm.issue_ns_per_kib, rtol=1e-6), t
+    _, end, m = simulate_stage(replace(prm, arbitration="gpc_dyn"), [66], b, np.zeros((1, 1)), [False],
+                               groups=model.GPC_DRAIN_GROUPS)
+    t = end[0, m[0] > 0, 0]
+    assert np.all(t[:12] > 1.05 * 0.8 * c_p * prm.issue_ns_per_kib) and np.allclose(t[12:], t[-1]), t
+
+
+def test_gpc_drain_shares_the_drain_per_gpc_holding_stores():
+    """A hand computation. P = 66 (GPC 0: 12 programs, GPCs 1-5: 8, GPCs 6-7: 7), spread 0, a stage of a few bytes
+    (every program drains at its share from the start), one burst of b each, r >> D. While all 8 GPCs hold stores
+    each gets D / 8: GPCs 6-7's programs finish at 56 b / D; GPCs 1-5's then share D / 6 per GPC and finish at
+    62 b / D; GPC 0's last at 66 b / D (every byte at D). Equal shares per program (slots, spread 0): all at 66 b / D."""
+    D, b = 40.0, 256.0 * KIB
+    prm = StageParams(issue_ns_per_kib=2.0, drain_gbps=D, capacity_kib=0.01, capacity_per_program_kib=0.001,
+                      spread=0.0, overhead_ns=0.0, stalled_fraction=1.0, base_capacity_kib=0.0, link="test",
+                      arbitration="gpc_drain")
+    _, end, m = simulate_stage(prm, [66], np.array([[b]]), np.zeros((1, 1)), [False])
+    e = end[0, :66, 0]
+    assert list(m[0, :66]) == [1.0] * 66 and not np.any(m[0, 66:])
+    assert np.allclose(e[52:], 56 * b / D, rtol=1e-3), e[52:]
+    assert np.allclose(e[12:52], 62 * b / D, rtol=1e-3), e[12:52]
+    assert np.allclose(e[:12], 66 * b / D, rtol=1e-3), e[:12]
+    _, end_s, m_s = simulate_stage(replace(prm, arbitration="slots"), [66], np.array([[b]]), np.zeros((1, 1)), [False])
+    assert np.allclose(end_s[0, m_s[0] > 0, 0], 66 * b / D, rtol=1e-3)
+
+
+def test_refit_folds_reproduce_the_fits_held_out_predictions():
+    """fit.refit_folds (what studies.stage_rescored scores another arbitration with) refits a fit's held-out folds
+    as fit_stage did: the same folds, start and evaluations, so each fold's parameters predict its held-out trains
+    as the fit's own held-out table says. A fold assignment drawn with another seed does not."""
+    truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
+                        base_capacity_kib=1000.0, arbitration="slots")
+    obs = _simulated_observations(truth, n_trains=6)
+    res = fit.fit_stage(obs, "host", "stage", k_folds=2, max_nfev=12)
+    key = ["kind", "train", "programs", "burst"]
+    names = obs.cfgs.train.unique()
+
+    def partition(seed):   # fit_stage's fold assignment: train names, permuted, mod k_folds
+        f = np.random.default_rng(seed).permutation(len(names)) % 2
+        return {frozenset(names[f == k]) for k in range(2)}
+    other = next(s for s in range(1, 50) if partition(s) != partition(0))
+    for seed, same in ((0, True), (other, False)):
+        folds = fit.refit_folds(obs, res.values(), "host", "stage", k_folds=2, seed=seed, max_nfev=12)
+        assert len(folds) == 2 and sorted(np.concatenate([f["test"] for f in folds]).tolist()) == list(range(len(obs.cfgs)))
+        parts = [fit._long(obs.take(f["test"]), fit.predict_observations(obs.take(f["test"]), f["params"],
+                                                                           f["span_overhead_ns"])) for f in folds]
+        pd = __import__("pandas")
+        j = pd.concat(parts).merge(res.heldout[key + ["predicted_ns"]], on=key, suffixes=("", "_fit"))
+        assert len(j) == len(res.heldout)
+        ok = np.isfinite(j.predicted_ns_fit)
+        assert np.allclose(j.predicted_ns[ok], j.predicted_ns_fit[ok], rtol=1e-6) == same, seed

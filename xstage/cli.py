@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
-                                        "gpc_dyn", "gpc_uneven"), default="stage",
+                                        "gpc_dyn", "gpc_uneven", "gpc_drain"), default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
                          "pool (+ the stall: a filled stage keeps part of its capacity until it empties), "
@@ -258,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "processes (a candidate: stage fitted to other calls' and processes' records too), "
                          "gpc (a candidate: stage with drain shares by GPC, each occupied GPC an equal share), "
                          "gpc_dyn (a candidate: gpc whose shares follow the GPCs holding stores, each an equal share), "
-                         "gpc_uneven (a candidate: gpc where the GPC populations differ by more than 2x, else stage)")
+                         "gpc_uneven (a candidate: gpc where the GPC populations differ by more than 2x, else stage), "
+                         "gpc_drain (a candidate: stage whose drain is shared as gpc_dyn's, one group per program up "
+                         "to 16 per GPC; slow: ~25 s per prediction of the host records)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

@@ -243,7 +243,8 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "processes": tuple(STAGE_PARAMS),
          "gpc": tuple(STAGE_PARAMS),
          "gpc_dyn": tuple(STAGE_PARAMS),
-         "gpc_uneven": tuple(STAGE_PARAMS)}
+         "gpc_uneven": tuple(STAGE_PARAMS),
+         "gpc_drain": tuple(STAGE_PARAMS)}
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
@@ -251,9 +252,11 @@ RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("
                     ("tpc", "nvlink"): "tpc", ("processes", "host"): "slots", ("processes", "nvlink"): "slots",
                     ("gpc", "host"): "gpc", ("gpc", "nvlink"): "gpc",
                     ("gpc_dyn", "host"): "gpc_dyn", ("gpc_dyn", "nvlink"): "gpc_dyn",
-                    ("gpc_uneven", "host"): "gpc_uneven", ("gpc_uneven", "nvlink"): "gpc_uneven"}
+                    ("gpc_uneven", "host"): "gpc_uneven", ("gpc_uneven", "nvlink"): "gpc_uneven",
+                    ("gpc_drain", "host"): "gpc_drain", ("gpc_drain", "nvlink"): "gpc_drain"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
-RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage"}
+RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
+              "gpc_drain": "stage"}
 # rung "processes": the full model fitted to the train records of other calls and processes as well (under the
 # machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
 # (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
@@ -606,6 +609,46 @@ def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageF
     res = fit_stage(obs, link, rung, k_folds, measured=measured, start=start)
     res.folder = str(folder)
     return res
+
+
+def refit_folds(obs: Observations, values: dict, link: str, rung: str = "stage", measured: dict | None = None,
+                k_folds: int = 5, seed: int = 0, max_nfev: int = 40) -> list[dict]:
+    """The held-out folds of a fit refitted as :func:`fit_stage` fits them: the same fold assignment (by train name,
+    ``seed``), the same start (``values``: the fit's parameters and span_overhead_ns, e.g. StageFit.values()), the
+    same evaluations (``max_nfev`` as the fit was given) and ``measured`` fixed. Per fold {"params": StageParams,
+    "span_overhead_ns", "test": indices of the held-out configurations}: what scores another arbitration held out
+    by train without refitting it (studies.stage_rescored)."""
+    measured = measured or {}
+    free = [k for k in RUNGS[rung] if k not in measured]
+    values = {**values, **{k: v[0] for k, v in measured.items()}}
+    fixed = {k: values[k] for k in STAGE_PARAMS if k not in free}
+    fixed["arbitration"] = RUNG_ARBITRATION.get((rung, link), "pool")
+    x = np.array([_to_x(k, values[k]) for k in free])
+    names = obs.cfgs.train.unique()
+    fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % k_folds))
+    fold = obs.cfgs.train.map(fold_of).to_numpy()
+    sm = int(obs.cfgs.sm_count.iloc[0])
+    out = []
+    for k in range(k_folds):
+        tr, te = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        if not len(te):
+            continue
+        s_f, _ = _stage_solve(obs.take(tr), x, free, fixed, link, max_nfev=max(max_nfev // 3, 10))
+        p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
+        out.append({"params": p_f, "span_overhead_ns": so_f, "test": te})
+    return out
+
+
+def fold_params(folder, link: str, rung: str = "stage", k_folds: int = 5) -> tuple[Observations, list[dict]]:
+    """:func:`refit_folds` of a written fit (:func:`read_stage_fit` of ``rung``, made by :func:`fit_link`: its
+    records, the drain measured directly fixed). Returns the observations and the folds. Minutes for the full model
+    (its 5 folds reproduce the written held-out table to its 0.1 ns rounding)."""
+    f = read_stage_fit(folder, link, rung)
+    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()))
+    d = measured_drain(folder, link)
+    measured = {} if d is None else {"drain_gbps": (d["drain_gbps"], d["low"], d["high"])}
+    values = {**f["params"], "span_overhead_ns": f["span_overhead_ns"]}
+    return obs, refit_folds(obs, values, link, rung, measured, k_folds)
 
 
 def error_summary(t: pd.DataFrame, min_ns: float = 1000.0) -> pd.DataFrame:

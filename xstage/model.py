@@ -315,11 +315,15 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
                              # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
                              # 32 on the gpc fit's parameters; lab notebook, session 14)
+GPC_DRAIN_GROUPS = 128       # arbitration "gpc_drain": groups per grid, 16 per occupied GPC at most (one per program up
+                             # to 16 programs in a GPC: P = 66 and 132 one group per program but GPCs 6-7's 18 at 132);
+                             # 32 / 64 groups gave all trains 15.8 / 13.7 % against 13.0 with 128 (the stage fit's
+                             # parameters; lab notes, helper-stage, session 14)
 N_GPC = 8                    # GPCs of the measured map (GPC_OF_SM)
 GPC_UNEVEN_RATIO = 2.0       # arbitration "gpc_uneven": GPC shares only where the grid's GPC populations differ by more
                              # than this factor (recorded counts: P <= 48 ratio 2.4-9, P >= 66 1.12-1.71; 1.8 and 2
@@ -353,6 +357,10 @@ class StageParams:
                                      # programs (simulate_stage; slots as "gpc")
                                      # "gpc_uneven": "gpc" where the grid's GPC populations differ by more than
                                      # GPC_UNEVEN_RATIO (gpc_uneven_classes), else "slots" (the same weights)
+                                     # "gpc_drain": the drain shared as "gpc_dyn" (equal per GPC holding stores,
+                                     # within it by the spread among its holding programs), each program's own
+                                     # slots by the spread's weight alone (as "slots": an SM's slots are the SM's),
+                                     # GPC_DRAIN_GROUPS groups (the spread per program)
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -369,7 +377,7 @@ class StageParams:
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
-        if self.arbitration in ("gpc", "gpc_dyn", "gpc_uneven") and int(self.sm_count) != len(GPC_OF_SM):
+        if self.arbitration in ("gpc", "gpc_dyn", "gpc_uneven", "gpc_drain") and int(self.sm_count) != len(GPC_OF_SM):
             raise ValueError(f"arbitration '{self.arbitration}' needs the measured GPC map, which is of a {len(GPC_OF_SM)}-SM "
                              f"chip (H200); sm_count is {self.sm_count}")
         if self.arbitration not in ARBITRATIONS:
@@ -593,6 +601,37 @@ def _gpc_dynamic_weights(ws, m, holding, H):
         return np.where(holding & (Sg > 0), ws / Sg / np.maximum(n_hold, 1)[:, None], 0.0)
 
 
+def gpc_drain_groups(programs: int, sm_count: int = 132) -> int:
+    """Weight groups arbitration "gpc_drain" simulates a grid of ``programs`` as: every occupied GPC min(programs
+    in it, GPC_DRAIN_GROUPS // occupied GPCs) groups (_gpc_groups with GPC_DRAIN_GROUPS)."""
+    P = int(programs)
+    if P < 1:
+        raise ValueError(f"programs must be >= 1, got {programs!r}")
+    n = np.bincount(GPC_OF_SM[dispatch_order(sm_count)[np.arange(P) % sm_count]], minlength=N_GPC)
+    return int(np.minimum(n[n > 0], GPC_DRAIN_GROUPS // int((n > 0).sum())).sum())
+
+
+def _gpc_drain_batched(prm: StageParams, P, b, g, sync, drains):
+    """simulate_stage for arbitration "gpc_drain" with GPC_DRAIN_GROUPS groups, each set of configurations that use
+    the same number of groups (gpc_drain_groups) simulated with only those: the same result (a configuration's
+    unused groups take no part) at a fraction of the cost. Returns start, end [N, GPC_DRAIN_GROUPS, n] and m."""
+    N, n = b.shape
+    G = GPC_DRAIN_GROUPS
+    if N * G * n > MAX_STAGE_WORK:
+        raise ValueError(f"{N} configurations x {n} bursts x {G} groups exceed the model's work bound "
+                         f"({MAX_STAGE_WORK}); predict fewer at a time")
+    need = np.array([gpc_drain_groups(p, prm.sm_count) for p in P.astype(int)], int)
+    start = np.full((N, G, n), np.nan)
+    end = np.full((N, G, n), np.nan)
+    m = np.zeros((N, G))
+    for k in np.unique(need):
+        idx = np.flatnonzero(need == k)
+        s_k, e_k, m_k = simulate_stage(prm, P[idx], b[idx], g[idx], sync[idx], groups=int(k),
+                                       barrier_drains=drains[idx])
+        start[idx, :k], end[idx, :k], m[idx, :k] = s_k, e_k, m_k
+    return start, end, m
+
+
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,
                    barrier_drains=True):
     """Every configuration's train through the stage model, vectorized over configurations.
@@ -601,7 +640,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     barrier_drains [N] bool (sync only): the grid barrier's arrival is a release, which returns once the
     program's stores are performed, so the barrier also waits for the stage to drain (the recorded sweeps;
     their barrier time is the stage's content / D on both links); False: a relaxed barrier.
-    ``groups``: weight groups per grid (None: GPC_DYN_GROUPS for arbitration "gpc_dyn", else STAGE_GROUPS).
+    ``groups``: weight groups per grid (None: GPC_DYN_GROUPS for arbitration "gpc_dyn", GPC_DRAIN_GROUPS for
+    "gpc_drain" (simulated in batches of equal group counts, :func:`gpc_drain_groups`), else STAGE_GROUPS).
     Returns (start, end) [N, G, n] ns per weight group (groups beyond min(P, G) are NaN) and the group
     sizes m [N, G] (programs per group).
 
@@ -618,6 +658,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     drains = sync & np.broadcast_to(np.asarray(barrier_drains, bool), P.shape)
     N, n = b.shape
     if groups is None:
+        if prm.arbitration == "gpc_drain":
+            return _gpc_drain_batched(prm, P, b, g, sync, drains)
         groups = GPC_DYN_GROUPS if prm.arbitration == "gpc_dyn" else STAGE_GROUPS
     if N * groups * n > MAX_STAGE_WORK:
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
@@ -628,8 +670,17 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         m, w = _placement_groups(P, prm.spread, G, prm.sm_count,
                                  {"tpc": placement_classes, "gpc": gpc_classes}.get(prm.arbitration, gpc_uneven_classes))
         valid = m > 0
-    elif prm.arbitration == "gpc_dyn":
-        m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)
+    elif prm.arbitration in ("gpc_dyn", "gpc_drain"):
+        if prm.arbitration == "gpc_drain":
+            # the spread levels of GPC_DRAIN_GROUPS groups (of ``groups`` when more), simulated in the first G
+            m, w, ws, gid = _gpc_groups(P, prm.spread, max(G, GPC_DRAIN_GROUPS), prm.sm_count)
+            if (m[:, G:] > 0).any():
+                raise ValueError(f"arbitration 'gpc_drain' simulates these grids as up to "
+                                 f"{int((m > 0).sum(axis=1).max())} groups; got groups={G}")
+            m, ws, gid = m[:, :G], ws[:, :G], gid[:, :G]
+            w = ws   # own slots by the spread's weight alone; the drain by _gpc_dynamic_weights(ws, ...) below
+        else:
+            m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)
         valid = m > 0
         H = (gid[:, :, None] == np.arange(N_GPC)[None, None, :]).astype(np.float64)
     else:
@@ -640,7 +691,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven")
+    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]

@@ -40,6 +40,12 @@ One process, one GPU (:class:`xstage.ranks.OneGPUWorld`, link local), rank 0 tim
 - study ``gemm10`` (round 10, fp8, all 84 configurations in table order): study ``gemm9`` for tiles version 5 (fp8's
   BM 128 from 96 rows per expert, read off gemm9's run) with :func:`gemm10_variants` (the other row block, one stage
   more): the rule re-timed on a new run, and for the first time on the 28 configurations with < 2048 rows.
+- study ``lags11`` (round 11, all 84 configurations in table order, dynamic, the default tiles): Expert-Wave
+  beside schedule ``lag`` at the lags of :data:`LAGS11` (1, 1.5, 2 x n_sms), every list bit-identical to
+  Expert-Wave static first, same rounds, one launch per list with per-task timestamps; :func:`lags11_rows` /
+  :func:`lags11_summary`: each lag's compute-only time / Expert-Wave's, and lag version 2's rule
+  (``moe_plan.lag_of_rule``, whose candidates are these lags: ``lag_v2`` reads the row of the lag it picks on rank
+  0's grid, the same list) (issue 15 item 3: lag n's 1.068 / 1.080 on Mixtral T512 hot in controls7, round 10).
 - study ``tiles6`` (round 6, the 56 configurations with >= 2048 rows on rank 0, bf16): the TMA main loops
   (:func:`tma_tiles`; x, W1, W2 through tensor descriptors) in :data:`TILES6_VARIANTS` beside the default (pointer
   loads), swizzle 16, and ``torch._grouped_mm``, same rounds; each variant's layer checked as in study tiles.
@@ -67,7 +73,7 @@ from .moe import (MAX_POLLS, _unfused_gemms, _unfused_plan, build_tasks, check_c
                   megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights, reference_weights,
                   run_experts)
 from .moe_plan import (ASSIGNMENTS, CASES, KIND_L1, OUT_DTYPES, SCHEDULES, CostModel, TileConfig, calibrate_rate,
-                       cases_by_name, default_tiles, gemm_flops, gpu_tiles)
+                       cases_by_name, default_tiles, gemm_flops, gpu_tiles, order_group)
 from .numeric import check_bit_identical
 
 GEMM_STUDIES = ("gemm", "gemm8", "gemm9", "gemm10")  # our Expert-Wave GEMM phases beside the library, ROUNDS rounds
@@ -139,10 +145,26 @@ ROUNDS = 10                  # timed rounds (each times every method once)
 CALLS_TARGET_MS = 2.0        # back-to-back calls per timed run (as the sweep), at most CALLS_MAX
 CALLS_MAX = 16
 STUDIES = ("ladder", "order", "gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8",
-           "gemm9", "gemm10")
-ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8", "gemm9", "gemm10")   # the table's configurations in order,
+           "gemm9", "gemm10", "lags11")
+ROUND3 = ("gemm", "controls", "tiles", "lists", "tiles6", "controls7", "gemm8", "controls8", "gemm9", "gemm10",
+          "lags11")   # the table's configurations in order,
 #                                                                          weights once per shape
 CONTROL_ROUNDS = 6           # controls, lists: rounds
+# Study lags11 (round 11, issue 15 item 3), fixed before the run: lag's lags beside Expert-Wave (variant -> units
+# of n_sms; moe_plan.LAG_RULE_CANDIDATES, so that every list lag version 2 picks is timed), and LAGS11_RULE, the
+# rule the summary reads off them (variant, lag version).
+LAGS11 = {"lag_n": 1.0, "lag_1.5n": 1.5, "lag_2n": 2.0}
+LAGS11_RULE = ("lag_v2", 2)
+
+
+def lags11_lag(variant: str, grid, n_sms: int, group: int | None) -> int:
+    """The lag of study lags11's ``variant`` on ``grid`` (``group``: the list's row blocks per chunk; the rule's
+    variant: moe_plan.lag_of_rule of its version)."""
+    from .moe_plan import lag_of_rule
+
+    if variant == LAGS11_RULE[0]:
+        return lag_of_rule(grid, n_sms, group, version=LAGS11_RULE[1])
+    return int(round(LAGS11[variant] * n_sms))
 # Round 5 (issue 15, items 2 and 3), fixed before the run.
 # study tiles: bf16 tile variants beside the default and torch._grouped_mm, on every configuration with >= 2048
 # rows on rank 0 (the goal's domain, xstage.studies.MEGAMOE_GEMM_GOALS) in table order: name -> (change of
@@ -627,6 +649,8 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
                                                                ranks=[0]), warmup=2, reps=3))
         if study in ("controls7", "controls8"):     # rounds 7-8: the default assignment only
             runs = [(sch, "dynamic", "default") for sch in SCHEDULES]
+        elif study == "lags11":                      # round 11: Expert-Wave and lag at each lag
+            runs = [("expert_wave", "dynamic", "default")] + [("lag", "dynamic", v) for v in LAGS11]
         else:
             runs = [(sch, a, "default") for a in ASSIGNMENTS for sch in SCHEDULES]
             runs += [(sch, "dynamic", "order_v1") for sch in ("interleaved", "lag")]
@@ -635,7 +659,10 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
             cost = CostModel(params_from_dict(prm), calibrate_rate(ew, s.hidden, s.intermediate, d, sms, ms_ew, a),
                              sms, OUT_DTYPES[dtype].itemsize, a)
             p = dataclasses.replace(prob, swizzle=0) if var == "swizzle0" else prob
-            lists[(sch, a, var)] = {r: build_tasks(p, sch, sms, r, cost=cost,
+            lag = {}
+            if study == "lags11" and sch == "lag":   # each rank's lag (the rule's depends on the rank's grid)
+                lag = {r: lags11_lag(var, p.grid(r), sms, order_group(p.grid(r), sms)) for r in world.local_ranks}
+            lists[(sch, a, var)] = {r: build_tasks(p, sch, sms, r, cost=cost, lag=lag.get(r),
                                                    order=1 if var == "order_v1" else None)
                                     for r in world.local_ranks}
         # bit-identical first: every list vs expert_wave static (combine poisoned before each layer)
@@ -660,7 +687,7 @@ def _round3_case(world, c, dtype, w, wq, study, prm, sms, rounds) -> list[dict]:
     for key in methods:
         method, variant, t, sch, a, is_def, err, task = info[key]
         note = notes.get(key, "") if study in ("tiles", "lists", "tiles6") else same9.get(key, "")
-        if study in ("controls", "controls7", "controls8"):
+        if study in ("controls", "controls7", "controls8", "lags11"):
             sch_, a_, var_ = key.split(":")
             note = lists[(sch_, a_, var_)][0].param or ""
         rows.append(_row(prob, study, dtype, method, variant, t, sch, a, is_def, "ok", note, err, times[key], inner,
@@ -749,7 +776,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                      rounds: int | None = None) -> Path:
     """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path.
     ``cases``: default GEMM_CASES (ladder, order) or all 84 in table order (gemm, controls)."""
-    from .moe_plan import ORDER_VERSION, TILE_SWIZZLE, WAIT_DEFAULT
+    from .moe_plan import LAG_VERSION, ORDER_VERSION, TILE_SWIZZLE, WAIT_DEFAULT
 
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
@@ -773,7 +800,8 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                                                            for d in dtypes},
                   prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
                   tiles_version=study_tiles_version(study), order_version=ORDER_VERSION,
-                  tile_swizzle=TILE_SWIZZLE, wait_default=dict(WAIT_DEFAULT))
+                  tile_swizzle=TILE_SWIZZLE, wait_default=dict(WAIT_DEFAULT),
+                  lag_version=LAG_VERSION)
     if study == "tiles":
         params["tiles5_variants"] = {n: dict(change=str(ch), swizzle=g) for n, (ch, g) in TILES5_VARIANTS.items()}
         params["tiles5_min_rows"] = TILES5_MIN_ROWS
@@ -791,6 +819,12 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
         params[f"{study}_min_rows"] = TILES5_MIN_ROWS
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}
+    if study == "lags11":
+        from .moe_plan import LAG_RULE_CANDIDATES, LAG_RULE_TOLERANCE
+
+        params["lags11"] = dict(fixed=dict(LAGS11), rule=dict(variant=LAGS11_RULE[0], lag_version=LAGS11_RULE[1],
+                                                             candidates=list(LAG_RULE_CANDIDATES),
+                                                             tolerance=LAG_RULE_TOLERANCE))
     meta = env.provenance(command, params)
     env.apply_safe_env()
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
@@ -901,4 +935,84 @@ def gemm10_rule_summary(r: pd.DataFrame, min_rows: int = GEMM8_MIN_ROWS) -> pd.D
         out.append(dict(rule=name, configs=len(x), geomean=geomean(x), min=float(x.min()),
                         min_config=r.config[x.idxmin()], min_big=float(big.min()) if len(big) else float("nan"),
                         big_configs=len(big), over_best=geomean(best / x)))
+    return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------------ study lags11's tables
+def lags11_rows(df: pd.DataFrame, study: str = "lags11", rule: bool = True) -> pd.DataFrame:
+    """Study lags11 per configuration, dtype and lag variant (table order): the recorded lag (``lag``, from the
+    list's param), the compute-only time over Expert-Wave's in the same rounds from the medians (``over_ew``), from
+    the fastest rounds (``over_ew_min``: ms_min) and from the launch with timestamps (``over_ew_span``), the share of
+    Linear-2 tiles that waited and the busy share (the variant's and Expert-Wave's). ``rule``: also the rule's
+    variant (LAGS11_RULE, ``lag_v2``): per configuration the row of the timed lag the rule picks on rank 0's grid
+    (the recorded tiles and swizzle; computed, ~0.1 s a configuration), the same list; ValueError if none was timed."""
+    from .moe_plan import parse_schedule_param
+    from .studies import megamoe_round3_controls
+
+    per = megamoe_round3_controls(df, study=study)
+    cols = ["config", "dtype", "rows", "variant", "lag", "over_ew", "over_ew_min", "over_ew_span", "task_waited",
+            "ew_task_waited", "task_busy", "ew_task_busy"]
+    if per.empty:
+        return pd.DataFrame(columns=cols)
+    d = df[df.study == study].assign(config=lambda x: x["shape"] + "_T" + x.tokens.astype(str) + "_" + x.routing)
+    k = ["config", "dtype", "schedule", "variant"]
+    d = d.drop_duplicates(k).set_index(k)
+    ew = d.xs(("expert_wave", "default"), level=("schedule", "variant"))
+    lag = per[per.schedule == "lag"].reset_index(drop=True)
+    me = d.reindex(pd.MultiIndex.from_frame(lag[k]))
+    base = ew.reindex(pd.MultiIndex.from_frame(lag[["config", "dtype"]]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lag = lag.assign(lag=[parse_schedule_param(p)["lag"] for p in lag.param],
+                         over_ew_min=me.ms_min.to_numpy() / base.ms_min.to_numpy(),
+                         over_ew_span=me.task_span_us.to_numpy() / base.task_span_us.to_numpy(),
+                         ew_task_waited=base.task_waited.to_numpy())
+    if rule and not lag.empty:
+        lag = pd.concat([lag, _lags11_rule_rows(lag, ew)], ignore_index=True)
+    return lag[cols]
+
+
+def _lags11_rule_rows(lag: pd.DataFrame, ew: pd.DataFrame) -> pd.DataFrame:
+    """The rule variant's rows of :func:`lags11_rows`: per configuration and dtype, the timed variant whose lag the
+    rule picks on rank 0's grid (n_sms: lag_n's lag; the Expert-Wave row's tiles and swizzle)."""
+    from .moe_plan import TileGrid, _layouts_of, order_group, parse_schedule_param, tiles_of_row
+
+    out = []
+    for (config, dtype), g in lag.groupby(["config", "dtype"], sort=False):
+        e = ew.loc[(config, dtype)]
+        c = cases_by_name([config])[0]
+        s = c.shape
+        n = int(g.lag[g.variant == "lag_n"].iloc[0])
+        grid = TileGrid.of(_layouts_of(c, int(e.P))[0], s.hidden, s.intermediate, tiles_of_row(e),
+                           parse_schedule_param(e.note)["swizzle"])
+        want = lags11_lag(LAGS11_RULE[0], grid, n, order_group(grid, n))
+        hit = g[(g.lag == want) & (g.variant != LAGS11_RULE[0])]
+        if hit.empty:
+            raise ValueError(f"{config} {dtype}: the rule's lag {want} was not timed (lags {sorted(set(g.lag))})")
+        out.append(hit.iloc[0].copy())
+        out[-1]["variant"] = LAGS11_RULE[0]
+    return pd.DataFrame(out)
+
+
+def lags11_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and lag variant of :func:`lags11_rows`: configurations, geomean and worst of each ratio over
+    Expert-Wave (medians, fastest rounds, timestamped span), the worst configuration (medians), whether issue 15's
+    goal holds on the medians (geomean <= 1.02, worst <= 1.05), configurations over 1.05, the median share of
+    waited Linear-2 tiles, and the lags the variant listed (``lags``: lag -> configurations)."""
+    from .numeric import geomean
+    from .studies import MEGAMOE_ORDER_GOALS
+
+    out = []
+    for (dt, v), g in rows.groupby(["dtype", "variant"], sort=False):
+        r = g.dropna(subset=["over_ew"])
+        if r.empty:
+            continue
+        gm, worst = geomean(r.over_ew), float(r.over_ew.max())
+        out.append(dict(dtype=dt, variant=v, configs=len(r), over_ew_geomean=gm, over_ew_worst=worst,
+                        worst_config=r.loc[r.over_ew.idxmax(), "config"],
+                        goal_met=bool(gm <= MEGAMOE_ORDER_GOALS["geomean"] and worst <= MEGAMOE_ORDER_GOALS["worst"]),
+                        over_worst=int((r.over_ew > MEGAMOE_ORDER_GOALS["worst"]).sum()),
+                        min_geomean=geomean(r.over_ew_min.dropna()), min_worst=float(r.over_ew_min.max()),
+                        span_geomean=geomean(r.over_ew_span.dropna()), span_worst=float(r.over_ew_span.max()),
+                        task_waited=float(r.task_waited.median()),
+                        lags=";".join(f"{int(k)}:{n}" for k, n in r.lag.value_counts().sort_index().items())))
     return pd.DataFrame(out)

@@ -32,7 +32,8 @@ all Linear-1 tasks of its row block -- ``check_tasks`` -- so the persistent kern
                 storing tiles, so computation sits between bursts.
   lag           one stream of Linear-1 tiles (expert-major); the Linear-2 tiles of a row block follow once ``lag``
                 further Linear-1 tiles have been listed after its last producer (lag = n_sms by default: one
-                round, so a consumer rarely spins).
+                round, so a consumer rarely spins; LAG_VERSION / ``lag_of_rule``: version 2, a candidate, takes
+                the smallest of 1, 1.5, 2 rounds that the compute-only walk finds as fast as the best).
   model_guided  the candidate (expert_wave, interleaved, lag = 0, n/2, n, 2n, 4n) with the best time predicted
                 by the Burst-Gap model (below); its ``param`` names the choice.
 Inside an expert every schedule lists its tiles in the grid's order (``TileGrid.swizzle``): row-block-major in
@@ -60,6 +61,8 @@ its b_k issuers:
     (T_k, q) = issue_time(B_k / b_k bytes per program, b_k programs, q)     (xstage.model, overhead_ns = 0)
     stall_k = b_k T_k / m
     predicted = compute + sum_k stall_k + drain_time(q after the last round)
+(stall model ``issuers``, STALL_DEFAULT; stall model ``round``: stall_k = max(b_k T_k / m, (q + B_k - C) / D) and
+the stage after it q + B_k - D stall_k, so the stage drains only in charged time; STALL_MODELS, record_stall)
 i.e. compute time plus the Burst-Gap model's issue-and-stall time of each burst and the final drain. Expert-Wave
 rounds are all Linear-2: every program issues at once, the burst exceeds the outstanding capacity and every
 program stalls. Interleaved rounds mix: about half the programs issue half the bytes, the rest compute, and the
@@ -764,6 +767,7 @@ class CostModel:
     out_bytes: int = 2
     assignment: str = "static"
     wait: str | None = None               # WAIT_MODELS name; None: WAIT_DEFAULT[assignment]
+    stall: str | None = None              # STALL_MODELS name; None: STALL_DEFAULT
 
     @classmethod
     def from_tflops(cls, prm: BurstGapParams, tflops: float, n_programs: int, out_bytes: int = 2) -> "CostModel":
@@ -897,6 +901,74 @@ def wait_model_of(cost: "CostModel") -> str:
     return WAIT_MODELS.check(cost.wait or WAIT_DEFAULT[cost.assignment]).name
 
 
+def _stall_issuers(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> tuple[float, float]:
+    """Stall model ``issuers``: the b issuing programs issue and stall T (``issue_time``, the stage draining
+    throughout T); the round is charged b T / m. Returns (stall charged, stage bytes after)."""
+    T, q_end = issue_time(B / b, b, q, prm_k)
+    return b * float(T) / m, float(q_end)
+
+
+def _stall_round(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> tuple[float, float]:
+    """Stall model ``round``: as ``issuers``, but the stage drains only during time the kernel is charged: the
+    round cannot end before the bytes that do not fit in the stage (q + B - C_b) have drained at D, so the charge
+    is max(b T / m, (q + B - C_b) / D), and the stage after it q + B - D x charge, within [0, C_b]. Where every
+    program of the round issues (b = m) the two models agree; in a mixed round ``issuers`` credits the link with
+    the drain of the issuers' whole T while charging b T / m, and can predict a kernel faster than its bytes / D."""
+    s_, _ = _stall_issuers(B, b, m, q, prm_k)
+    C, D = prm_k.capacity_bytes, prm_k.drain_gbps
+    s = max(s_, (q + B - C) / D)
+    return s, float(min(max(q + B - D * s, 0.0), C))
+
+
+# How predict_kernel_ns charges a round's remote stores. impl(bytes B, issuers b, programs m, stage bytes q after
+# the round's compute, the fluid parameters of b issuers) -> (stall charged to the round, stage bytes after).
+STALL_MODELS = Registry("stall model", (
+    Choice("issuers", "the issuers' stall T spread over the round (b T / m); the stage drains for all of T",
+           _stall_issuers),
+    Choice("round", "as issuers, but the round lasts until the bytes beyond the stage have drained: the stage "
+                    "drains only in charged time", _stall_round),
+    Choice("round_shared", "round, with only the stage's shared part phi C_0 for every round (a stage model's "
+                           "base_capacity_kib; the programs' own slots not the combine's)", _stall_round),
+))
+# Stall models that see only the shared part of a StageParams stage (phi C_0) instead of phi C(b).
+STALL_SHARED = ("round_shared",)
+
+
+def stall_stage(prm: "BurstGapParams | StageParams", b: int, stall: str) -> BurstGapParams:
+    """The fluid parameters a round of ``b`` issuing programs sees under stall model ``stall``: a stage model's
+    ``fluid(b)`` (phi C(b)), or for STALL_SHARED its shared part phi C_0 (a stage without one is an error); fluid
+    parameters as they are, without the harness's overhead."""
+    if not isinstance(prm, StageParams):
+        return replace(prm, overhead_ns=0.0)
+    f = prm.fluid(b)
+    if STALL_MODELS.check(stall).name in STALL_SHARED:
+        if prm.base_capacity_kib <= 0:
+            raise ValueError(f"stall model {stall!r} needs a stage with a shared part (base_capacity_kib > 0)")
+        f = replace(f, capacity_kib=prm.base_capacity_kib * prm.stalled_fraction)
+    return f
+# The stall model a CostModel without one uses. ``issuers`` is every record's model so far (a record's sidecar may
+# name its own as params.stall_default, :func:`record_stall`). ``round`` (session 14, helper; not the default): on
+# the host link it lifts the largest layers' mixed lists from below their bytes / D to that floor; ``round_shared``
+# also gives the combine only the host stage's shared part phi C_0 (no constant chosen on a record: the host fit's
+# C_0, phi, D), within 10 % on 494 of round 10's 504 speedups (before: 405) and 458 of round 9's (before: 401; its
+# misses are fp8 BM-64 rows) (docs/lab-notes-helper-hostmodel.md). A sweep that predicts with either should name it
+# in its sidecar (params.stall_default=STALL_DEFAULT beside wait_default in xstage.moe_sweep / xstage.moe_gemm).
+STALL_DEFAULT = "issuers"
+STALL_BEFORE_V14 = "issuers"      # the stall model of every record whose sidecar names none
+
+
+def record_stall(meta: dict) -> str:
+    """The stall model a recorded MegaMoE sweep predicted and chose with: its sidecar's params.stall_default,
+    else (every record before it was named) ``issuers``."""
+    p = meta.get("params", {}) if meta else {}
+    return STALL_MODELS.check(p.get("stall_default") or STALL_BEFORE_V14).name
+
+
+def stall_model_of(cost: "CostModel") -> str:
+    """The stall model ``cost`` predicts with (its own, else STALL_DEFAULT)."""
+    return STALL_MODELS.check(cost.stall or STALL_DEFAULT).name
+
+
 def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
                       hidden: int, inter: int, tiles: TileConfig) -> dict:
     """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds',
@@ -904,6 +976,8 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
     program i % n, or dynamic, each task to the program free first; ``imbalance`` = its load / the mean load);
     stalls and the final drain come from the Burst-Gap stage, round by round."""
     waits = WAIT_MODELS.check(wait_model_of(cost)).impl
+    stall_name = stall_model_of(cost)
+    stalls = STALL_MODELS.check(stall_name).impl
     stage = isinstance(cost.prm, StageParams)   # the per-link stage model: C(P) of the round's issuers
     prm = cost.prm.fluid(cost.n_programs) if stage else replace(cost.prm, overhead_ns=0.0)  # overhead: the harness's
     n = max(1, cost.n_programs)
@@ -934,10 +1008,9 @@ def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: Co
         B = float(remote[sl].sum())
         q = float(recover(q, c_k, prm))                  # the stage drains during the round's compute
         if B > 0:
-            prm_k = cost.prm.fluid(b) if stage else prm  # the stage the b issuing programs see
-            T, q_end = issue_time(B / b, b, q, prm_k)
-            q = float(q_end)
-            stall += b * float(T) / m                     # b programs issue (and stall) T; the others compute
+            prm_k = stall_stage(cost.prm, b, stall_name)  # the stage the b issuing programs see
+            s_k, q = stalls(B, b, m, q, prm_k)           # issuers: b programs issue (and stall) T, the others
+            stall += s_k                                  # compute; round: and the link drains in charged time
     drain = float(drain_time(q, prm))
     return dict(total_ns=compute + waited + stall + drain, compute_ns=compute, wait_ns=waited, stall_ns=stall,
                 drain_ns=drain, rounds=n_rounds, imbalance=imbalance)
@@ -976,8 +1049,63 @@ def _interleaved(grid: TileGrid, n_sms: int, lag, model, group: int | None, orde
     return _task_list("interleaved", "" if g is None else f"chunk={g}", schedule_interleaved(grid, n_sms, g), grid)
 
 
+# Lag versions: what schedule ``lag``'s lag is when none is given. Every list's schedule_param names the lag it
+# used (``lag=N``), so a recorded row re-predicts the same under any version (schedule_of_param reads N); a sidecar
+# names the version its defaults used as params.lag_version (:func:`record_lag_version`; absent: 1).
+#  1 (LAG_VERSION, every record before session 14's lags11): lag = n_sms, one round of Linear-1 tiles.
+#  2 (a candidate, measured by study lags11): the smallest of LAG_RULE_CANDIDATES x n_sms whose compute-only walk
+#    (``lag_walk_time``) is within LAG_RULE_TOLERANCE of the least of them. Why (session 14, helper lag): on
+#    Mixtral T512 hot fp8 (8 row blocks of 112 Linear-1 tiles, the swizzle ends both row blocks of an expert on
+#    its last tile) lag n releases the third expert's Linear-2 tiles inside the last round of Linear-1 tiles, so
+#    the fourth expert's 64 Linear-2 tiles run alone after the last producers end, half the programs idle: the
+#    walk 1.091-1.095 of Expert-Wave, measured 1.076 (span) / 1.080 (median), 25 % of Linear-2 tiles waited (the
+#    walk: 25 %); lag 2n holds both last experts to the end, as Expert-Wave's last wave (the walk: 1.000).
+LAG_VERSION = 1
+LAG_VERSIONS = (1, 2)
+LAG_RULE_CANDIDATES = (1.0, 1.5, 2.0)    # version 2's lags, in units of n_sms Linear-1 tiles (up to 2n: lag
+#                                         stays a mixing list; 3n-4n hold most Linear-2 tiles to the end)
+LAG_RULE_TOLERANCE = 0.005                          # version 2: ties within 0.5 % of the least walk go to the smaller lag
+
+
+def lag_walk_time(grid: TileGrid, n_sms: int, lag: int, group: int | None) -> float:
+    """Compute-only makespan (units of one Linear-1 tile) of lag's list (order version 3 with ``group``, None:
+    version 1) under dynamic claims: ``wait_walk`` with every Linear-1 tile 1 and every Linear-2 tile c2 / c1 =
+    N1 / (2 N2) (the FLOP ratio of predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2 BN1)); no rate, no link."""
+    tasks = np.array(schedule_lag(grid, lag, group), dtype=np.int64).reshape(-1, TASK_FIELDS)
+    if not len(tasks):
+        return 0.0
+    work = np.where(tasks[:, 0] == KIND_L2, grid.n1 / (2.0 * max(grid.n2, 1)), 1.0)
+    prog, spin = wait_walk(tasks, work, n_sms, "dynamic")
+    return float(np.bincount(prog, weights=work + spin, minlength=n_sms).max())
+
+
+def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: int | None = None) -> int:
+    """Lag's lag under lag ``version`` (None: LAG_VERSION) for ``grid``, ``group`` row blocks per chunk (None:
+    order version 1): version 1 n_sms; version 2 the smallest of LAG_RULE_CANDIDATES x n_sms whose
+    :func:`lag_walk_time` is within LAG_RULE_TOLERANCE of the least (computed, from the grid alone)."""
+    v = LAG_VERSION if version is None else version
+    if v not in LAG_VERSIONS:
+        raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
+    if v == 1 or not grid.n_pool:
+        return n_sms
+    lags = [int(round(f * n_sms)) for f in LAG_RULE_CANDIDATES]
+    t = [lag_walk_time(grid, n_sms, L, group) for L in lags]
+    best = min(t)
+    return next(L for L, x in zip(lags, t) if x <= best * (1.0 + LAG_RULE_TOLERANCE))
+
+
+def record_lag_version(meta: dict) -> int:
+    """The lag version a recorded sweep or study's defaults used: its sidecar's params.lag_version, else 1
+    (every record before it was named). Re-predictions never need it: each list's param names its lag."""
+    v = int((meta or {}).get("params", {}).get("lag_version", 1))
+    if v not in LAG_VERSIONS:
+        raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
+    return v
+
+
 def _lag(grid: TileGrid, n_sms: int, lag: int | None, model, group: int | None, order: int) -> TaskList:
-    lag = n_sms if lag is None else lag
+    if lag is None:
+        lag = lag_of_rule(grid, n_sms, _group(grid, n_sms, group, order))
     if lag < 0:
         raise ValueError(f"lag must be >= 0, got {lag}")
     g = _group(grid, n_sms, group, order)
@@ -1015,7 +1143,7 @@ def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None
     """The task list of schedule ``name`` (SCHEDULE_REGISTRY) for one rank's tiles; checked by ``check_tasks``.
 
     ``lag`` (schedule ``lag``): Linear-1 tiles between a row block's last producer and its Linear-2 tiles
-    (default n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
+    (default ``lag_of_rule`` of LAG_VERSION: version 1 n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
     intermediate, TileConfig); the candidate with the least predicted time wins. ``order`` (interleaved, lag and
     model_guided's candidates): the order version, None = ORDER_VERSION (chunks of ``group`` row blocks, None =
     ``order_group``; every chunk named in the param) or 1 (single tiles, ``group`` must be None)."""
@@ -1116,14 +1244,15 @@ def _layouts_of(case: MoECase, P: int) -> tuple:
 
 
 def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
-              wait: str | None = None) -> pd.DataFrame:
+              wait: str | None = None, stall: str | None = None) -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
     per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
     recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
     taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
     on static records: what a dynamic run should show, with the static compute-only calibration). Returns the
     rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
-    (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``)."""
+    (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``);
+    ``stall``: the stall model (None: STALL_DEFAULT)."""
     cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
     out = []
     keys = ["shape", "tokens", "routing", "P", "dtype"]
@@ -1141,7 +1270,7 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
                                              str(rows.schedule_param.get("expert_wave", "")))
             rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
                                   wait=wait)
-            cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait)
+            cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait, stall)
             for sched, row in rows.iterrows():
                 par = str(row.schedule_param)
                 if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)

@@ -230,11 +230,20 @@ def lists_summary(per: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------- the host-link record, re-scored
-def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, wait: str | None = None
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+# The combine's drain rate inside the fused kernel on the host link (GB/s), a candidate, not applied by default
+# (the records and the host stage fit keep the harness's D = 51.24): chosen on round 9's host record alone, with
+# stall model ``round``, as the best of 38-51.24 GB/s (flat 42-46); no recorded kernel moved its remote bytes
+# faster than 43.0 GB/s on average (docs/lab-notes-helper-hostmodel.md). Use: host_rescore(df, meta,
+# drain_gbps=HOST_KERNEL_DRAIN_GBPS, stall="round").
+HOST_KERNEL_DRAIN_GBPS = 44.0
+
+
+def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, wait: str | None = None,
+                 stall: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cost model (``moe_plan.repredict``) on a recorded host-link sweep (schema ``megamoe``) with the stage
     parameters it recorded (its sidecar's ``prm``), the drain rate replaced by ``drain_gbps`` when given (the
-    combine's measured rate), and wait model ``wait``. Returns (per configuration and schedule: measured and
+    combine's measured rate), wait model ``wait`` and stall model ``stall`` (None: the record's own,
+    moe_plan.record_wait / record_stall). Returns (per configuration and schedule: measured and
     predicted speedup over Expert-Wave and the model's error; per dtype and schedule: configurations, the share
     within +-10 % (studies.MODEL_TOLERANCE), the median |error|, over- and under-predictions beyond it)."""
     import dataclasses
@@ -250,7 +259,7 @@ def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, 
         if not (np.isfinite(drain_gbps) and drain_gbps > 0):
             raise ValueError(f"drain_gbps must be positive, got {drain_gbps}")
         prm = dataclasses.replace(prm, drain_gbps=float(drain_gbps))
-    sp = repredicted_speedups(df, meta, prm, wait)
+    sp = repredicted_speedups(df, meta, prm, wait, stall)
     g = sp.groupby(["dtype", "schedule"], sort=False)
     summ = pd.DataFrame({
         "configs": g.size(),

@@ -1152,15 +1152,16 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     return revised, table
 
 
-def repredicted_speedups(df: pd.DataFrame, meta: dict, prm, wait: str | None = None) -> pd.DataFrame:
+def repredicted_speedups(df: pd.DataFrame, meta: dict, prm, wait: str | None = None,
+                         stall: str | None = None) -> pd.DataFrame:
     """A recorded MegaMoE sweep's speedups over Expert-Wave (:func:`megamoe_speedups`, the baseline's rows
     dropped) with ``predicted_speedup`` re-predicted by the cost model (``moe_plan.repredict``) from stage
-    parameters ``prm`` and wait model ``wait`` (None: the record's own, moe_plan.record_wait), for the record's SM
-    count and task assignment."""
-    from .moe_plan import record_wait, repredict
+    parameters ``prm``, wait model ``wait`` (None: the record's own, moe_plan.record_wait) and stall model
+    ``stall`` (None: the record's own, moe_plan.record_stall), for the record's SM count and task assignment."""
+    from .moe_plan import record_stall, record_wait, repredict
 
     rp = repredict(df, prm, int(meta.get("sm_count") or 132), meta.get("params", {}).get("assignment", "static"),
-                   wait or record_wait(meta))
+                   wait or record_wait(meta), stall or record_stall(meta))
     keys = MEGAMOE_KEYS + ["schedule"]
     t = df.drop(columns=["predicted_speedup"]).merge(
         rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
@@ -1728,7 +1729,7 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
     return out
 
 
-CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
+CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted; a rung without a written fit is left out (gpc_drain: not fitted, ~3 h on one core; stage_rescored scores it)
 
 
 def stage_candidates(link: str = "host") -> pd.DataFrame:
@@ -1750,6 +1751,37 @@ def stage_candidates(link: str = "host") -> pd.DataFrame:
         row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def stage_rescored(arbitration: str, link: str = "host", base_rung: str = "stage", min_ns: float = 1000.0
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """An arbitration scored with another rung's parameters, not refitted (for one too slow to fit, e.g.
+    "gpc_drain"): held out by train, each of ``base_rung``'s folds refitted as its fit did (fit.fold_params, minutes)
+    predicts its held-out trains under ``arbitration``; never fitted, the written ``base_rung`` parameters under
+    ``arbitration`` (:func:`scores_by_programs`). Returns (row: stage_candidates' columns, rung "<arbitration> @
+    <base_rung>"; per program count: held-out median |error| per kind of record, bursts >= ``min_ns``)."""
+    from dataclasses import replace
+
+    from .fit import _long, error_summary, fold_params, predict_observations, read_stage_fit
+    from .model import StageParams
+
+    folder = data.machine_dir(LINK_MACHINES[link])
+    obs, folds = fold_params(folder, link, base_rung)
+    parts = []
+    for k, f in enumerate(folds):
+        o = obs.take(f["test"])
+        parts.append(_long(o, predict_observations(o, replace(f["params"], arbitration=arbitration),
+                                                   f["span_overhead_ns"])).assign(fold=k))
+    h = pd.concat(parts, ignore_index=True)
+    h["rel_error"] = h.predicted_ns / h.measured_ns - 1
+    row = {"rung": f"{arbitration} @ {base_rung}", "arbitration": arbitration}
+    row.update({f"heldout_{k}": v for k, v in error_summary(h, min_ns).median_abs_error.items()})
+    prm = replace(StageParams(**read_stage_fit(folder, link, base_rung)["params"]), arbitration=arbitration)
+    sc = scores_by_programs(link, min_ns=min_ns, prm=prm)
+    row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
+    big = h[h.measured_ns >= min_ns]
+    per_p = big.assign(a=big.rel_error.abs()).groupby(["kind", "programs"]).a.median().unstack(0)
+    return pd.DataFrame([row]), per_p.rename_axis(columns=None).reset_index()
 
 
 # ------------------------------------------------------------------------------- the README's derived tables
