@@ -10,7 +10,7 @@
 #  4. study controls7 for CTRL_DTYPES (default fp8,bf16: every schedule's compute-only time / Expert-Wave's under
 #     the version-5 default and model_guided choosing with the time wait model) into $OUT/h200x1/megamoe_round10_controls/;
 #  5. the host-link sweep of HOST_DTYPES (default fp8; xstage sweep megamoe --world one-gpu --ranks 2 --link host)
-#     with the time left into $OUT/h200x1/megamoe_round10_host/.
+#     with the time left into $OUT/h200x1/megamoe_round10_host/ (folders: ${ROUND}_gemm / _controls / _host).
 # A stage given 0 seconds (TESTS_S, GEMM_S, CTRL_S) or no dtypes (HOST_DTYPES=-) is skipped.
 # Each folder is resumed from data/h200x1/<same name>/ when that exists (time-bounded studies and sweep: no
 # configuration starts after its bound; run the script again to go on). Put XSTAGE_GIT_COMMIT=<local HEAD> in front
@@ -20,7 +20,10 @@ set -u
 : "${OUT:?set OUT}"
 LIMIT=${1:-580}; TESTS_S=${2:-80}; GEMM_S=${3:-160}; CTRL_S=${4:-120}; CTRL_DTYPES=${5:-fp8,bf16}; HOST_DTYPES=${6:-fp8}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-GEMM=$OUT/h200x1/megamoe_round10_gemm; CTRL=$OUT/h200x1/megamoe_round10_controls; HOST=$OUT/h200x1/megamoe_round10_host
+# ROUND (session 15): the folders' prefix, default megamoe_round10 (round 12: tiles version 6 and lag version 2,
+# ROUND=megamoe_round12 with GEMM_S=0: the tests, controls7 and the host sweep under the new defaults)
+ROUND=${ROUND:-megamoe_round10}
+GEMM=$OUT/h200x1/${ROUND}_gemm; CTRL=$OUT/h200x1/${ROUND}_controls; HOST=$OUT/h200x1/${ROUND}_host
 mkdir -p "$OUT/logs" "$GEMM" "$CTRL" "$HOST"
 for d in "$GEMM" "$CTRL" "$HOST"; do
   for f in megamoe_gemm.csv megamoe_gemm.json megamoe.csv megamoe.json; do

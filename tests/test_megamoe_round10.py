@@ -15,16 +15,17 @@ from xstage.ranks import EmulatedWorld
 
 def test_version_5_moves_only_fp8s_row_block_rule(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
-    assert MP.TILES_VERSION == 5 and MP.FP8_BM128_ROWS == 96 and MP.FP8_BM128_ROWS_V2 == 512
+    assert MP.TILES_VERSION == 6 and MP.FP8_BM128_ROWS == 96 and MP.FP8_BM128_ROWS_V2 == 512
     for rpe, v5, v4 in ((None, 64, 64), (24.0, 64, 64), (64.0, 64, 64), (95.9, 64, 64), (96.0, 128, 64),
                         (384.0, 128, 64), (511.0, 128, 64), (512.0, 128, 128), (4096.0, 128, 128)):
-        assert MP.fp8_block_m(rpe) == v5 and MP.fp8_block_m(rpe, version=4) == v4, rpe
+        assert MP.fp8_block_m(rpe) == v5 == MP.fp8_block_m(rpe, version=5) and MP.fp8_block_m(rpe, version=4) == v4
         assert MP.fp8_block_m(rpe, version=1) == 64
-        assert MP.default_tiles("fp8", rpe) == MP.gpu_tiles("fp8", v5) == MP.gpu_tiles("fp8", v5, version=4)
+        assert MP.default_tiles("fp8", rpe, version=5) == MP.gpu_tiles("fp8", v5, version=5) == \
+            MP.gpu_tiles("fp8", v5, version=4)
         assert MP.default_tiles("fp8", rpe, version=4) == MP.gpu_tiles("fp8", v4, version=4)
         for bf in (None, 24.0, 96.0, 4096.0):                 # bf16 unchanged
             assert MP.default_tiles("bf16", bf) == MP.default_tiles("bf16", bf, version=4)
-    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5, got 0"):
+    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5, 6, got 0"):
         MP.fp8_block_m(128.0, version=0)
     for c in MP.CASES:             # every configuration's version-5 fp8 tiles pass the launchers' checks
         s = c.shape
@@ -35,7 +36,7 @@ def test_version_5_moves_only_fp8s_row_block_rule(monkeypatch):
 def test_gemm10_is_all_84_with_both_row_blocks_and_the_current_version(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
     assert "gemm10" in MG.STUDIES and "gemm10" in MG.ROUND3 and "gemm10" in MG.GEMM_STUDIES
-    assert MG.study_tiles_version("gemm10") == MP.TILES_VERSION and MG.study_tiles_version("gemm9") == 4
+    assert MG.study_tiles_version("gemm10") == 5 and MG.study_tiles_version("gemm9") == 4
     for bm, other in ((64, 128), (128, 64)):
         d = MP.gpu_tiles("fp8", bm)
         v = MG.gemm10_variants("fp8", d)

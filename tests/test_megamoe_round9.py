@@ -113,10 +113,10 @@ def test_tiles_version_4_is_fp8_through_tma_with_one_stage_more(monkeypatch):
     """Version 4 (the default): fp8 = version 3's tiles through TMA with one stage more (round 8's tma_s, the
     tiles controls8 measured), bf16 = version 3's; versions 1-3 unchanged (what the records ran)."""
     monkeypatch.setattr(env, "interpreted", lambda: False)
-    assert MP.TILES_VERSION == 5 and MP.TILES_VERSIONS == (1, 2, 3, 4, 5)
+    assert MP.TILES_VERSION == 6 and MP.TILES_VERSIONS == (1, 2, 3, 4, 5, 6)
     for bm, stages in ((64, 4), (128, 3)):
         v4, v3 = MP.gpu_tiles("fp8", bm, version=4), MP.gpu_tiles("fp8", bm, version=3)
-        assert MP.gpu_tiles("fp8", bm) == v4            # version 5: version 4's tiles (only the BM rule moved)
+        assert MP.gpu_tiles("fp8", bm, version=5) == v4  # version 5: version 4's tiles (only the BM rule moved)
         assert v4 == MG.gemm8_variants("fp8", v3)["tma_s"] == dataclasses.replace(v3, tma=True, num_stages=stages)
         assert not v3.tma and v3.num_stages == stages - 1
         v4.validate("fp8")
@@ -125,8 +125,8 @@ def test_tiles_version_4_is_fp8_through_tma_with_one_stage_more(monkeypatch):
         assert MP.default_tiles("fp8", rpe, version=4).block_m == bm == MP.default_tiles("fp8", rpe,
                                                                                            version=3).block_m
         assert MP.default_tiles("fp8", rpe, version=4).tma
-    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5, got 6"):
-        MP.default_tiles("fp8", 64.0, version=6)
+    with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5, 6, got 7"):
+        MP.default_tiles("fp8", 64.0, version=7)
 
 
 def test_round8_studies_keep_their_tiles_under_version_4(monkeypatch):
@@ -136,8 +136,9 @@ def test_round8_studies_keep_their_tiles_under_version_4(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
     assert MG.study_tiles_version("gemm8") == MG.study_tiles_version("controls8") == 3
     assert MG.study_tiles_version("gemm9") == 4
-    assert all(MG.study_tiles_version(s) == MP.TILES_VERSION == 5 for s in MG.STUDIES
-               if s not in (*MG.ROUND8_STUDIES, "gemm9"))
+    assert MG.study_tiles_version("gemm10") == MG.study_tiles_version("lags11") == 5
+    assert all(MG.study_tiles_version(s) == MP.TILES_VERSION == 6 for s in MG.STUDIES
+               if s not in (*MG.ROUND8_STUDIES, "gemm9", "gemm10", "lags11"))
     warm = MG.warm_variants()
     for bm in (64, 128):
         v3 = MP.gpu_tiles("fp8", bm, version=3)

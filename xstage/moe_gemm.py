@@ -85,12 +85,14 @@ GEMM_STUDIES = ("gemm", "gemm8", "gemm9", "gemm10")  # our Expert-Wave GEMM phas
 # changed is what it measured).
 ROUND8_TILES_VERSION = 3
 ROUND8_STUDIES = ("gemm8", "controls8")
-STUDY_TILES_VERSIONS = {**{s: ROUND8_TILES_VERSION for s in ROUND8_STUDIES}, "gemm9": 4}
+# Studies gemm10 and lags11 (sessions 14-15) keep version 5's: gemm10's s_plus is version 6's default, and lags11
+# measured lag's lag under version 5's tiles.
+STUDY_TILES_VERSIONS = {**{s: ROUND8_TILES_VERSION for s in ROUND8_STUDIES}, "gemm9": 4, "gemm10": 5, "lags11": 5}
 
 
 def study_tiles_version(study: str) -> int:
     """The tiles version whose default tiles ``study`` runs (and records in its sidecar's params.tiles_version):
-    :data:`STUDY_TILES_VERSIONS` (gemm8 / controls8: 3, gemm9: 4), else the current one (moe_plan.TILES_VERSION)."""
+    :data:`STUDY_TILES_VERSIONS` (gemm8 / controls8: 3, gemm9: 4, gemm10 / lags11: 5), else the current one (moe_plan.TILES_VERSION)."""
     from .moe_plan import TILES_VERSION
 
     return STUDY_TILES_VERSIONS.get(study, TILES_VERSION)

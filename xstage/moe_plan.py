@@ -31,8 +31,8 @@ all Linear-1 tasks of its row block -- ``check_tasks`` -- so the persistent kern
                 (L1(0), L2(0) + L1(1), ..., L2(W-2) + L1(W-1), L2(W-1)): each round mixes compute-only tiles with
                 storing tiles, so computation sits between bursts.
   lag           one stream of Linear-1 tiles (expert-major); the Linear-2 tiles of a row block follow once ``lag``
-                further Linear-1 tiles have been listed after its last producer (lag = n_sms by default: one
-                round, so a consumer rarely spins; LAG_VERSION / ``lag_of_rule``: version 2, a candidate, takes
+                further Linear-1 tiles have been listed after its last producer (lag = n_sms in version 1: one
+                round, so a consumer rarely spins; LAG_VERSION / ``lag_of_rule``: version 2, the default, takes
                 the smallest of 1, 1.5, 2 rounds that the compute-only walk finds as fast as the best).
   model_guided  the candidate (expert_wave, interleaved, lag = 0, n/2, n, 2n, 4n) with the best time predicted
                 by the Burst-Gap model (below); its ``param`` names the choice.
@@ -287,8 +287,11 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 # and below (1.00-1.27x); the threshold was read off that run, so study gemm10 re-times both on all 84 (the 28 small
 # configurations never seen). Every record says its version in its sidecar (params.tiles_version) and its tiles in
 # every row.
-TILES_VERSION = 5
-TILES_VERSIONS = (1, 2, 3, 4, 5)
+# Version 6 (session 15): version 5 with one pipeline stage more for fp8 (BM 64: 5 stages, BM 128: 4), study gemm10's
+# s_plus, faster in two runs (data/h200x1/megamoe_round10_gemm, megamoe_round11_gemm_repeat: 0.977 / 0.981 of
+# version 5's time, geomean over the 84; faster in both runs on 68 of 84). bf16 unchanged.
+TILES_VERSION = 6
+TILES_VERSIONS = (1, 2, 3, 4, 5, 6)
 FP8_BM128_ROWS = 96         # fp8 (tiles version >= 5): average rows per expert from which BM = 128 (else 64)
 FP8_BM128_ROWS_V2 = 512     # the same in tiles versions 2-4
 BF16_BM64_ROWS = 96         # bf16: average rows per expert below which BM = 64 (else 128)
@@ -326,7 +329,8 @@ def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileCon
     """The H200 tiles of ``dtype`` with row blocks of ``block_m`` in tiles version ``version`` (1: what every
     MegaMoE record before schema megamoe v3 ran with; 2: the pointer loops of rounds 3-6; 3: version 2 with bf16's
     main loops through TMA (rounds 7-8); 4: version 3 with fp8's main loops through TMA and one pipeline stage
-    more; 5, the current default: version 4's tiles, only default_tiles' fp8 row-block rule differs)."""
+    more; 5: version 4's tiles, only default_tiles' fp8 row-block rule differs; 6, the current default: version 5
+    with fp8's pipeline one stage deeper again)."""
     if version == 1:
         from .data import MEGAMOE_TILES_V1
         return TileConfig(block_m, *MEGAMOE_TILES_V1[dtype])
@@ -335,7 +339,7 @@ def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileCon
     if dtype == "fp8":
         stages = 2 if block_m == 128 else 3
         if version >= 4:                      # round 8's tma_s: the stage the pointer loops could not afford
-            return TileConfig(block_m, 128, 128, 128, 8, stages + 1, tma=True)
+            return TileConfig(block_m, 128, 128, 128, 8, stages + (2 if version >= 6 else 1), tma=True)
         return TileConfig(block_m, 128, 128, 128, 8, stages)
     return TileConfig(block_m, 128, 256, 64, 8, 4, tma=version >= 3)
 
@@ -1052,15 +1056,17 @@ def _interleaved(grid: TileGrid, n_sms: int, lag, model, group: int | None, orde
 # Lag versions: what schedule ``lag``'s lag is when none is given. Every list's schedule_param names the lag it
 # used (``lag=N``), so a recorded row re-predicts the same under any version (schedule_of_param reads N); a sidecar
 # names the version its defaults used as params.lag_version (:func:`record_lag_version`; absent: 1).
-#  1 (LAG_VERSION, every record before session 14's lags11): lag = n_sms, one round of Linear-1 tiles.
-#  2 (a candidate, measured by study lags11): the smallest of LAG_RULE_CANDIDATES x n_sms whose compute-only walk
+#  1 (every record before session 15's lags11): lag = n_sms, one round of Linear-1 tiles.
+#  2 (LAG_VERSION since session 15, measured by study lags11, data/h200x1/megamoe_round11_lags: compute only,
+#    dynamic, tiles version 5, lag / Expert-Wave geomean / worst bf16 0.990 / 1.0497, fp8 0.986 / 1.030, against
+#    version 1's 0.993 / 1.0497 and 0.989 / 1.084 in the same run): the smallest of LAG_RULE_CANDIDATES x n_sms whose compute-only walk
 #    (``lag_walk_time``) is within LAG_RULE_TOLERANCE of the least of them. Why (session 14, helper lag): on
 #    Mixtral T512 hot fp8 (8 row blocks of 112 Linear-1 tiles, the swizzle ends both row blocks of an expert on
 #    its last tile) lag n releases the third expert's Linear-2 tiles inside the last round of Linear-1 tiles, so
 #    the fourth expert's 64 Linear-2 tiles run alone after the last producers end, half the programs idle: the
 #    walk 1.091-1.095 of Expert-Wave, measured 1.076 (span) / 1.080 (median), 25 % of Linear-2 tiles waited (the
 #    walk: 25 %); lag 2n holds both last experts to the end, as Expert-Wave's last wave (the walk: 1.000).
-LAG_VERSION = 1
+LAG_VERSION = 2
 LAG_VERSIONS = (1, 2)
 LAG_RULE_CANDIDATES = (1.0, 1.5, 2.0)    # version 2's lags, in units of n_sms Linear-1 tiles (up to 2n: lag
 #                                         stays a mixing list; 3n-4n hold most Linear-2 tiles to the end)
@@ -1143,7 +1149,7 @@ def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None
     """The task list of schedule ``name`` (SCHEDULE_REGISTRY) for one rank's tiles; checked by ``check_tasks``.
 
     ``lag`` (schedule ``lag``): Linear-1 tiles between a row block's last producer and its Linear-2 tiles
-    (default ``lag_of_rule`` of LAG_VERSION: version 1 n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
+    (default ``lag_of_rule`` of LAG_VERSION: version 2's rule; version 1 n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
     intermediate, TileConfig); the candidate with the least predicted time wins. ``order`` (interleaved, lag and
     model_guided's candidates): the order version, None = ORDER_VERSION (chunks of ``group`` row blocks, None =
     ``order_group``; every chunk named in the param) or 1 (single tiles, ``group`` must be None)."""

@@ -1729,7 +1729,8 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
     return out
 
 
-CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted; a rung without a written fit is left out (gpc_drain: not fitted, ~3 h on one core; stage_rescored scores it)
+CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
+# (a rung whose fit is not written is left out: gpc_drain, ~3 h to fit on one core; stage_rescored scores it unfitted)
 
 
 def stage_candidates(link: str = "host") -> pd.DataFrame:
