@@ -16,11 +16,11 @@ from xstage.ranks import EmulatedWorld
 def test_gemm9_variants_are_fixed_and_valid_for_both_row_blocks(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
     for bm, other in ((64, 128), (128, 64)):
-        d = MP.gpu_tiles("fp8", bm)
+        d = MP.gpu_tiles("fp8", bm, version=4)                  # gemm9's tiles version, whatever the default
         assert d == MP.default_tiles("fp8", 1024.0 if bm == 128 else 32.0, version=4) and d.tma
         v = MG.gemm9_variants("fp8", d)
         assert set(v) == set(MG.GEMM9_NAMES) - {"default"}
-        assert v["bm_alt"] == MP.gpu_tiles("fp8", other)
+        assert v["bm_alt"] == MP.gpu_tiles("fp8", other, version=4)
         assert v["s_plus"] == dataclasses.replace(d, num_stages=d.num_stages + 1)
         assert v["w4"] == dataclasses.replace(d, num_warps=4)
         for t in v.values():
@@ -29,7 +29,7 @@ def test_gemm9_variants_are_fixed_and_valid_for_both_row_blocks(monkeypatch):
     assert MG.gemm9_variants("bf16", MP.gpu_tiles("bf16", 128)) == {}
     warm = MG.warm_variants()
     assert all(("fp8", t, True, False) in warm for bm in (64, 128)
-               for t in MG.gemm9_variants("fp8", MP.gpu_tiles("fp8", bm)).values())
+               for t in MG.gemm9_variants("fp8", MP.gpu_tiles("fp8", bm, version=4)).values())
     assert "gemm9" in MG.STUDIES and "gemm9" in MG.GEMM_STUDIES and MG.study_tiles_version("gemm9") == 4
     cases = MG.tiles5_cases()
     assert len(cases) == 56 and "deepseek_v4_flash_T2048_hot" in cases and "deepseek_v4_pro_T4096_hot" in cases

@@ -38,14 +38,16 @@ def test_gemm10_is_all_84_with_both_row_blocks_and_the_current_version(monkeypat
     assert "gemm10" in MG.STUDIES and "gemm10" in MG.ROUND3 and "gemm10" in MG.GEMM_STUDIES
     assert MG.study_tiles_version("gemm10") == 5 and MG.study_tiles_version("gemm9") == 4
     for bm, other in ((64, 128), (128, 64)):
-        d = MP.gpu_tiles("fp8", bm)
+        d = MP.gpu_tiles("fp8", bm, version=5)                  # gemm10's tiles version, whatever the default
         v = MG.gemm10_variants("fp8", d)
         assert set(v) == {"bm_alt", "s_plus"}
-        assert v["bm_alt"] == MP.gpu_tiles("fp8", other) and v["s_plus"].num_stages == d.num_stages + 1
+        assert v["bm_alt"] == MP.gpu_tiles("fp8", other, version=5) and v["s_plus"].num_stages == d.num_stages + 1
+        assert v["s_plus"] == MP.gpu_tiles("fp8", bm)           # tiles version 6 (the default): gemm10's s_plus
     assert MG.gemm10_variants("bf16", MP.gpu_tiles("bf16", 128)) == {}
     warm = MG.warm_variants(["fp8"])
     assert all(("fp8", t, True, False) in warm for bm in (64, 128)
-               for t in (MP.gpu_tiles("fp8", bm), *MG.gemm10_variants("fp8", MP.gpu_tiles("fp8", bm)).values()))
+               for t in (MP.gpu_tiles("fp8", bm, version=5),
+                         *MG.gemm10_variants("fp8", MP.gpu_tiles("fp8", bm, version=5)).values()))
 
 
 def _rows(config, rows, bm_default, ms_default, ms_alt, ms_lib):

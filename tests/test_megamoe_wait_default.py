@@ -32,7 +32,8 @@ def _lists(wait):
     s, tiles, n = c.shape, MP.gpu_tiles("fp8", 128), 132
     ew, remote = MP._recorded_task_list(c, 2, 0, tiles, n, "expert_wave", "swizzle=8")
     rate = MP.calibrate_rate(ew, s.hidden, s.intermediate, tiles, n, 3.54, "dynamic", wait=wait)
-    cost = MP.CostModel(load_params(data.machine_dir("h200x1"), "host"), rate, n, 2, "dynamic", wait)
+    # the stall model those records chose with (issuers; the default since session 15 is round_shared)
+    cost = MP.CostModel(load_params(data.machine_dir("h200x1"), "host"), rate, n, 2, "dynamic", wait, stall="issuers")
     none = np.zeros_like(remote)
     t = {}
     for par in ("swizzle=8", "lag=66,group=2,swizzle=8", "lag=132,group=2,swizzle=8"):

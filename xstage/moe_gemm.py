@@ -112,7 +112,7 @@ def gemm8_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
             "tma_s": dataclasses.replace(d, tma=True, num_stages=d.num_stages + 1)}
 
 
-def gemm9_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
+def gemm9_variants(dtype: str, d: TileConfig, version: int = 4) -> dict[str, TileConfig]:
     """Study gemm9 (round 9): the fp8 variants timed beside the default ``d`` (tiles version 4) and the library,
     fixed before the run. ``bm_alt``: version 4's tiles of the other row block (BM 64 <-> 128); ``s_plus``: one
     pipeline stage more; ``w4``: 4 warps. sm_90a ptxas on the CPU (Triton 3.9, dynamic): BM 64 4 stages (the
@@ -121,16 +121,16 @@ def gemm9_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
     are met, study gemm8)."""
     if dtype != "fp8":
         return {}
-    return {"bm_alt": gpu_tiles(dtype, 128 if d.block_m == 64 else 64),
+    return {"bm_alt": gpu_tiles(dtype, 128 if d.block_m == 64 else 64, version),   # the study's tiles version
             "s_plus": dataclasses.replace(d, num_stages=d.num_stages + 1),
             "w4": dataclasses.replace(d, num_warps=4)}
 
 
-def gemm10_variants(dtype: str, d: TileConfig) -> dict[str, TileConfig]:
+def gemm10_variants(dtype: str, d: TileConfig, version: int = 5) -> dict[str, TileConfig]:
     """Study gemm10 (round 10): :func:`gemm9_variants` of the default ``d`` (tiles version 5) without ``w4`` (1.55x
     the default's time in gemm9): ``bm_alt`` (so both row blocks are timed on every configuration, in the same
     rounds) and ``s_plus``."""
-    return {n: t for n, t in gemm9_variants(dtype, d).items() if n != "w4"}
+    return {n: t for n, t in gemm9_variants(dtype, d, version).items() if n != "w4"}
 
 
 # The configurations of the GEMM study, fixed before the first run (every one with >= 2048 rows on rank 0 of 2).
@@ -724,7 +724,8 @@ def warm_variants(dtypes: Sequence[str] = ("bf16", "fp8"), round3: bool = True,
                 todo |= {(dtype, v, True, timed) for t in v3 for v in gemm8_variants(dtype, t).values()
                          for timed in (False, True)}
                 todo |= {(dtype, v, True, False) for bm in (64, 128)                 # round 9, study gemm9
-                         for v in gemm9_variants(dtype, gpu_tiles(dtype, bm)).values()}   # (gemm10's too)
+                         for ver in (4, 5) for v in (gpu_tiles(dtype, bm, ver), *gemm9_variants(
+                             dtype, gpu_tiles(dtype, bm, ver), ver).values())}  # (gemm10's: version 5)
             if dtype == "bf16":                                                    # round 5, study tiles
                 todo |= {(dtype, dataclasses.replace(t, **ch), True, False) for t in defaults
                          for ch, _ in TILES5_VARIANTS.values() if ch}
@@ -778,7 +779,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                      rounds: int | None = None) -> Path:
     """Run (or resume) a study of this module into ``out``/megamoe_gemm.csv on one GPU; returns its path.
     ``cases``: default GEMM_CASES (ladder, order) or all 84 in table order (gemm, controls)."""
-    from .moe_plan import LAG_VERSION, ORDER_VERSION, TILE_SWIZZLE, WAIT_DEFAULT
+    from .moe_plan import LAG_VERSION, ORDER_VERSION, STALL_DEFAULT, TILE_SWIZZLE, WAIT_DEFAULT
 
     if study not in STUDIES:
         raise ValueError(f"study must be one of {', '.join(STUDIES)}, got {study!r}")
@@ -802,7 +803,7 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
                                                            for d in dtypes},
                   prm=prm.as_dict(), source="gpu", fp8_library="torch._scaled_grouped_mm rowwise, use_fast_accum",
                   tiles_version=study_tiles_version(study), order_version=ORDER_VERSION,
-                  tile_swizzle=TILE_SWIZZLE, wait_default=dict(WAIT_DEFAULT),
+                  tile_swizzle=TILE_SWIZZLE, wait_default=dict(WAIT_DEFAULT), stall_default=STALL_DEFAULT,
                   lag_version=LAG_VERSION)
     if study == "tiles":
         params["tiles5_variants"] = {n: dict(change=str(ch), swizzle=g) for n, (ch, g) in TILES5_VARIANTS.items()}
@@ -817,7 +818,8 @@ def run_megamoe_gemm(out: str | Path, study: str = "ladder", cases: Sequence[str
     if study in ("gemm9", "gemm10"):
         fn = gemm9_variants if study == "gemm9" else gemm10_variants
         params[f"{study}_variants"] = {dt: {f"{n}@BM{bm}": tile_label(t) for bm in (64, 128)
-                                            for n, t in fn(dt, gpu_tiles(dt, bm)).items()} for dt in dtypes}
+                                            for n, t in fn(dt, gpu_tiles(dt, bm, study_tiles_version(study))
+                                                           ).items()} for dt in dtypes}
         params[f"{study}_min_rows"] = TILES5_MIN_ROWS
     if study == "lists":
         params["lists5"] = {n: dict(schedule=sch, group=g) for n, (sch, g) in LISTS5.items()}

@@ -951,13 +951,16 @@ def stall_stage(prm: "BurstGapParams | StageParams", b: int, stall: str) -> Burs
         f = replace(f, capacity_kib=prm.base_capacity_kib * prm.stalled_fraction)
     return f
 # The stall model a CostModel without one uses. ``issuers`` is every record's model so far (a record's sidecar may
-# name its own as params.stall_default, :func:`record_stall`). ``round`` (session 14, helper; not the default): on
+# name its own as params.stall_default, :func:`record_stall`). ``round`` (session 15, helper): on
 # the host link it lifts the largest layers' mixed lists from below their bytes / D to that floor; ``round_shared``
 # also gives the combine only the host stage's shared part phi C_0 (no constant chosen on a record: the host fit's
 # C_0, phi, D), within 10 % on 494 of round 10's 504 speedups (before: 405) and 458 of round 9's (before: 401; its
-# misses are fp8 BM-64 rows) (docs/lab-notes-helper-hostmodel.md). A sweep that predicts with either should name it
+# misses are fp8 BM-64 rows) (docs/lab-notebook.md, session 15 "Host-link MegaMoE model"). A sweep that predicts with either should name it
 # in its sidecar (params.stall_default=STALL_DEFAULT beside wait_default in xstage.moe_sweep / xstage.moe_gemm).
-STALL_DEFAULT = "issuers"
+# Session 15: ``round_shared`` is the default. Held out: round 12's host sweep (data/h200x1/megamoe_round12_host,
+# tiles version 6 and lag version 2, recorded after the model's form was committed, predicted with ``issuers``)
+# rescored: within 10 % on 482 of 504 speedups (issuers 411, round 431), worst |error| 10-17 % (issuers 17-31 %).
+STALL_DEFAULT = "round_shared"
 STALL_BEFORE_V14 = "issuers"      # the stall model of every record whose sidecar names none
 
 

@@ -233,7 +233,7 @@ def lists_summary(per: pd.DataFrame) -> pd.DataFrame:
 # The combine's drain rate inside the fused kernel on the host link (GB/s), a candidate, not applied by default
 # (the records and the host stage fit keep the harness's D = 51.24): chosen on round 9's host record alone, with
 # stall model ``round``, as the best of 38-51.24 GB/s (flat 42-46); no recorded kernel moved its remote bytes
-# faster than 43.0 GB/s on average (docs/lab-notes-helper-hostmodel.md). Use: host_rescore(df, meta,
+# faster than 43.0 GB/s on average (docs/lab-notebook.md, session 15 "Host-link MegaMoE model"). Use: host_rescore(df, meta,
 # drain_gbps=HOST_KERNEL_DRAIN_GBPS, stall="round").
 HOST_KERNEL_DRAIN_GBPS = 44.0
 

@@ -37,7 +37,8 @@ from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_
                   rank_weights, run_experts, topk_reduce, world_label)
 from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
-                       LAG_VERSION, ORDER_VERSION, TILE_SWIZZLE, TILES_VERSION, WAIT_DEFAULT, predict_kernel_ns,
+                       LAG_VERSION, ORDER_VERSION, STALL_DEFAULT, TILE_SWIZZLE, TILES_VERSION, WAIT_DEFAULT,
+                       predict_kernel_ns,
                        remote_combine_bytes, routing_of)
 from .numeric import check_bit_identical, rel_l2
 from .resume import pending
@@ -391,7 +392,7 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
                   zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment,
                   world=world, link=link, observed_rank=0 if world == "one-gpu" else None,
                   tiles_version=TILES_VERSION, order_version=ORDER_VERSION, tile_swizzle=TILE_SWIZZLE,
-                  wait_default=dict(WAIT_DEFAULT), lag_version=LAG_VERSION,
+                  wait_default=dict(WAIT_DEFAULT), stall_default=STALL_DEFAULT, lag_version=LAG_VERSION,
                   **({} if traffic_ranks is None else dict(traffic_ranks=traffic_ranks, gpus=world_size)))
     meta = env.provenance(command, params)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes

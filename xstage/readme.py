@@ -140,7 +140,7 @@ def _one_gpu_megamoe_rows() -> list[str]:
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
             + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows() + _one_gpu_megamoe_round8_rows()
-            + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows())
+            + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows() + _one_gpu_megamoe_round12_rows())
 
 
 def _controls_cell(sub: str, study: str) -> str | None:
@@ -236,6 +236,56 @@ def _one_gpu_megamoe_round10_rows() -> list[str]:
     if per is not None:
         rows.append(f"| MegaMoE, round 10 (tiles v5, model_guided by the event walk), combine over PCIe: each "
                     f"schedule / Expert-Wave kernel time, geomean / max, beside the model | {per} | {cmd} |")
+    return rows
+
+
+def _one_gpu_megamoe_round12_rows() -> list[str]:
+    """MegaMoE rounds 11-12 (session 15): study lags11 (lag's lag, version 1 and 2, compute only;
+    data/h200x1/megamoe_round11_lags), gemm10 again (data/h200x1/megamoe_round11_gemm_repeat), then under tiles v6
+    and lag version 2 controls7 (megamoe_round12_controls) and the host-link sweep (megamoe_round12_host), its model
+    errors rescored per stall model."""
+    from . import moe_gemm
+
+    rows, cmd = [], "`scripts/megamoe_round11.sh`, notebook 03"
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND11_LAGS_SUB)
+        ls = moe_gemm.lags11_summary(moe_gemm.lags11_rows(df)).set_index(["dtype", "variant"])
+    except studies.NoRecordedData:
+        ls = None
+    if ls is not None:
+        per = "; ".join(f"{dt}: " + ", ".join(f"{v} {ls.over_ew_geomean[(dt, v)]:.3f} (worst {ls.over_ew_worst[(dt, v)]:.3f})"
+                                              for v in ("lag_n", "lag_2n", "lag_v2")) for dt in ("bf16", "fp8"))
+        rows.append(f"| MegaMoE, round 11 (tiles v5), compute only: lag's time / Expert-Wave's at lag n_sms (version 1), "
+                    f"2 n_sms and version 2's rule, same rounds (goal: geomean <= 1.02, worst <= 1.05) | {per} | "
+                    f"{cmd} (study lags11) |")
+    try:
+        df, _ = studies.megamoe_round3_data(ONE_GPU, sub=studies.MEGAMOE_ROUND11_GEMM_SUB)
+        g = moe_gemm.gemm8_summary(moe_gemm.gemm8_ratios(df, "gemm10", ("default", "bm_alt", "s_plus")),
+                                   names=("default", "bm_alt", "s_plus")).set_index("variant")
+    except studies.NoRecordedData:
+        g = None
+    if g is not None:
+        per = "; ".join(f"{label}: geomean **{g.geomean[v]:.3f}**, min {g['min'][v]:.3f}" for v, label in
+                        (("default", "tiles v5"), ("s_plus", "one stage more (tiles v6, the default since)")))
+        rows.append(f"| MegaMoE, round 11, compute only: fp8 GEMM phases / `torch._scaled_grouped_mm`, gemm10 again | "
+                    f"{per} | {cmd} (study gemm10) |")
+    cmd = "`ROUND=megamoe_round12 scripts/megamoe_round10.sh`, notebook 03"
+    per = _controls_cell(studies.MEGAMOE_ROUND12_CONTROLS_SUB, "controls7")
+    if per:
+        rows.append(f"| MegaMoE, round 12 (tiles v6, lag version 2), compute only: each schedule's time / Expert-Wave's, "
+                    f"dynamic, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean {per} | {cmd} (study controls7) |")
+    per = _host_sweep_cell(studies.MEGAMOE_ROUND12_HOST)
+    if per is not None:
+        rows.append(f"| MegaMoE, round 12 (tiles v6, lag version 2), combine over PCIe: each schedule / Expert-Wave "
+                    f"kernel time, geomean / max, beside the model it recorded (stall model issuers) | {per} | {cmd} |")
+        r = studies.megamoe_stall_rescore()
+        tot = r.groupby("stall", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
+                                                 worst=("worst_abs_error", "max"))
+        per = ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (worst \\|error\\| {x.worst:.0%})"
+                        for st, x in tot.iterrows())
+        rows.append(f"| MegaMoE, round 12, the host-link model held out (a record none of the stall models saw): "
+                    f"speedups within ±10 % per stall model (round_shared the default since) | {per} | "
+                    f"`studies.megamoe_stall_rescore()`, notebook 03 |")
     return rows
 
 

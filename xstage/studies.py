@@ -1214,8 +1214,9 @@ def megamoe_world_label(meta: dict) -> str:
 # round 7's defaults (tiles v3: bf16 through the TMA main loops; else as round 4; complete), round 4's defaults
 # (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
 # v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
-MEGAMOE_HOST_RECORDS = ("megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host", "megamoe_host_v2",
-                        "megamoe_host")
+# Round 12 (session 15): tiles v6 (fp8 one stage more), lag version 2, first.
+MEGAMOE_HOST_RECORDS = ("megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
+                        "megamoe_host_v2", "megamoe_host")
 
 
 def megamoe_defaults_label(meta: dict) -> str:
@@ -2030,7 +2031,10 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
                        MEGAMOE_ROUND8_GEMM_SUB: ("round-8", "gemm8"),
                        MEGAMOE_ROUND8_CONTROLS_SUB: ("round-8", "controls8"),
                        MEGAMOE_ROUND10_GEMM_SUB: ("round-10", "gemm10"),
-                       MEGAMOE_ROUND10_CONTROLS_SUB: ("round-10", "controls7")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND10_CONTROLS_SUB: ("round-10", "controls7"),
+                       MEGAMOE_ROUND11_LAGS_SUB: ("round-11", "lags11"),
+                       MEGAMOE_ROUND11_GEMM_SUB: ("round-11", "gemm10"),
+                       MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7")}.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -2310,6 +2314,34 @@ MEGAMOE_ROUND9_HOST = "megamoe_round9_host"               # data/h200x1/megamoe_
 MEGAMOE_ROUND10_GEMM_SUB = "megamoe_round10_gemm"           # data/h200x1/megamoe_round10_gemm/: study gemm10
 MEGAMOE_ROUND10_CONTROLS_SUB = "megamoe_round10_controls"   # data/h200x1/megamoe_round10_controls/: controls7
 MEGAMOE_ROUND10_HOST = "megamoe_round10_host"               # data/h200x1/megamoe_round10_host/: the host-link sweep
+# ---- MegaMoE rounds 11-12 (issue 15, items 3-4; session 15): study lags11 (lag's lag, compute only) and gemm10 again
+# (scripts/megamoe_round11.sh), then under the new defaults (tiles v6, lag version 2) controls7 and the host-link
+# sweep (ROUND=megamoe_round12 scripts/megamoe_round10.sh), whose model errors are rescored per stall model
+MEGAMOE_ROUND11_LAGS_SUB = "megamoe_round11_lags"           # data/h200x1/megamoe_round11_lags/: study lags11
+MEGAMOE_ROUND11_GEMM_SUB = "megamoe_round11_gemm_repeat"    # data/h200x1/megamoe_round11_gemm_repeat/: gemm10 again
+MEGAMOE_ROUND12_CONTROLS_SUB = "megamoe_round12_controls"   # data/h200x1/megamoe_round12_controls/: controls7
+MEGAMOE_ROUND12_HOST = "megamoe_round12_host"               # data/h200x1/megamoe_round12_host/: the host-link sweep
+MEGAMOE_STALL_MODELS_SCORED = ("issuers", "round", "round_shared")
+
+
+def megamoe_stall_rescore(record: str = MEGAMOE_ROUND12_HOST, stalls=MEGAMOE_STALL_MODELS_SCORED) -> pd.DataFrame:
+    """A recorded one-GPU host-link sweep (data/h200x1/<record>) rescored under each stall model
+    (moe_round6.host_rescore: the record's stage parameters and wait model): per stall model, dtype and schedule the
+    configurations, the share and count within +-10 % (MODEL_TOLERANCE), the median and worst |error|.
+    :class:`NoRecordedData` without the record."""
+    from .moe_round6 import host_rescore
+
+    df, meta = megamoe_world_data("one-gpu", "host", record=record)
+    out = []
+    for st in stalls:
+        sp, summ = host_rescore(df, meta, stall=st)
+        worst = sp.groupby(["dtype", "schedule"], sort=False).model_error.apply(lambda e: float(e.abs().max()))
+        summ = summ.assign(stall=st, within=(summ.within_10pct * summ.configs).round().astype(int),
+                           worst_abs_error=worst.reindex(pd.MultiIndex.from_frame(summ[["dtype", "schedule"]]))
+                           .to_numpy())
+        out.append(summ)
+    cols = ["stall", "dtype", "schedule", "configs", "within", "within_10pct", "median_abs_error", "worst_abs_error"]
+    return pd.concat(out, ignore_index=True)[cols]
 
 
 def megamoe_pairs_line(df: pd.DataFrame, what: str = "host-link sweep") -> str:
