@@ -80,8 +80,10 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
     assert MP.default_tiles("fp8", 192.0, version=3) == MP.TileConfig(64, 128, 128, 128, 8, 3)
     assert MP.default_tiles("fp8", 1024.0, version=3) == MP.TileConfig(128, 128, 128, 128, 8, 2)
     assert MP.default_tiles("fp8", 192.0, version=4) == MP.TileConfig(64, 128, 128, 128, 8, 4, tma=True)
-    assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)    # version 5
-    assert MP.default_tiles("fp8", 1024.0) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)
+    assert MP.default_tiles("fp8", 192.0, version=5) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)
+    assert MP.default_tiles("fp8", 1024.0, version=5) == MP.TileConfig(128, 128, 128, 128, 8, 3, tma=True)
+    assert MP.default_tiles("fp8", 192.0) == MP.TileConfig(128, 128, 128, 128, 8, 4, tma=True)    # version 6
+    assert MP.default_tiles("fp8", 24.0) == MP.TileConfig(64, 128, 128, 128, 8, 5, tma=True)
     assert MP.default_tiles("bf16", 256.0, version=2) == MP.TileConfig(128, 128, 256, 64, 8, 4)
     assert MP.default_tiles("bf16", 24.0, version=2) == MP.TileConfig(64, 128, 256, 64, 8, 4)
     assert MP.default_tiles("fp8", 1024.0, version=2) == MP.default_tiles("fp8", 1024.0, version=3)
@@ -92,8 +94,8 @@ def test_default_tiles_version_2_and_version_1(monkeypatch):
         for dt in MP.DTYPES_GPU:
             t = MP.default_tiles(dt, c.tokens * 2 * s.topk / s.experts)
             MP.validate_problem(s.hidden, s.intermediate, s.experts, s.topk, c.tokens, 2, t, dt)
-    for v in (0, 6):
-        with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5"):
+    for v in (0, 7):
+        with pytest.raises(ValueError, match="tiles version must be one of 1, 2, 3, 4, 5, 6"):
             MP.gpu_tiles("bf16", 128, version=v)
     MP.TileConfig(64, 128, 128, 128, 8, 3, tma=True).validate("fp8")   # fp8 through TMA: accepted since round 8
 
@@ -130,7 +132,7 @@ def test_chunked_orders_are_valid_and_recorded_and_rebuild_from_their_param():
         v1 = MP.build_schedule("interleaved", grid, n, order=1)
         assert v1.param == "" and np.array_equal(
             v1.tasks, np.array(MP.schedule_interleaved(grid, n), dtype=np.int32).reshape(-1, MP.TASK_FIELDS))
-        assert MP.build_schedule("lag", grid, n, order=1).param == f"lag={n}"
+        assert MP.build_schedule("lag", grid, n, order=1).param == f"lag={MP.lag_of_rule(grid, n)}"
     # runs: a grid of many row blocks per expert, waves of one expert each
     grid = MP.TileGrid((512,) * 4, 64, 16, 8)
     il = MP.build_schedule("interleaved", grid, 32, group=2).tasks

@@ -389,6 +389,10 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
                    "memory (data/h200x1/megamoe_round10_host); run `xstage sweep megamoe --world one-gpu --ranks 2 "
                    "--link host --out data/h200x1/megamoe_round10_host`",
+                   "note: no recorded MegaMoE round-11 study for h200x1 (data/h200x1/megamoe_round11_lags); run "
+                   "`python3 scripts/megamoe_gemm.py --study lags11 --out data/h200x1/megamoe_round11_lags`",
+                   "note: no recorded MegaMoE round-12 study for h200x1 (data/h200x1/megamoe_round12_controls); run "
+                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round12_controls`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 

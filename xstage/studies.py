@@ -1126,12 +1126,13 @@ def megamoe_revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, p
     schedule: measured and both models' geomean speedups, the fraction within ±10 %, the median |error| and the
     correlation with the measured speedups)."""
     from .model import BurstGapParams, params_from_dict
-    from .moe_plan import record_wait, repredict
+    from .moe_plan import record_stall, record_wait, repredict
 
     recorded = meta.get("params", {}).get("prm")       # the parameters the sweep predicted with, if it kept them
     prm = params_from_dict(recorded) if recorded else BurstGapParams.reference()
     n_sms = int(meta.get("sm_count") or 132)
-    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"), record_wait(meta))
+    rp = repredict(df, prm, n_sms, meta.get("params", {}).get("assignment", "static"), record_wait(meta),
+                   record_stall(meta))
     keys = MEGAMOE_KEYS + ["schedule"]
     revised = df.drop(columns=["predicted_speedup"]).merge(
         rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")

@@ -496,7 +496,7 @@ def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link:
 
     from . import data
     from .model import load_params
-    from .moe_plan import record_wait, repredict
+    from .moe_plan import record_stall, record_wait, repredict
     from .studies import LINK_MACHINES
 
     prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
@@ -506,9 +506,9 @@ def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link:
     ew = base[base.schedule == "expert_wave"].kernel_ms
     meas = df.assign(measured_p2=ew.reindex(pd.MultiIndex.from_frame(df[["shape", "tokens", "routing", "dtype"]]))
                      .to_numpy() / df.kernel_ms.to_numpy())[keys + ["measured_p2"]]
-    wait = record_wait(meta)
-    p2 = repredict(df, prm, n_sms, assignment, wait).rename(columns={"model_speedup": "model_p2"})
-    t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment, wait).rename(
+    wait, stall = record_wait(meta), record_stall(meta)
+    p2 = repredict(df, prm, n_sms, assignment, wait, stall).rename(columns={"model_speedup": "model_p2"})
+    t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment, wait, stall).rename(
         columns={"model_speedup": "model_traffic"})
     return meas.merge(p2[keys + ["model_p2"]], on=keys).merge(t8[keys + ["model_traffic"]], on=keys)
 
