@@ -950,14 +950,13 @@ def stall_stage(prm: "BurstGapParams | StageParams", b: int, stall: str) -> Burs
             raise ValueError(f"stall model {stall!r} needs a stage with a shared part (base_capacity_kib > 0)")
         f = replace(f, capacity_kib=prm.base_capacity_kib * prm.stalled_fraction)
     return f
-# The stall model a CostModel without one uses. ``issuers`` is every record's model so far (a record's sidecar may
-# name its own as params.stall_default, :func:`record_stall`). ``round`` (session 15, helper): on
+# The stall model a CostModel without one uses. ``issuers`` is the model of every record before session 15 (a
+# record's sidecar names its own as params.stall_default, :func:`record_stall`). ``round`` (session 15, helper): on
 # the host link it lifts the largest layers' mixed lists from below their bytes / D to that floor; ``round_shared``
 # also gives the combine only the host stage's shared part phi C_0 (no constant chosen on a record: the host fit's
 # C_0, phi, D), within 10 % on 494 of round 10's 504 speedups (before: 405) and 458 of round 9's (before: 401; its
-# misses are fp8 BM-64 rows) (docs/lab-notebook.md, session 15 "Host-link MegaMoE model"). A sweep that predicts with either should name it
-# in its sidecar (params.stall_default=STALL_DEFAULT beside wait_default in xstage.moe_sweep / xstage.moe_gemm).
-# Session 15: ``round_shared`` is the default. Held out: round 12's host sweep (data/h200x1/megamoe_round12_host,
+# misses are fp8 BM-64 rows) (docs/lab-notebook.md, session 15, "Host-link MegaMoE model"); the sweep's and the
+# studies' sidecars name it (params.stall_default, xstage.moe_sweep / xstage.moe_gemm). ``round_shared`` is the default. Held out: round 12's host sweep (data/h200x1/megamoe_round12_host,
 # tiles version 6 and lag version 2, recorded after the model's form was committed, predicted with ``issuers``)
 # rescored: within 10 % on 482 of 504 speedups (issuers 411, round 431), worst |error| 10-17 % (issuers 17-31 %).
 STALL_DEFAULT = "round_shared"
@@ -1076,16 +1075,17 @@ LAG_RULE_CANDIDATES = (1.0, 1.5, 2.0)    # version 2's lags, in units of n_sms L
 LAG_RULE_TOLERANCE = 0.005                          # version 2: ties within 0.5 % of the least walk go to the smaller lag
 
 
+def _check_lag_version(v: int) -> None:
+    if v not in LAG_VERSIONS:
+        raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
+
+
 def lag_walk_time(grid: TileGrid, n_sms: int, lag: int, group: int | None) -> float:
     """Compute-only makespan (units of one Linear-1 tile) of lag's list (order version 3 with ``group``, None:
-    version 1) under dynamic claims: ``wait_walk`` with every Linear-1 tile 1 and every Linear-2 tile c2 / c1 =
+    version 1) under dynamic claims: ``claim_walk`` with every Linear-1 tile 1 and every Linear-2 tile c2 / c1 =
     N1 / (2 N2) (the FLOP ratio of predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2 BN1)); no rate, no link."""
     tasks = np.array(schedule_lag(grid, lag, group), dtype=np.int64).reshape(-1, TASK_FIELDS)
-    if not len(tasks):
-        return 0.0
-    work = np.where(tasks[:, 0] == KIND_L2, grid.n1 / (2.0 * max(grid.n2, 1)), 1.0)
-    prog, spin = wait_walk(tasks, work, n_sms, "dynamic")
-    return float(np.bincount(prog, weights=work + spin, minlength=n_sms).max())
+    return 0.0 if not len(tasks) else claim_walk(tasks, 1.0, grid.n1 / (2.0 * max(grid.n2, 1)), n_sms)[0]
 
 
 def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: int | None = None) -> int:
@@ -1093,8 +1093,7 @@ def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: i
     order version 1): version 1 n_sms; version 2 the smallest of LAG_RULE_CANDIDATES x n_sms whose
     :func:`lag_walk_time` is within LAG_RULE_TOLERANCE of the least (computed, from the grid alone)."""
     v = LAG_VERSION if version is None else version
-    if v not in LAG_VERSIONS:
-        raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
+    _check_lag_version(v)
     if v == 1 or not grid.n_pool:
         return n_sms
     lags = [int(round(f * n_sms)) for f in LAG_RULE_CANDIDATES]
@@ -1107,8 +1106,7 @@ def record_lag_version(meta: dict) -> int:
     """The lag version a recorded sweep or study's defaults used: its sidecar's params.lag_version, else 1
     (every record before it was named). Re-predictions never need it: each list's param names its lag."""
     v = int((meta or {}).get("params", {}).get("lag_version", 1))
-    if v not in LAG_VERSIONS:
-        raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
+    _check_lag_version(v)
     return v
 
 
