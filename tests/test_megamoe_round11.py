@@ -49,13 +49,13 @@ def test_version_2_is_the_default_and_only_changes_new_lists(monkeypatch):
     monkeypatch.setattr(env, "interpreted", lambda: False)
     assert MP.LAG_VERSION == 2 and MP.LAG_VERSIONS == (1, 2) and MP.LAG_RULE_CANDIDATES == (1.0, 1.5, 2.0)
     g = _grid("mixtral_8x7b_T512_hot", "fp8")
-    assert MP.build_schedule("lag", g, N).param == "lag=264,group=2,swizzle=8"
+    assert MP.build_schedule("lag", g, N).param == "lag=264,group=2,align=1,swizzle=8"   # order version 4
     monkeypatch.setattr(MP, "LAG_VERSION", 1)
-    assert MP.build_schedule("lag", g, N).param == "lag=132,group=2,swizzle=8"
-    assert MP.build_schedule("lag", g, N, lag=132).param == "lag=132,group=2,swizzle=8"     # explicit: as given
-    # a recorded param names its lag: the same list under either version
+    assert MP.build_schedule("lag", g, N).param == "lag=132,group=2,align=1,swizzle=8"
+    assert MP.build_schedule("lag", g, N, lag=132).param == "lag=132,group=2,align=1,swizzle=8"   # explicit: as given
+    # a recorded param names its lag (and its order): the same list under either version
     rec = MP.schedule_of_param("lag", "lag=132,group=2,swizzle=8", g, N)
-    assert np.array_equal(rec.tasks, MP.build_schedule("lag", g, N, lag=132).tasks)
+    assert np.array_equal(rec.tasks, MP.build_schedule("lag", g, N, lag=132, order=3).tasks)
 
 
 def test_rule_edges_and_record_lag_version():

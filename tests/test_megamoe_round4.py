@@ -109,11 +109,11 @@ def test_round3_record_reads_as_what_it_ran():
         if (shape, dtype) == ("deepseek_v4_pro", "fp8"):
             assert orders == {1}, orders
         else:
-            assert orders == {MP.ORDER_VERSION} and all(MP.parse_schedule_param(p)["group"] > 1 for p in g.note)
+            assert orders == {3} and all(MP.parse_schedule_param(p)["group"] > 1 for p in g.note)
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda g: MP.build_schedule("interleaved", g, 4, order=2), r"order must be one of 1, 3, got 2"),
+    (lambda g: MP.build_schedule("interleaved", g, 4, order=2), r"order must be one of 1, 3, 4, got 2"),
     (lambda g: MP.build_schedule("lag", g, 4, group=2, order=1), r"order version 1 has no chunks"),
     (lambda g: MP.build_schedule("interleaved", g, 4, group=0), r"group must be >= 1 row block"),
     (lambda g: MP.schedule_interleaved(g, 4, chunk=0), r"chunk must be >= 1 row block"),
@@ -142,7 +142,7 @@ def test_chunk_of_one_runs_bit_identical_to_expert_wave_on_the_emulated_world():
         assert p["swizzle"] == MP.TILE_SWIZZLE, tasks[0].param
         outs[(name, p["order"], p["group"])] = {r: bufs.combine_view(r, prob.case.tokens).clone() for r in range(2)}
     (k0, want), *rest = outs.items()
-    assert ("interleaved", MP.ORDER_VERSION, 1) in outs and ("interleaved", 1, None) in outs
+    assert ("interleaved", 3, 1) in outs and ("interleaved", 1, None) in outs
     for k, got in rest:
         for r in range(2):
             assert not torch.isnan(got[r]).any()

@@ -587,8 +587,16 @@ def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
 #    data/h200x1/megamoe_round3/ ran version 1 and read so). 3 (ORDER_VERSION): version 2 with every chunk named
 #    in schedule_param (``chunk=G`` / ``lag=L,group=G``, G >= 1): a chunk of one row block is a chunk, not
 #    version 1. (lag's version-1 list releases each ready row block at once, which is group 1's list too.)
-ORDER_VERSION = 3
-ORDER_VERSIONS = (1, ORDER_VERSION)    # what build_schedule builds; version 2's lists are 1's or 3's (its param)
+#    4 (ORDER_VERSION since session 16): version 3, and lag's releases never split a swizzle group of row blocks
+#    (``align=1`` in lag's schedule_param; interleaved's lists are version 3's). Why (session 16, docs/lab-notebook.md
+#    "lag's releases split experts"): with the swizzle an expert's row blocks become ready one Linear-1 tile apart,
+#    and a release of G ready row blocks that ends between them puts the expert's second row block's Linear-2
+#    tiles a release (G x N1 Linear-1 tiles) after its first's, so each W2 column block is read twice: on
+#    DeepSeek-V4-Pro T2048 uniform bf16 (96 experts of 2 row blocks, 96 of 1; W2 44 MB an expert, the L2 50 MB)
+#    the LRU model (``l2_traffic``) gives lag 1.097x Expert-Wave's DRAM bytes, measured 1.045-1.060x its
+#    compute-only time in three runs; aligned, 1.00x.
+ORDER_VERSION = 4
+ORDER_VERSIONS = (1, 3, ORDER_VERSION)  # what build_schedule builds; version 2's lists are 1's or 3's (its param)
 # Tile order inside an expert (every schedule; ``TileGrid.swizzle``, recorded as ``swizzle=G`` in schedule_param,
 # absent = 0, row-block-major, what every record before round 4 ran): groups of TILE_SWIZZLE row blocks, column
 # blocks outer, so the row blocks that read one weight column block run back to back (as a grouped GEMM
@@ -632,10 +640,13 @@ def schedule_interleaved(grid: TileGrid, n_sms: int, chunk: int | None = None) -
     return out + _tiles_of(grid, KIND_L2, waves[-1])
 
 
-def schedule_lag(grid: TileGrid, lag: int, group: int | None = None) -> list[tuple]:
+def schedule_lag(grid: TileGrid, lag: int, group: int | None = None, align: bool = False) -> list[tuple]:
     """One Linear-1 stream; a row block's Linear-2 tiles are listed once ``lag`` Linear-1 tiles follow its last
     producer, ``group`` ready row blocks at a time (None: version 1, each as soon as it is ready: group 1's
-    list); the released tiles in the grid's order (row-block-major, or swizzled)."""
+    list); the released tiles in the grid's order (row-block-major, or swizzled). ``align`` (order version 4):
+    a release ends only where a swizzle group of row blocks ends (an expert's row blocks ``swizzle`` at a time;
+    every row block its own unit when the grid is not swizzled), so the tiles that read one W2 column block are
+    released together."""
     if group is not None and group < 1:
         raise ValueError(f"group must be >= 1 row block (None: order version 1), got {group}")
     experts = range(len(grid.expert_rows))
@@ -654,24 +665,38 @@ def schedule_lag(grid: TileGrid, lag: int, group: int | None = None) -> list[tup
         ts = [t for p in ps for t in by_pool[p]]
         return sorted(ts, key=rank.__getitem__) if grid.swizzle else ts
 
+    unit = {}                                                          # pool block -> its swizzle group
+    if align and grid.swizzle:
+        for e, (p0, R) in enumerate(zip(grid.pool_start, grid.row_blocks)):
+            unit.update({p0 + rb: (e, rb // grid.swizzle) for rb in range(R)})
+
+    def cut_at(k: int) -> int:      # the last unit boundary at or before k ready row blocks (align), else k
+        if not unit:
+            return k
+        while done < k < len(pools) and unit[pools[k]] == unit[pools[k - 1]]:
+            k -= 1
+        return k
+
     out, ready, done = [], 0, 0
     for j, t in enumerate(l1):
         out.append(t)
         while ready < len(pools) and last[pools[ready]] + lag <= j:
             ready += 1
-        if ready - done >= (group or 1):
-            out += release(pools[done:ready])
-            done = ready
+        cut = cut_at(ready)
+        if cut - done >= (group or 1):
+            out += release(pools[done:cut])
+            done = cut
     out += release(pools[done:])
     return out
 
 
 def parse_schedule_param(param: str) -> dict:
     """A recorded schedule_param -> {'choice': schedule name or None, 'lag': int or None, 'group': row blocks per
-    chunk or None, 'order': 1 or ORDER_VERSION, 'swizzle': the grid's tile order, 0 where absent}: a param naming
-    a chunk (``chunk=G`` / ``group=G``) is a chunked
-    list of G row blocks (order version 2 wrote it for G > 1, version 3 for every G), none is order version 1."""
-    out = {"choice": None, "lag": None, "group": None, "order": 1, "swizzle": 0}
+    chunk or None, 'order': 1, 3 or 4, 'swizzle': the grid's tile order, 0 where absent, 'align': lag's releases
+    aligned to swizzle groups}: a param naming a chunk (``chunk=G`` / ``group=G``) is a chunked list of G row blocks
+    (order version 2 wrote it for G > 1, version 3 for every G), none is order version 1; ``align=1`` (lag only) is
+    order version 4 (an interleaved list of version 4 is version 3's list and param)."""
+    out = {"choice": None, "lag": None, "group": None, "order": 1, "swizzle": 0, "align": False}
     for tok in [t for t in str(param).split(",") if t and t != "nan"]:
         k, _, v = tok.partition("=")
         if not _:
@@ -679,15 +704,23 @@ def parse_schedule_param(param: str) -> dict:
         elif k == "lag":
             out["lag"], out["choice"] = int(v), out["choice"] or "lag"
         elif k in ("chunk", "group"):
-            out["group"], out["order"] = int(v), ORDER_VERSION
+            out["group"], out["order"] = int(v), ORDER_VERSIONS[1]
             if out["group"] < 1:
                 raise ValueError(f"schedule_param {param!r}: {k} must be >= 1 row block")
+        elif k == "align":
+            if v != "1":
+                raise ValueError(f"schedule_param {param!r}: align must be 1 (absent: releases not aligned)")
+            out["align"] = True
         elif k == "swizzle":
             out["swizzle"] = int(v)
             if out["swizzle"] < 1:
                 raise ValueError(f"schedule_param {param!r}: swizzle must be >= 1 row block (absent: 0)")
         else:
             raise ValueError(f"schedule_param {param!r}: unknown field {k!r}")
+    if out["align"]:
+        if out["order"] != ORDER_VERSIONS[1] or out["lag"] is None:
+            raise ValueError(f"schedule_param {param!r}: align=1 belongs to a chunked lag list (lag=L,group=G)")
+        out["order"] = ORDER_VERSION
     return out
 
 
@@ -1080,15 +1113,17 @@ def _check_lag_version(v: int) -> None:
         raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
 
 
-def lag_walk_time(grid: TileGrid, n_sms: int, lag: int, group: int | None) -> float:
-    """Compute-only makespan (units of one Linear-1 tile) of lag's list (order version 3 with ``group``, None:
-    version 1) under dynamic claims: ``claim_walk`` with every Linear-1 tile 1 and every Linear-2 tile c2 / c1 =
-    N1 / (2 N2) (the FLOP ratio of predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2 BN1)); no rate, no link."""
-    tasks = np.array(schedule_lag(grid, lag, group), dtype=np.int64).reshape(-1, TASK_FIELDS)
+def lag_walk_time(grid: TileGrid, n_sms: int, lag: int, group: int | None, align: bool = False) -> float:
+    """Compute-only makespan (units of one Linear-1 tile) of lag's list (order version 3 with ``group``, 4 with
+    ``align`` too, None: version 1) under dynamic claims: ``claim_walk`` with every Linear-1 tile 1 and every
+    Linear-2 tile c2 / c1 = N1 / (2 N2) (the FLOP ratio of predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2
+    BN1)); no rate, no link."""
+    tasks = np.array(schedule_lag(grid, lag, group, align), dtype=np.int64).reshape(-1, TASK_FIELDS)
     return 0.0 if not len(tasks) else claim_walk(tasks, 1.0, grid.n1 / (2.0 * max(grid.n2, 1)), n_sms)[0]
 
 
-def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: int | None = None) -> int:
+def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: int | None = None,
+                align: bool = False) -> int:
     """Lag's lag under lag ``version`` (None: LAG_VERSION) for ``grid``, ``group`` row blocks per chunk (None:
     order version 1): version 1 n_sms; version 2 the smallest of LAG_RULE_CANDIDATES x n_sms whose
     :func:`lag_walk_time` is within LAG_RULE_TOLERANCE of the least (computed, from the grid alone)."""
@@ -1097,7 +1132,7 @@ def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: i
     if v == 1 or not grid.n_pool:
         return n_sms
     lags = [int(round(f * n_sms)) for f in LAG_RULE_CANDIDATES]
-    t = [lag_walk_time(grid, n_sms, L, group) for L in lags]
+    t = [lag_walk_time(grid, n_sms, L, group, align) for L in lags]
     best = min(t)
     return next(L for L, x in zip(lags, t) if x <= best * (1.0 + LAG_RULE_TOLERANCE))
 
@@ -1111,12 +1146,14 @@ def record_lag_version(meta: dict) -> int:
 
 
 def _lag(grid: TileGrid, n_sms: int, lag: int | None, model, group: int | None, order: int) -> TaskList:
+    g = _group(grid, n_sms, group, order)
+    align = order >= 4 and grid.swizzle > 0          # unswizzled: every row block its own unit, the same list
     if lag is None:
-        lag = lag_of_rule(grid, n_sms, _group(grid, n_sms, group, order))
+        lag = lag_of_rule(grid, n_sms, g, align=align)
     if lag < 0:
         raise ValueError(f"lag must be >= 0, got {lag}")
-    g = _group(grid, n_sms, group, order)
-    return _task_list("lag", f"lag={lag}" + ("" if g is None else f",group={g}"), schedule_lag(grid, lag, g), grid)
+    param = f"lag={lag}" + ("" if g is None else f",group={g}") + (",align=1" if align else "")
+    return _task_list("lag", param, schedule_lag(grid, lag, g, align), grid)
 
 
 def _model_guided(grid: TileGrid, n_sms: int, lag, model: tuple | None, group: int | None, order: int) -> TaskList:
