@@ -209,7 +209,7 @@ def test_recorded_host_v2_names_its_defaults_and_rebuilds():
         par = str(row.schedule_param).split("|")[0]
         tl_ = MP.schedule_of_param(row.schedule, par, grid, 132)
         assert tl_.n_tasks == row.n_tasks and grid.swizzle == 0      # (the row's param carries the swizzle)
-    with pytest.raises(ValueError, match=r"record must be one of megamoe_round12_host, megamoe_round10_host, megamoe_round9_host, "
+    with pytest.raises(ValueError, match=r"record must be one of megamoe_round13_host, megamoe_round12_host, megamoe_round10_host, megamoe_round9_host, "
                                          r"megamoe_round7_host, "
                                          r"megamoe_host_v2, megamoe_host"):
         studies.megamoe_world_data("one-gpu", "host", record="megamoe_round3")

@@ -144,7 +144,7 @@ def test_time_wait_model_does_not_choose_half_round_lag(config):
         rate = MP.calibrate_rate(ew, s.hidden, s.intermediate, tiles, 132, ms, "dynamic", wait)
         cost = MP.CostModel(prm, rate, 132, 2, "dynamic", wait, stall="issuers")     # the record's stall model
         got[wait] = MP.build_schedule("model_guided", grid, 132, model=(cost, remote, s.hidden, s.intermediate,
-                                                                        tiles))
+                                                                        tiles), order=3)   # the record's order
     assert got["positions"].param == rec
     assert not got["time"].param.startswith("lag=66,"), got["time"].param
 

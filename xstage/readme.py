@@ -140,7 +140,8 @@ def _one_gpu_megamoe_rows() -> list[str]:
                     f"geomean **{il}** ({' / '.join(dt)}) | same |")
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
             + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows() + _one_gpu_megamoe_round8_rows()
-            + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows() + _one_gpu_megamoe_round12_rows())
+            + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows() + _one_gpu_megamoe_round12_rows()
+            + _one_gpu_megamoe_round13_rows())
 
 
 def _controls_cell(sub: str, study: str) -> str | None:
@@ -286,6 +287,31 @@ def _one_gpu_megamoe_round12_rows() -> list[str]:
         rows.append(f"| MegaMoE, round 12, the host-link model held out (a record none of the stall models saw): "
                     f"speedups within ±10 % per stall model (round_shared the default since) | {per} | "
                     f"`studies.megamoe_stall_rescore()`, notebook 03 |")
+    return rows
+
+
+def _one_gpu_megamoe_round13_rows() -> list[str]:
+    """MegaMoE round 13 (session 16): order version 4 (lag's releases never split a swizzle group of row blocks),
+    controls7 (data/h200x1/megamoe_round13_controls) and the host-link sweep (megamoe_round13_host), its model
+    errors per stall model on a record none of them was chosen on."""
+    rows, cmd = [], "`ROUND=megamoe_round13 scripts/megamoe_round10.sh`, notebook 03"
+    per = _controls_cell(studies.MEGAMOE_ROUND13_CONTROLS_SUB, "controls7")
+    if per:
+        rows.append(f"| MegaMoE, round 13 (tiles v6, lag version 2, order version 4: lag's releases aligned), compute "
+                    f"only: each schedule's time / Expert-Wave's, dynamic, same rounds (goal: geomean <= 1.02, worst "
+                    f"<= 1.05) | geomean {per} | {cmd} (study controls7) |")
+    per = _host_sweep_cell(studies.MEGAMOE_ROUND13_HOST)
+    if per is not None:
+        rows.append(f"| MegaMoE, round 13, combine over PCIe: each schedule / Expert-Wave kernel time, geomean / max, "
+                    f"beside the model it recorded (stall model round_shared) | {per} | {cmd} |")
+        r = studies.megamoe_stall_rescore(studies.MEGAMOE_ROUND13_HOST)
+        tot = r.groupby("stall", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
+                                                 worst=("worst_abs_error", "max"))
+        per = ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (worst \\|error\\| {x.worst:.0%})"
+                        for st, x in tot.iterrows())
+        rows.append(f"| MegaMoE, round 13, the host-link model held out (round_shared chosen before this record): "
+                    f"speedups within ±10 % per stall model | {per} | `studies.megamoe_stall_rescore(\"{studies.MEGAMOE_ROUND13_HOST}\")`, "
+                    f"notebook 03 |")
     return rows
 
 

@@ -1215,8 +1215,9 @@ def megamoe_world_label(meta: dict) -> str:
 # round 7's defaults (tiles v3: bf16 through the TMA main loops; else as round 4; complete), round 4's defaults
 # (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
 # v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
-# Round 12 (session 15): tiles v6 (fp8 one stage more), lag version 2, first.
-MEGAMOE_HOST_RECORDS = ("megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
+# Round 12 (session 15): tiles v6 (fp8 one stage more), lag version 2; round 13 (session 16): order version 4
+# (lag's releases aligned to swizzle groups), first.
+MEGAMOE_HOST_RECORDS = ("megamoe_round13_host", "megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
                         "megamoe_host_v2", "megamoe_host")
 
 
@@ -2035,7 +2036,8 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
                        MEGAMOE_ROUND10_CONTROLS_SUB: ("round-10", "controls7"),
                        MEGAMOE_ROUND11_LAGS_SUB: ("round-11", "lags11"),
                        MEGAMOE_ROUND11_GEMM_SUB: ("round-11", "gemm10"),
-                       MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7"),
+                       MEGAMOE_ROUND13_CONTROLS_SUB: ("round-13", "controls7")}.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -2322,6 +2324,10 @@ MEGAMOE_ROUND11_LAGS_SUB = "megamoe_round11_lags"           # data/h200x1/megamo
 MEGAMOE_ROUND11_GEMM_SUB = "megamoe_round11_gemm_repeat"    # data/h200x1/megamoe_round11_gemm_repeat/: gemm10 again
 MEGAMOE_ROUND12_CONTROLS_SUB = "megamoe_round12_controls"   # data/h200x1/megamoe_round12_controls/: controls7
 MEGAMOE_ROUND12_HOST = "megamoe_round12_host"               # data/h200x1/megamoe_round12_host/: the host-link sweep
+# ---- MegaMoE round 13 (issue 15, items 3-4; session 16): order version 4 (lag's releases never split a swizzle
+# group of row blocks), controls7 and the host-link sweep (ROUND=megamoe_round13 scripts/megamoe_round10.sh)
+MEGAMOE_ROUND13_CONTROLS_SUB = "megamoe_round13_controls"   # data/h200x1/megamoe_round13_controls/: controls7
+MEGAMOE_ROUND13_HOST = "megamoe_round13_host"               # data/h200x1/megamoe_round13_host/: the host-link sweep
 MEGAMOE_STALL_MODELS_SCORED = ("issuers", "round", "round_shared")
 
 
