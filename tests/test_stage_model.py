@@ -728,6 +728,25 @@ def test_gpc_drain_shares_the_drain_per_gpc_holding_stores():
     assert np.allclose(end_s[0, m_s[0] > 0, 0], 66 * b / D, rtol=1e-3)
 
 
+def test_the_fit_recovers_known_parameters_under_gpc_drain():
+    """Rung "gpc_drain" (its fast path, model._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
+    GPC 0; GPC 0 11 programs, the other GPCs 3) and synchronised regular ones: the arbitration's own parameters (issue
+    time, spread, stall) come back. The stage's sizes, drain and overheads are given as measured (fixed) and the fit
+    starts off the truth, to keep it under a minute (~30 s; at P = 16 / 132 and the overheads free, 100 s)."""
+    truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
+                        base_capacity_kib=1000.0, arbitration="gpc_drain")
+    obs = _simulated_observations(truth, n_trains=4, programs=(4, 32))
+    measured = {k: (getattr(truth, k),) * 3 for k in ("drain_gbps", "capacity_kib", "capacity_per_program_kib",
+                                                        "base_capacity_kib", "overhead_ns")}
+    measured["span_overhead_ns"] = (truth.overhead_ns,) * 3   # simulated sync rows: the span's fixed cost is o
+    start = dict(issue_ns_per_kib=15.0, spread=0.5, stalled_fraction=0.6)
+    res = fit.fit_stage(obs, "host", "gpc_drain", k_folds=2, max_nfev=10, measured=measured, start=start)
+    assert res.params.arbitration == "gpc_drain"
+    for name in ("issue_ns_per_kib", "spread", "stalled_fraction"):
+        assert getattr(res.params, name) == pytest.approx(getattr(truth, name), rel=0.15), name
+    assert fit.error_summary(res.heldout).median_abs_error.max() < 0.05
+
+
 def test_refit_folds_reproduce_the_fits_held_out_predictions():
     """fit.refit_folds (what studies.stage_rescored scores another arbitration with) refits a fit's held-out folds
     as fit_stage did: the same folds, start and evaluations, so each fold's parameters predict its held-out trains

@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "gpc_dyn (a candidate: gpc whose shares follow the GPCs holding stores, each an equal share), "
                          "gpc_uneven (a candidate: gpc where the GPC populations differ by more than 2x, else stage), "
                          "gpc_drain (a candidate: stage whose drain is shared as gpc_dyn's, one group per program up "
-                         "to 16 per GPC; slow: ~25 s per prediction of the host records)")
+                         "to 16 per GPC; ~3 s per prediction of the host records)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

@@ -614,7 +614,8 @@ def gpc_drain_groups(programs: int, sm_count: int = 132) -> int:
 def _gpc_drain_batched(prm: StageParams, P, b, g, sync, drains):
     """simulate_stage for arbitration "gpc_drain" with GPC_DRAIN_GROUPS groups, each set of configurations that use
     the same number of groups (gpc_drain_groups) simulated with only those: the same result (a configuration's
-    unused groups take no part) at a fraction of the cost. Returns start, end [N, GPC_DRAIN_GROUPS, n] and m."""
+    unused groups take no part) at a fraction of the cost; each batch runs through :func:`_stage_units` (with
+    GPC_DRAIN_FAST). Returns start, end [N, GPC_DRAIN_GROUPS, n] and m."""
     N, n = b.shape
     G = GPC_DRAIN_GROUPS
     if N * G * n > MAX_STAGE_WORK:
@@ -630,6 +631,225 @@ def _gpc_drain_batched(prm: StageParams, P, b, g, sync, drains):
                                        barrier_drains=drains[idx])
         start[idx, :k], end[idx, :k], m[idx, :k] = s_k, e_k, m_k
     return start, end, m
+
+
+GPC_DRAIN_FAST = True   # arbitration "gpc_drain" through _stage_units (False: the general loop of simulate_stage,
+                        # kept as the reference the fast path is tested against)
+
+
+def _drain_units(m, ws, gid):
+    """The groups of one grid under "gpc_drain" as units: the groups of GPCs whose groups are alike (the same
+    programs per group and spread levels: GPCs of equal population) evolve bitwise alike, so each such set of groups
+    is simulated once, ``mult`` times (one per GPC of its class). m, ws, gid [G] (one row of _gpc_groups).
+    Returns per unit m (programs of one copy), ws, mult, cls (its class), per class ncopies (GPCs), and gmap [G]:
+    the unit of each group (-1: no group)."""
+    gmap = np.full(len(m), -1)
+    keys: dict = {}
+    um, uws, ucls, ncopies = [], [], [], []
+    for c in dict.fromkeys(gid[gid >= 0].tolist()):   # GPCs in the order of their groups
+        cols = np.flatnonzero(gid == c)
+        key = (m[cols].tobytes(), ws[cols].tobytes())
+        if key not in keys:
+            keys[key] = (len(ncopies), len(um))
+            ncopies.append(0)
+            um.extend(m[cols])
+            uws.extend(ws[cols])
+            ucls.extend([len(ncopies) - 1] * len(cols))
+        kc, off = keys[key]
+        ncopies[kc] += 1
+        gmap[cols] = off + np.arange(len(cols))
+    mult = np.array([ncopies[c] for c in ucls], np.float64)
+    return (np.array(um, np.float64), np.array(uws, np.float64), mult, np.array(ucls, int),
+            np.array(ncopies, np.float64), gmap)
+
+
+def _stage_units(prm: StageParams, P, b, g, sync, drains, m, ws, gid, G):
+    """simulate_stage's loop for arbitration "gpc_drain" (the slots and drain shares as simulate_stage computes them;
+    the same results to rounding), faster: alike groups merged into units (:func:`_drain_units`), rows whose train
+    has ended dropped, the transitions applied to the elements whose event is due only, the per-GPC sums by
+    bincount. Configurations of equal unit counts are simulated together. m, ws, gid [N, G]: the groups
+    (_gpc_groups). Returns start, end [N, G, n]."""
+    N, n = b.shape
+    start = np.full((N, G, n), np.nan)
+    end = np.full((N, G, n), np.nan)
+    layouts: dict = {}
+    lay = []
+    for i in range(N):
+        key = (m[i].tobytes(), ws[i].tobytes(), gid[i].tobytes())
+        if key not in layouts:
+            layouts[key] = _drain_units(m[i], ws[i], gid[i])
+        lay.append(layouts[key])
+    U = np.array([len(x[0]) for x in lay])
+    for u in np.unique(U):
+        idx = np.flatnonzero(U == u)
+        su, eu = _stage_units_run(prm, P[idx], b[idx], g[idx], sync[idx], drains[idx], [lay[i] for i in idx],
+                                  int(u), G)
+        gm = np.stack([lay[i][5] for i in idx])                        # [n_idx, G]
+        r = np.arange(len(idx))[:, None]
+        ok = (gm >= 0)[:, :, None]
+        start[idx] = np.where(ok, su[r, np.maximum(gm, 0)], np.nan)
+        end[idx] = np.where(ok, eu[r, np.maximum(gm, 0)], np.nan)
+    return start, end
+
+
+def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
+    """The loop of :func:`_stage_units` for configurations of U units each. Returns start, end [N, U, n]."""
+    N, n = b.shape
+    m = np.zeros((N, U))
+    ws = np.zeros((N, U))
+    mult = np.zeros((N, U))
+    Kc = max(len(x[4]) for x in lay)
+    cls = np.full((N, U), Kc)                      # Kc: no unit (a class of its own, no GPC)
+    ncop = np.zeros((N, Kc + 1))
+    for i, (um, uws, umult, ucls, unc, _) in enumerate(lay):
+        k_ = len(um)
+        m[i, :k_], ws[i, :k_], mult[i, :k_], cls[i, :k_] = um, uws, umult, ucls
+        ncop[i, :len(unc)] = unc
+    valid = m > 0
+    M = m * mult                                   # programs a unit stands for
+    mws = m * ws
+    w = ws                                         # own slots by the spread's weight alone
+    r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
+    C = prm.capacity_bytes(P)
+    C0 = np.full(N, KIB * prm.base_capacity_kib)
+    a = (C - C0)[:, None] * w / np.maximum((M * w).sum(axis=1), 1e-300)[:, None]
+    a_lo, a_hi = a * (1 - 1e-9), a * (1 + 1e-9)
+    q = np.zeros((N, U))
+    Q = np.zeros(N)                                # the pool's content: sum of M (q - a)+ (0 with q = 0)
+    stalled = np.zeros(N, bool)
+    phase = np.where(valid, 0, 4).astype(np.int8)
+    k = np.zeros((N, U), int)
+    rem = np.where(valid, o, 0.0)
+    start = np.full((N, U, n), np.nan)
+    end = np.full((N, U, n), np.nan)
+    start[:, :, 0] = np.where(valid, 0.0, np.nan)
+    t = np.zeros(N)
+    orig = np.arange(N)                            # the row of start / end each current row writes
+    nvalid = valid.sum(axis=1)
+    n3 = np.zeros(N, int)                          # units waiting at the grid barrier
+    n4 = np.zeros(N, int)                          # units done
+    flat_cls = np.arange(N)[:, None] * (Kc + 1) + cls
+    eps_t = 1e-9
+    any_sync = bool(sync.any())
+    startf, endf = start.ravel(), end.ravel()                  # views
+    bf, gf = b.ravel(), g.ravel()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(160 * G * n + 100):
+            # transitions whose time is up, on the elements concerned only (as simulate_stage's four passes)
+            fi_prev = None
+            phf, kf, remf = phase.ravel(), k.ravel(), rem.ravel()   # flat views (element i * U + j)
+            for p_ in range(4):
+                if p_ == 0:
+                    fi = np.flatnonzero((rem <= eps_t) & (phase < 3))
+                else:
+                    fi = fi_prev[(remf[fi_prev] <= eps_t) & (phf[fi_prev] < 3)]
+                if any_sync:
+                    cand = sync & (n3 == nvalid) & (n3 > 0)
+                    if cand.any():
+                        rc = np.flatnonzero(cand)
+                        rc = rc[((M[rc] * q[rc]).sum(axis=1) <= C[rc] * 1e-12) | ~drains[rc]]
+                        if len(rc):
+                            ri, rj = np.nonzero(phase[rc] == 3)
+                            fr = rc[ri] * U + rj
+                            phf[fr] = 2
+                            remf[fr] = gf[rc[ri] * n + kf[fr]]
+                            n3[rc] = 0
+                            fi = np.concatenate([fi, fr[remf[fr] <= eps_t]])
+                if not len(fi):
+                    break
+                ph = phf[fi]
+                kk = kf[fi]
+                ii = fi // U
+                kc = np.minimum(kk, n - 1)
+                s_ = ph == 0                                   # to issue
+                f0 = fi[s_]
+                phf[f0] = 1
+                remf[f0] = bf[ii[s_] * n + kc[s_]]
+                s_ = ph == 1                                   # end of the burst
+                if s_.any():
+                    f1, i1, k1 = fi[s_], ii[s_], kk[s_]
+                    endf[(orig[i1] * U + (f1 - i1 * U)) * n + k1] = t[i1]
+                    last = k1 == n - 1
+                    sy = sync[i1]
+                    phf[f1] = np.where(last, 4, np.where(sy, 3, 2))
+                    remf[f1] = np.where(sy, remf[f1], gf[i1 * n + kc[s_]])
+                    n3 += np.bincount(i1[~last & sy], minlength=len(n3))
+                    n4 += np.bincount(i1[last], minlength=len(n4))
+                s_ = ph == 2                                   # the gap is over: the next burst's overhead
+                if s_.any():
+                    f2, i2, k2 = fi[s_], ii[s_], kk[s_] + 1
+                    kf[f2] = k2
+                    startf[(orig[i2] * U + (f2 - i2 * U)) * n + k2] = t[i2]
+                    phf[f2] = 0
+                    remf[f2] = o
+                fi_prev = fi
+            active = n4 < nvalid
+            if not active.all():                               # drop the rows whose trains have ended
+                if not active.any():
+                    break
+                keep = np.flatnonzero(active)
+                (P, b, g, sync, drains, mws, ws, M, valid, C, C0, a, a_lo, a_hi, q, Q, stalled, phase, k, rem, t,
+                 orig, nvalid, n3, n4, ncop, cls) = (x[keep] for x in (
+                    P, b, g, sync, drains, mws, ws, M, valid, C, C0, a, a_lo, a_hi, q, Q, stalled, phase, k, rem, t,
+                    orig, nvalid, n3, n4, ncop, cls))
+                flat_cls = np.arange(len(keep))[:, None] * (Kc + 1) + cls
+                bf, gf = b.ravel(), g.ravel()
+            Nn = len(t)
+            # (no unit: m = a = q = 0 and phase 4, so it neither holds, nor is below or beyond its slots)
+            issuing = phase == 1
+            holding = (q > 0) | issuing
+            # the drain shares now (_gpc_dynamic_weights): equal per GPC holding stores, within it by ws
+            x = np.where(holding, mws, 0.0)
+            S = np.bincount(flat_cls.ravel(), weights=x.ravel(), minlength=Nn * (Kc + 1)).reshape(Nn, Kc + 1)
+            n_hold = ((S > 0) * ncop).sum(axis=1)
+            Sg = S.ravel()[flat_cls]
+            wd = np.where(holding, ws / Sg / np.maximum(n_hold, 1)[:, None], 0.0)   # (holding: Sg >= m ws > 0)
+            dr = D * wd / np.maximum((M * wd).sum(axis=1), 1e-300)[:, None]   # 0 where not holding (wd = 0)
+            Cs = np.where(stalled, C0 * phi, C0)
+            below = q < a_lo
+            beyond = q > a_hi
+            at = ~(below | beyond)
+            over = Q > Cs * (1 + 1e-9) + 1e-6
+            full = ~over & (Q >= Cs * (1 - 1e-9) - 1e-6)
+            closed = (full | over)[:, None]
+            rate = np.where(issuing, r, 0.0)
+            rate = np.where(issuing & at & closed, np.minimum(r, dr), rate)
+            ib = issuing & beyond
+            rate = np.where(ib & over[:, None], 0.0, rate)
+            sh = ib & full[:, None]
+            rs = np.flatnonzero(sh.any(axis=1))
+            if len(rs):                                        # share what leaves the pool (the rows concerned)
+                F = (M[rs] * dr[rs] * beyond[rs]).sum(axis=1)  # bytes/ns leaving the pool
+                shared = np.zeros_like(rate)
+                shared[rs] = _water_fill(np.where(sh[rs], wd[rs], 0.0), M[rs], F, r)
+                rate = np.where(sh, shared, rate)
+            qdot = rate - dr
+            qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
+            Qdot = (M * qdot * (beyond | (at & (qdot > 0)))).sum(axis=1)
+            gapish = (phase == 0) | (phase == 2)
+            t_evt = np.where(rate > 0, rem / rate, np.where(gapish, rem, np.inf))   # (rate > 0: issuing)
+            # its slots fill (below) or it leaves the pool (beyond): (q - a) / -qdot is (a - q) / qdot exactly
+            t_sl = np.where((below & (qdot > 0)) | (beyond & (qdot < 0)), (a - q) / qdot, np.inf)
+            t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
+            t_fill = np.where(~full & ~over & (Qdot > 0), (Cs - Q) / Qdot, np.inf)
+            t_unover = np.where(over & (Qdot < 0), (Q - Cs) / -Qdot, np.inf)
+            dt = np.minimum(np.minimum(t_evt, t_sl), t_empty).min(axis=1)
+            dt = np.minimum(dt, np.minimum(t_fill, t_unover))
+            dt = np.where(np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
+            t = t + dt
+            near = dt[:, None] * (1 + 1e-12)
+            dtc = dt[:, None]
+            rem = rem - np.where(gapish, dtc, rate * dtc)      # (rate = 0 unless issuing: rem - 0 = rem)
+            rem = np.where(t_evt <= near, 0.0, rem)
+            q = np.maximum(q + qdot * dtc, 0.0)
+            q = np.where(t_sl <= near, a, q)
+            q = np.where(t_empty <= near, 0.0, q)
+            filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
+            Q = (M * np.maximum(q - a, 0.0)).sum(axis=1)   # (the next pass's Q too: q moves only here)
+            stalled = (stalled | filled) & (Q > 0)
+        else:
+            raise RuntimeError("stage simulation did not finish within its step bound (a bug: please report)")
+    return start, end
 
 
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,
@@ -679,6 +899,9 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                                  f"{int((m > 0).sum(axis=1).max())} groups; got groups={G}")
             m, ws, gid = m[:, :G], ws[:, :G], gid[:, :G]
             w = ws   # own slots by the spread's weight alone; the drain by _gpc_dynamic_weights(ws, ...) below
+            if GPC_DRAIN_FAST:   # the same simulation, alike groups merged (_stage_units)
+                start, end = _stage_units(prm, P, b, g, sync, drains, m, ws, gid, G)
+                return start, end, m
         else:
             m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)
         valid = m > 0
@@ -886,7 +1109,8 @@ def stage_measure(start, end, sync, m=None) -> np.ndarray:
         valid = m > 0
         lo = np.where(valid, m, np.inf).min(axis=1)
         hi = np.where(valid, m, -np.inf).max(axis=1)
-        for i in np.flatnonzero(hi > lo * (1 + 1e-12)):      # unequal groups: the weighted median
+        for i in np.flatnonzero((hi > lo * (1 + 1e-12)) & ~np.broadcast_to(sync, hi.shape)):   # unequal groups: the
+                                                                 # weighted median (sync rows take the span)
             for k in range(x.shape[2]):
                 ok = valid[i] & np.isfinite(x[i, :, k])
                 if not ok.any():

@@ -957,6 +957,29 @@ def _stall_round(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> t
     return s, float(min(max(q + B - D * s, 0.0), C))
 
 
+@dataclass(frozen=True, kw_only=True)
+class OwnSlotsStage(BurstGapParams):
+    """The fluid parameters of a round (``capacity_kib`` = phi C(b), the whole stage) with the two parts stall model
+    ``round_burst`` chooses between: ``shared_kib`` = phi C_0 (the stage's shared part) and ``own_kib`` = phi c_p
+    (one program's own slots), both of the stage fit (``stall_stage``)."""
+
+    shared_kib: float
+    own_kib: float
+
+
+def _stall_burst(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> tuple[float, float]:
+    """Stall model ``round_burst`` (a candidate, session 16 helper): ``round`` with the whole stage phi C(b) when a
+    program's own slots hold two of its bursts (2 B / b <= phi c_p: the burst it issues while its previous one
+    drains), else with the shared part phi C_0 only (``round_shared``). ``prm_k``: an :class:`OwnSlotsStage`."""
+    if not isinstance(prm_k, OwnSlotsStage):
+        raise ValueError("stall model 'round_burst' needs the stage's parts (an OwnSlotsStage from stall_stage of a "
+                         "StageParams with base_capacity_kib > 0)")
+    if not (b >= 1 and B > 0):
+        raise ValueError(f"round_burst needs B > 0 bytes from b >= 1 issuers, got B={B}, b={b}")
+    whole = 2.0 * B / b <= prm_k.own_kib * 1024.0
+    return _stall_round(B, b, m, q, replace(prm_k, capacity_kib=prm_k.capacity_kib if whole else prm_k.shared_kib))
+
+
 # How predict_kernel_ns charges a round's remote stores. impl(bytes B, issuers b, programs m, stage bytes q after
 # the round's compute, the fluid parameters of b issuers) -> (stall charged to the round, stage bytes after).
 STALL_MODELS = Registry("stall model", (
@@ -966,19 +989,33 @@ STALL_MODELS = Registry("stall model", (
                     "drains only in charged time", _stall_round),
     Choice("round_shared", "round, with only the stage's shared part phi C_0 for every round (a stage model's "
                            "base_capacity_kib; the programs' own slots not the combine's)", _stall_round),
+    Choice("round_burst", "round with the whole stage phi C(b) where a program's own slots hold two of its bursts "
+                          "(2 B / b <= phi c_p), else round_shared's phi C_0 (a candidate, session 16)", _stall_burst),
 ))
 # Stall models that see only the shared part of a StageParams stage (phi C_0) instead of phi C(b).
 STALL_SHARED = ("round_shared",)
+# Stall models that choose per round between the two parts (stall_stage hands them an OwnSlotsStage).
+STALL_BURST = ("round_burst",)
 
 
 def stall_stage(prm: "BurstGapParams | StageParams", b: int, stall: str) -> BurstGapParams:
     """The fluid parameters a round of ``b`` issuing programs sees under stall model ``stall``: a stage model's
     ``fluid(b)`` (phi C(b)), or for STALL_SHARED its shared part phi C_0 (a stage without one is an error); fluid
-    parameters as they are, without the harness's overhead."""
+    parameters as they are, without the harness's overhead. STALL_BURST: an :class:`OwnSlotsStage` (phi C(b) with
+    phi C_0 and phi c_p beside it; fluid parameters, or a stage without a shared part, are an error)."""
+    name = STALL_MODELS.check(stall).name
+    if name in STALL_BURST:
+        if not isinstance(prm, StageParams) or prm.base_capacity_kib <= 0:
+            raise ValueError(f"stall model {stall!r} needs a stage model with a shared part (StageParams, "
+                             "base_capacity_kib > 0)")
+        f = prm.fluid(b)
+        return OwnSlotsStage(issue_ns_per_kib=f.issue_ns_per_kib, drain_gbps=f.drain_gbps, capacity_kib=f.capacity_kib,
+                             overhead_ns=0.0, shared_kib=prm.base_capacity_kib * prm.stalled_fraction,
+                             own_kib=prm.capacity_per_program_kib * prm.stalled_fraction)
     if not isinstance(prm, StageParams):
         return replace(prm, overhead_ns=0.0)
     f = prm.fluid(b)
-    if STALL_MODELS.check(stall).name in STALL_SHARED:
+    if name in STALL_SHARED:
         if prm.base_capacity_kib <= 0:
             raise ValueError(f"stall model {stall!r} needs a stage with a shared part (base_capacity_kib > 0)")
         f = replace(f, capacity_kib=prm.base_capacity_kib * prm.stalled_fraction)
@@ -1288,12 +1325,14 @@ def _layouts_of(case: MoECase, P: int) -> tuple:
 
 
 def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
-              wait: str | None = None, stall: str | None = None) -> pd.DataFrame:
+              wait: str | None = None, stall: str | None = None, recorded: str | None = None) -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
     per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
     recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
     taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
-    on static records: what a dynamic run should show, with the static compute-only calibration). Returns the
+    on static records: what a dynamic run should show, with the static compute-only calibration); ``recorded``: the
+    assignment the rows' compute-only time was measured under, which the rate is calibrated with (None: ``assignment``,
+    as the sweep calibrates; until session 17 this was always static, which mis-calibrated dynamic records). Returns the
     rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
     (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``);
     ``stall``: the stall model (None: STALL_DEFAULT)."""
@@ -1313,7 +1352,7 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
             ew, remote = _recorded_task_list(c, int(P), r, tiles, n_sms, "expert_wave",
                                              str(rows.schedule_param.get("expert_wave", "")))
             rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
-                                  wait=wait)
+                                  recorded or assignment, wait)
             cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait, stall)
             for sched, row in rows.iterrows():
                 par = str(row.schedule_param)

@@ -507,8 +507,9 @@ def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link:
     meas = df.assign(measured_p2=ew.reindex(pd.MultiIndex.from_frame(df[["shape", "tokens", "routing", "dtype"]]))
                      .to_numpy() / df.kernel_ms.to_numpy())[keys + ["measured_p2"]]
     wait, stall = record_wait(meta), record_stall(meta)
-    p2 = repredict(df, prm, n_sms, assignment, wait, stall).rename(columns={"model_speedup": "model_p2"})
-    t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment, wait, stall).rename(
+    had = meta.get("params", {}).get("assignment", "static")     # the calibration's: the record's own
+    p2 = repredict(df, prm, n_sms, assignment, wait, stall, had).rename(columns={"model_speedup": "model_p2"})
+    t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment, wait, stall, had).rename(
         columns={"model_speedup": "model_traffic"})
     return meas.merge(p2[keys + ["model_p2"]], on=keys).merge(t8[keys + ["model_traffic"]], on=keys)
 
