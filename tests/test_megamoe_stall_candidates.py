@@ -1,6 +1,5 @@
 """Candidate stall models of the MegaMoE cost model (xstage.moe_plan.STALL_MODELS) beside the default
-``round_shared``: ``round_burst`` (session 16, helper; docs/lab-notebook.md "Host-link MegaMoE model: the last misses
-of round 12"): ``round`` with the whole stage phi C(b) where a program's own slots hold two of its bursts
+``round_shared``: ``round_burst`` (session 16, helper; docs/lab-notebook.md, session 16 "Helpers' results"): ``round`` with the whole stage phi C(b) where a program's own slots hold two of its bursts
 (2 B / b <= phi c_p), else ``round_shared``'s phi C_0. Its limits, its bad input, and replays on recorded host rows
 (read through xstage.data's loaders only)."""
 import numpy as np
@@ -8,7 +7,7 @@ import pytest
 
 from xstage import data
 from xstage import moe_plan as MP
-from xstage.model import BurstGapParams, StageParams
+from xstage.model import BurstGapParams, StageParams, params_from_dict
 from xstage.moe_round6 import host_rescore
 
 TILES = MP.TileConfig(64, 32, 32, 32, 4, 1)
@@ -119,6 +118,25 @@ def test_recorded_rows_replay_as_the_limits(round12_rows):
     small = (rb.dtype == "fp8").to_numpy()
     assert small.sum() == 3 and (~small).sum() == 3
     np.testing.assert_allclose(rb.predicted_speedup[small], ro.predicted_speedup[small], rtol=1e-12)
-    np.testing.assert_allclose(rb.predicted_speedup[~small], rs.predicted_speedup[~small], rtol=1e-12)
+    # (a few short rounds of the large-tile configuration hold small bursts too: within 0.1 %, not bit-equal)
+    np.testing.assert_allclose(rb.predicted_speedup[~small], rs.predicted_speedup[~small], rtol=1e-3)
+    assert np.abs(rb.predicted_speedup[~small].to_numpy() - ro.predicted_speedup[~small].to_numpy()).max() > 1e-3
     # the measured speedups are the record's, whatever the model
     np.testing.assert_array_equal(rb.speedup.to_numpy(), rs.speedup.to_numpy())
+
+
+def test_repredict_calibrates_with_the_records_assignment(round12_rows):
+    """``moe_plan.repredict`` calibrates the GEMM rate with the assignment the compute-only time was measured under
+    (``recorded``, default: the assignment predicted), as the sweep does: on a dynamic record the default is the
+    dynamic calibration and differs from the static one (session 17: it was always static)."""
+    df, meta = round12_rows
+    assert meta["params"]["assignment"] == "dynamic"
+    prm = params_from_dict(meta["params"]["prm"])
+    args = (df, prm, 132, "dynamic", MP.record_wait(meta), MP.record_stall(meta))
+    key = ["shape", "tokens", "routing", "dtype", "schedule"]
+    base, dyn, stat = (x.sort_values(key).reset_index(drop=True) for x in
+                       (MP.repredict(*args), MP.repredict(*args, "dynamic"), MP.repredict(*args, "static")))
+    np.testing.assert_array_equal(base.model_ms.to_numpy(), dyn.model_ms.to_numpy())
+    assert np.abs(stat.model_ms.to_numpy() / dyn.model_ms.to_numpy() - 1).max() > 1e-3
+    with pytest.raises(ValueError):
+        MP.repredict(*args, "no_such_assignment")
