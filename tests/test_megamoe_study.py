@@ -395,6 +395,8 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round12_controls`",
                    "note: no recorded MegaMoE round-13 study for h200x1 (data/h200x1/megamoe_round13_controls); run "
                    "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_controls`",
+                   "note: no recorded MegaMoE round-13 repeat study for h200x1 (data/h200x1/megamoe_round13_repeat_controls); "
+                   "run `python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_repeat_controls`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 

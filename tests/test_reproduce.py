@@ -253,6 +253,9 @@ def test_gallery_errors_name_the_figure(tmp_path: Path, capsys) -> None:
 def test_every_notebook_is_valid_nbformat_with_cell_ids():
     """nbformat 4.5 wants an id on every cell (missing ones are a warning today, an error in later nbformat)."""
     for nb_path in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        raw = json.loads(nb_path.read_text())            # as stored: nbformat.read fills in missing ids itself
+        assert all("id" in c for c in raw["cells"]), nb_path.name
+        ids = [c["id"] for c in raw["cells"]]
+        assert len(ids) == len(set(ids)), nb_path.name
         nb = nbformat.read(nb_path, as_version=4)
         nbformat.validate(nb)
-        assert all("id" in c for c in nb.cells), nb_path.name

@@ -141,7 +141,7 @@ def _one_gpu_megamoe_rows() -> list[str]:
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
             + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows() + _one_gpu_megamoe_round8_rows()
             + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows() + _one_gpu_megamoe_round12_rows()
-            + _one_gpu_megamoe_round13_rows())
+            + _one_gpu_megamoe_round13_rows() + _one_gpu_megamoe_round13_repeat_rows())
 
 
 def _controls_cell(sub: str, study: str) -> str | None:
@@ -311,6 +311,29 @@ def _one_gpu_megamoe_round13_rows() -> list[str]:
                         for st, x in tot.iterrows())
         rows.append(f"| MegaMoE, round 13, the host-link model held out (round_shared chosen before this record): "
                     f"speedups within ±10 % per stall model | {per} | `studies.megamoe_stall_rescore(\"{studies.MEGAMOE_ROUND13_HOST}\")`, "
+                    f"notebook 03 |")
+    return rows
+
+
+def _one_gpu_megamoe_round13_repeat_rows() -> list[str]:
+    """Round 13's controls7 again in a new process (session 17, data/h200x1/megamoe_round13_repeat_controls) and the
+    one pair over the goal there re-timed in five processes (studies.megamoe_pair_processes)."""
+    rows = []
+    per = _controls_cell(studies.MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB, "controls7")
+    if per:
+        rows.append(f"| MegaMoE, round 13 repeated (order version 4, a new process), compute only: each schedule's time / "
+                    f"Expert-Wave's, dynamic, same rounds (goal: geomean <= 1.02, worst <= 1.05) | geomean {per} | "
+                    f"`ROUND=megamoe_round13_repeat scripts/megamoe_round10.sh 420 0 0 360 fp8,bf16 -`, notebook 03 |")
+    try:
+        t = studies.megamoe_pair_processes()
+    except studies.NoRecordedData:
+        return rows
+    for (dt, cfg), g in t.groupby(["dtype", "config"], sort=False):
+        r = g[g.schedule != studies.MEGAMOE_BASELINE].groupby("schedule", sort=False).over_ew.agg(["min", "max"])
+        per = ", ".join(f"{sch} {x['min']:.3f}-{x['max']:.3f}" for sch, x in r.iterrows())
+        rows.append(f"| MegaMoE, {dt} {cfg} alone in {g.process.nunique()} processes, compute only: each schedule's "
+                    f"time / Expert-Wave's (the same process) | {per} | `python3 scripts/megamoe_gemm.py --study "
+                    f"controls7 --dtypes {dt} --cases {cfg} --out data/h200x1/{studies.MEGAMOE_PAIR_PROCESSES_SUB}/pN`, "
                     f"notebook 03 |")
     return rows
 

@@ -2038,7 +2038,8 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
                        MEGAMOE_ROUND11_LAGS_SUB: ("round-11", "lags11"),
                        MEGAMOE_ROUND11_GEMM_SUB: ("round-11", "gemm10"),
                        MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7"),
-                       MEGAMOE_ROUND13_CONTROLS_SUB: ("round-13", "controls7")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND13_CONTROLS_SUB: ("round-13", "controls7"),
+                       MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB: ("round-13 repeat", "controls7")}.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -2329,7 +2330,40 @@ MEGAMOE_ROUND12_HOST = "megamoe_round12_host"               # data/h200x1/megamo
 # group of row blocks), controls7 and the host-link sweep (ROUND=megamoe_round13 scripts/megamoe_round10.sh)
 MEGAMOE_ROUND13_CONTROLS_SUB = "megamoe_round13_controls"   # data/h200x1/megamoe_round13_controls/: controls7
 MEGAMOE_ROUND13_HOST = "megamoe_round13_host"               # data/h200x1/megamoe_round13_host/: the host-link sweep
+# controls7 again under order version 4 in a new process (session 17, call S17-1: the repeat of session 16's S16-3,
+# whose files were lost), and one pair (fp8 DeepSeek-V4-Pro T8192 uniform, lag 1.064 there) in five processes (S17-2)
+MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB = "megamoe_round13_repeat_controls"   # data/h200x1/<this>/: controls7
+MEGAMOE_PAIR_PROCESSES_SUB = "megamoe_s17_pro8192"          # data/h200x1/<this>/p1 ... p5: controls7, one pair each
 MEGAMOE_STALL_MODELS_SCORED = ("issuers", "round", "round_shared")
+
+
+def megamoe_pair_processes(machine: str = "h200x1", sub: str = MEGAMOE_PAIR_PROCESSES_SUB) -> pd.DataFrame:
+    """One configuration's controls7 recorded in several processes (data/<machine>/<sub>/p1, p2, ...; schema
+    ``megamoe_gemm``): per process, dtype, configuration and schedule the median time (``ms``), the fastest timed run
+    (``ms_min``) and each over Expert-Wave's of the same process (``over_ew``, ``over_ew_min``): how far one pair's
+    ratio moves between processes. :class:`NoRecordedData` when no process folder is recorded."""
+    root = data.machine_dir(machine) / sub
+    folders = sorted((f for f in root.glob("p*") if data.paths(f, data.MEGAMOE_GEMM)[0].is_file()),
+                     key=lambda f: int(f.name[1:]) if f.name[1:].isdigit() else 0) if root.is_dir() else []
+    if not folders:
+        raise NoRecordedData(f"no recorded MegaMoE pair in several processes for {machine} (data/{machine}/{sub}/p1 ...); "
+                             f"run `python3 scripts/megamoe_gemm.py --study controls7 --cases <config> --out "
+                             f"data/{machine}/{sub}/p<N>` once per process")
+    out = []
+    for f in folders:
+        df, _ = data.load(f, data.MEGAMOE_GEMM)
+        df = df[(df.method == "ours") & (df.status == "ok")] if "status" in df else df[df.method == "ours"]
+        df = df.assign(config=df["shape"] + "_T" + df.tokens.astype(str) + "_" + df.routing)
+        for (dt, cfg), g in df.groupby(["dtype", "config"], sort=False):
+            ms = g.groupby("schedule").ms.median()
+            mn = g.groupby("schedule").ms_min.min()
+            if MEGAMOE_BASELINE not in ms:
+                raise ValueError(f"{f}: {cfg} {dt} has no {MEGAMOE_BASELINE} row to compare with")
+            for sch in ms.index:
+                out.append(dict(process=f.name, dtype=dt, config=cfg, schedule=sch, ms=float(ms[sch]),
+                                ms_min=float(mn[sch]), over_ew=float(ms[sch] / ms[MEGAMOE_BASELINE]),
+                                over_ew_min=float(mn[sch] / mn[MEGAMOE_BASELINE])))
+    return pd.DataFrame(out)
 
 
 def megamoe_stall_rescore(record: str = MEGAMOE_ROUND12_HOST, stalls=MEGAMOE_STALL_MODELS_SCORED) -> pd.DataFrame:
