@@ -637,6 +637,17 @@ GPC_DRAIN_FAST = True   # arbitration "gpc_drain" through _stage_units (False: t
                         # kept as the reference the fast path is tested against)
 
 
+def _sim_state(valid, o: float, n: int):
+    """The simulation's starting state for groups ``valid`` [N, G] and ``n`` bursts: phase (0 overhead, 1 issuing,
+    2 gap, 3 waiting at the grid barrier (sync), 4 done), burst index k, time left in the phase (the overhead
+    ``o``), start / end [N, G, n] (NaN until reached; every valid group starts burst 0 at 0) and the clock t [N]."""
+    N, G = valid.shape
+    start = np.full((N, G, n), np.nan)
+    start[:, :, 0] = np.where(valid, 0.0, np.nan)
+    return (np.where(valid, 0, 4), np.zeros((N, G), int), np.where(valid, o, 0.0), start,
+            np.full((N, G, n), np.nan), np.zeros(N))
+
+
 def _drain_units(m, ws, gid):
     """The groups of one grid under "gpc_drain" as units: the groups of GPCs whose groups are alike (the same
     programs per group and spread levels: GPCs of equal population) evolve bitwise alike, so each such set of groups
@@ -717,13 +728,8 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
     q = np.zeros((N, U))
     Q = np.zeros(N)                                # the pool's content: sum of M (q - a)+ (0 with q = 0)
     stalled = np.zeros(N, bool)
-    phase = np.where(valid, 0, 4).astype(np.int8)
-    k = np.zeros((N, U), int)
-    rem = np.where(valid, o, 0.0)
-    start = np.full((N, U, n), np.nan)
-    end = np.full((N, U, n), np.nan)
-    start[:, :, 0] = np.where(valid, 0.0, np.nan)
-    t = np.zeros(N)
+    phase, k, rem, start, end, t = _sim_state(valid, o, n)
+    phase = phase.astype(np.int8)
     orig = np.arange(N)                            # the row of start / end each current row writes
     nvalid = valid.sum(axis=1)
     n3 = np.zeros(N, int)                          # units waiting at the grid barrier
@@ -923,14 +929,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     else:
         q = np.zeros(N)
         stalled = np.zeros(N, bool)
-    # phase: 0 overhead, 1 issuing, 2 gap, 3 waiting at the grid barrier (sync), 4 done
-    phase = np.where(valid, 0, 4)
-    k = np.zeros((N, G), int)
-    rem = np.where(valid, o, 0.0)
-    start = np.full((N, G, n), np.nan)
-    end = np.full((N, G, n), np.nan)
-    start[:, :, 0] = np.where(valid, 0.0, np.nan)
-    t = np.zeros(N)
+    phase, k, rem, start, end, t = _sim_state(valid, o, n)
     rows = np.arange(N)[:, None]
     eps_t = 1e-9
     for _ in range((160 if private else 40) * G * n + 100):   # slots: every program's slots fill and empty

@@ -1556,6 +1556,72 @@ def program_rates(pp: pd.DataFrame, link: str = "host") -> pd.DataFrame:
     return c
 
 
+SMALL_BURST_KIB = (0, 2, 4, 8, 16, 32)                  # size bins of small_burst_contention, KiB per program
+ACTIVE_BINS = (-0.01, 0.05, 0.2, 0.4, 0.6, 0.8, 1.0)     # share of the other programs inside a burst
+
+
+def _active_share(start, end, weight, total) -> np.ndarray:
+    """For each interval i: the weight of the OTHER intervals that hold its start (start_j <= start_i < end_j),
+    over ``total``."""
+    s, e, w = (np.asarray(x, np.float64) for x in (start, end, weight))
+    inside = (s[None, :] <= s[:, None]) & (e[None, :] > s[:, None])
+    np.fill_diagonal(inside, False)
+    return (inside * w[None, :]).sum(axis=1) / total
+
+
+def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: int = 66, prm=None) -> pd.DataFrame:
+    """Small bursts (<= 32 KiB per program) of free-running trains by how busy the link is when they start: per
+    program-burst of the per-program record ``pp`` (schema burst_program; grids of >= ``min_programs``) the share of
+    the other programs inside a burst at its start (``active``), binned (:data:`ACTIVE_BINS`) against the burst's
+    size (:data:`SMALL_BURST_KIB`): the median issue time (``measured_ns``), the share over 3 us (``slow``) and the
+    count. With ``prm`` (a StageParams, e.g. ``model.load_params``) the same from the model's simulated programs of
+    the same trains (``model_ns``, ``model_slow``; its weight groups stand for their programs). Session 17: the
+    stage model's own slots take a small burst at the issue rate however full the stage is; measured, a small burst
+    waits for its share of the drain once most programs are inside a burst."""
+    from .model import simulate_stage
+
+    pp = pp[(pp.target == LINK_TARGET[link]) & (pp.programs >= min_programs)]
+    if pp.empty:
+        raise ValueError(f"no per-program rows for the {link} link with >= {min_programs} programs")
+    rows, model_rows = [], []
+    for (tr, P, rep), g in pp.groupby(["train", "programs", "repeat"], sort=False):
+        e = g.start_ns.to_numpy() + g.issue_ns.to_numpy()
+        act = _active_share(g.start_ns.to_numpy(), e, np.ones(len(g)), float(P))
+        small = g.burst_bytes.to_numpy() <= SMALL_BURST_KIB[-1] * KIB
+        rows.append(pd.DataFrame({"kib": g.burst_bytes.to_numpy()[small] / KIB, "active": act[small],
+                                  "ns": g.issue_ns.to_numpy()[small]}))
+    if prm is not None:
+        trains = pp.groupby(["train", "programs", "burst"], sort=False).agg(b=("burst_bytes", "first"),
+                                                                           gap=("gap_ns", "first")).reset_index()
+        for (tr, P), g in trains.groupby(["train", "programs"], sort=False):
+            g = g.sort_values("burst")
+            b, gap = g.b.to_numpy(np.float64), g.gap.to_numpy(np.float64)
+            st, en, m = simulate_stage(prm, [P], b[None], gap[None], [False])
+            ok = np.isfinite(st[0, :, 0])
+            s_, e_, w = st[0, ok].ravel(), en[0, ok].ravel(), np.repeat(m[0, ok], len(b))
+            act = _active_share(s_, e_, w, float(P))
+            kib = np.tile(b, ok.sum()) / KIB
+            small = kib <= SMALL_BURST_KIB[-1]
+            model_rows.append(pd.DataFrame({"kib": kib[small], "active": act[small], "ns": (e_ - s_)[small],
+                                            "w": w[small]}))
+    r = pd.concat(rows, ignore_index=True)
+    bins = dict(size_kib=pd.cut(r.kib, SMALL_BURST_KIB), active=pd.cut(r.active, ACTIVE_BINS))
+    out = (r.assign(**bins).groupby(["active", "size_kib"], observed=True)
+           .agg(measured_ns=("ns", "median"), slow=("ns", lambda v: float((v > 3000).mean())), bursts=("ns", "size")))
+    if model_rows:
+        mr = pd.concat(model_rows, ignore_index=True)
+        mr = mr.assign(size_kib=pd.cut(mr.kib, SMALL_BURST_KIB), active=pd.cut(mr.active, ACTIVE_BINS))
+
+        def wmed(x):
+            o = np.argsort(x.ns.to_numpy())
+            c = np.cumsum(x.w.to_numpy()[o]) / x.w.sum()
+            return float(x.ns.to_numpy()[o][np.searchsorted(c, 0.5)])
+        gm = mr.groupby(["active", "size_kib"], observed=True)
+        out = out.join(pd.DataFrame({"model_ns": gm.apply(wmed),
+                                     "model_slow": gm.apply(lambda x: float((x.w * (x.ns > 3000)).sum() / x.w.sum()))}))
+    return out.reset_index()
+
+
 def program_favour(pp: pd.DataFrame, link: str = "host") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Which programs the stage favours when it is full, from the per-program record: per (programs, SM) the
     median ``rel`` over its contended bursts (:func:`program_rates`), and per program count a summary: the
