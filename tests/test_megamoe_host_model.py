@@ -125,7 +125,8 @@ def test_records_that_predate_it_are_rescored_as_before(round9_two):
     ms = base.merge(new, on=["config", "dtype", "schedule"], suffixes=("", "_round"))
     mixed = ms[ms.schedule.isin(["interleaved", "lag"])]
     # the largest layer's mixed lists were predicted below the link floor; the round model lowers their speedups
-    assert (mixed.predicted_speedup_round < mixed.predicted_speedup - 0.02).all()
+    # (by 0.016-0.085 since session 17, when the rescore calibrates with the record's own assignment)
+    assert (mixed.predicted_speedup_round < mixed.predicted_speedup - 0.01).all()
 
 
 def test_kernel_drain_is_a_documented_constant():

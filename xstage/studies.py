@@ -1575,9 +1575,10 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     the other programs inside a burst at its start (``active``), binned (:data:`ACTIVE_BINS`) against the burst's
     size (:data:`SMALL_BURST_KIB`): the median issue time (``measured_ns``), the share over 3 us (``slow``) and the
     count. With ``prm`` (a StageParams, e.g. ``model.load_params``) the same from the model's simulated programs of
-    the same trains (``model_ns``, ``model_slow``; its weight groups stand for their programs). Session 17: the
-    stage model's own slots take a small burst at the issue rate however full the stage is; measured, a small burst
-    waits for its share of the drain once most programs are inside a burst."""
+    the same trains (``model_ns``, ``model_slow``; its weight groups stand for their programs). Session 17,
+    measured: a small burst issues at the issue rate while few of the others are inside a burst and waits for about
+    its share of the drain once most are; the full model agrees at the busy end and makes small bursts wait at
+    5-60 % busy, where the measured ones mostly do not."""
     from .model import simulate_stage
 
     pp = pp[(pp.target == LINK_TARGET[link]) & (pp.programs >= min_programs)]
