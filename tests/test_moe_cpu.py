@@ -7,6 +7,7 @@ the layouts, the schedules' properties, the Burst-Gap predictions and the FLOP c
 collectives and relayouts on gloo; the sweep's whole flow on one gloo rank; the kernels compile for sm_90 with
 bf16 and fp8 (e4m3) wgmma. FP8 itself cannot run under the interpreter (no fp8 there): GPU tests run it."""
 import dataclasses
+import json
 import os
 import random
 import subprocess
@@ -555,7 +556,7 @@ def test_grouped_mm_fallback_says_why(monkeypatch, capsys):
     assert "has no torch._grouped_mm; the unfused baseline uses a per-expert matmul loop" in capsys.readouterr().err
 
 
-def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing):
+def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing, capsys):
     """The sweep's whole flow on one CPU rank (gloo; P = 1, so every combine store is local, but every step runs):
     the compute-only control, model_guided from the calibrated rate, the correctness pre-check against the
     unfused baseline and between schedules, every timing, rows appended per (case, dtype), resume, the table."""
@@ -588,10 +589,21 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                       time.time() - 1)   # past its deadline and all done: nothing appended
         assert len(data.load(tmp_path, data.MEGAMOE)[0]) == 8
+        assert "megamoe-runs" not in capsys.readouterr().err
+        monkeypatch.setenv(MS.RUNS_ENV, "1")   # ... and every timed run printed
         MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                       None, "dynamic")   # the same flow with programs claiming tasks (atomic ticket)
         dd, _ = data.load(tmp_path / "dynamic", data.MEGAMOE)
         assert len(dd) == 4 and (dd.kernel_ms > 0).all() and (dd.predicted_ms > 0).all()
+        runs = [json.loads(x.split(" ", 1)[1]) for x in capsys.readouterr().err.splitlines()
+                if x.startswith("megamoe-runs ")]
+        assert [r["schedule"] for r in runs] == list(MP.SCHEDULES)
+        for r in runs:
+            row = dd[dd.schedule == r["schedule"]].iloc[0]
+            assert len(r["kernel_ms"]) == 2 and r["config"] == cases[0].name and r["dtype"] == "fp16"
+            assert np.median(r["kernel_ms"]) == pytest.approx(row.kernel_ms) and min(r["kernel_ms"]) == pytest.approx(
+                row.kernel_ms_min)
+            assert np.median(r["layer_ms"]) == pytest.approx(row.layer_ms)
         summ = studies.megamoe_summary(df)
         assert list(summ.schedule) == list(MP.SCHEDULES) and (summ.configs == 2).all()
         assert summ.geomean_speedup.notna().all() and summ.max_config.iloc[1:].notna().all()

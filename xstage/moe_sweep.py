@@ -16,7 +16,9 @@ baseline, predicts each schedule's kernel time with the Burst-Gap parameters it 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -71,6 +73,10 @@ def signals_held():
                 h(got[0], None)                 # SIGINT: KeyboardInterrupt, now
             elif h == signal.SIG_DFL:
                 signal.raise_signal(got[0])     # SIGTERM: its default action
+
+
+RUNS_ENV = "XSTAGE_MEGAMOE_RUNS"   # set (to anything): _measure_case prints every timed run's ms per schedule (stderr,
+                                   # one "megamoe-runs {json}" line each); the records keep the median and the fastest
 
 
 def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[str], repeats: int, warmup: int,
@@ -181,6 +187,10 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
         pred = predict_kernel_ns(lists[name], remote, cost, s.hidden, s.intermediate, t)["total_ns"] / 1e6
         res["sched"][name] = dict(kernel=kern, layer=layer, pred=pred, param=lists[name].param or "",
                                   n_tasks=lists[name].n_tasks, local=local)
+        if os.environ.get(RUNS_ENV):   # a diagnostic: every timed run, not only the median and the fastest
+            print("megamoe-runs " + json.dumps(dict(config=c.name, dtype=prob.dtype, schedule=name, inner=inner,
+                                                    kernel_ms=kern, local_ms=local, layer_ms=layer)),
+                  file=sys.stderr, flush=True)
     world.barrier()
     res["dispatch"] = timed(lambda: dispatch(world, bufs, prob.inputs, check=False, ranks=me), inner)
     world.barrier()
