@@ -257,6 +257,10 @@ def test_sweep_parameters_and_gpus_checked_before_anything_runs(tmp_path):
     data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {"assignment": "static"}))
     with pytest.raises(ValueError, match=r"holds a static-assignment sweep; record the dynamic one in another"):
         MS.run_megamoe(tmp_path, PRM, assignment="dynamic")
+    blocks = tmp_path / "blocks"          # a record from before session 17: its schedules timed one after another
+    data.start_file(blocks, data.MEGAMOE, env.provenance("test", {"assignment": "dynamic"}))
+    with pytest.raises(ValueError, match=r"timed as 'blocks'; record the 'round_robin' one in another folder"):
+        MS.run_megamoe(blocks, PRM, assignment="dynamic")
 
 
 # --------------------------------------------------------------------------------- table, routing, layouts
@@ -591,6 +595,10 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         assert len(data.load(tmp_path, data.MEGAMOE)[0]) == 8
         assert "megamoe-runs" not in capsys.readouterr().err
         monkeypatch.setenv(MS.RUNS_ENV, "1")   # ... and every timed run printed
+        rounds = []                            # the schedules timed in rounds (bench.round_robin_ms), one call a case
+        real_rr = MS.bench.round_robin_ms
+        monkeypatch.setattr(MS.bench, "round_robin_ms", lambda fns, *a, **k: (rounds.append(list(fns)),
+                                                                              real_rr(fns, *a, **k))[1])
         MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                       None, "dynamic")   # the same flow with programs claiming tasks (atomic ticket)
         dd, _ = data.load(tmp_path / "dynamic", data.MEGAMOE)
@@ -598,6 +606,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
         runs = [json.loads(x.split(" ", 1)[1]) for x in capsys.readouterr().err.splitlines()
                 if x.startswith("megamoe-runs ")]
         assert [r["schedule"] for r in runs] == list(MP.SCHEDULES)
+        assert rounds == [[(n, w) for n in MP.SCHEDULES for w in ("kernel", "local", "layer")]]
         for r in runs:
             row = dd[dd.schedule == r["schedule"]].iloc[0]
             assert len(r["kernel_ms"]) == 2 and r["config"] == cases[0].name and r["dtype"] == "fp16"

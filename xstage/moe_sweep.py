@@ -75,6 +75,8 @@ def signals_held():
                 signal.raise_signal(got[0])     # SIGTERM: its default action
 
 
+TIMING = "round_robin"             # how the schedules are timed (sidecar params.timing; records without it: "blocks",
+                                   # each schedule's runs one after another)
 RUNS_ENV = "XSTAGE_MEGAMOE_RUNS"   # set (to anything): _measure_case prints every timed run's ms per schedule (stderr,
                                    # one "megamoe-runs {json}" line each); the records keep the median and the fastest
 
@@ -169,21 +171,36 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     del want
     lap("check")
     res = {"compute": compute, "sched": {}, "inner": inner, "phases": phases}
+
+    def runs(fn):            # ``inner`` back-to-back calls: one timed run of round_robin_ms
+        def calls():
+            for _ in range(inner):
+                fn()
+        return calls
+
+    fns = {}
     for name in schedules:
         tasks = {rank: lists[name]}
-        world.barrier()
-        kern = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
-                                         dynamic=dyn, ranks=me), inner)
-        local = timed(lambda: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False, check=False,
-                                          local_combine=True, dynamic=dyn, ranks=me), inner)   # no remote stores
-        agree_on_checks(world, lambda: check_task_status(lists[name], rank, prob.layouts[rank],
-                                                         s.intermediate // t.block_n1, dev))
-        world.barrier()
+        fns[name, "kernel"] = runs(lambda tasks=tasks: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False,
+                                                                   check=False, dynamic=dyn, ranks=me))
+        fns[name, "local"] = runs(lambda tasks=tasks: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False,
+                                                                  check=False, local_combine=True, dynamic=dyn,
+                                                                  ranks=me))   # no remote stores
         # the layer: this rank's dispatch push, kernel and top-k sum; both barriers (in a one-process world every
         # rank's signal and wait launches: 2P tiny kernels per barrier where a rank of the real world runs one)
-        layer = timed(lambda: (dispatch(world, bufs, prob.inputs, check=False, ranks=me),
-                               run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn, ranks=me),
-                               topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
+        fns[name, "layer"] = runs(lambda tasks=tasks: (dispatch(world, bufs, prob.inputs, check=False, ranks=me),
+                                                       run_experts(world, bufs, prob.inputs, tasks, t, check=False,
+                                                                   dynamic=dyn, ranks=me),
+                                                       topk_reduce(bufs.combine_view(rank, c.tokens))))
+    # TIMING (session 17): every schedule's kernel, compute-only and layer runs in rounds, one run of each per round,
+    # so that a drift of the machine over the configuration falls on every schedule alike (timed one schedule after
+    # another, the kernel's runs rose ~10 % from first to last on the host link: docs/lab-notebook.md, S17-3)
+    world.barrier()
+    ms = bench.round_robin_ms(fns, repeats, warmup=warmup, before=world.barrier)
+    for name in schedules:
+        agree_on_checks(world, lambda: check_task_status(lists[name], rank, prob.layouts[rank],
+                                                         s.intermediate // t.block_n1, dev))
+        kern, local, layer = ([x / inner for x in ms[name, what]] for what in ("kernel", "local", "layer"))
         pred = predict_kernel_ns(lists[name], remote, cost, s.hidden, s.intermediate, t)["total_ns"] / 1e6
         res["sched"][name] = dict(kernel=kern, layer=layer, pred=pred, param=lists[name].param or "",
                                   n_tasks=lists[name].n_tasks, local=local)
@@ -393,6 +410,9 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
         if had_world != (world, link):
             raise ValueError(f"{side.parent} holds a sweep of world {had_world[0]}, link {had_world[1]}; record the "
                              f"{world} / {link} one in another folder")
+        if had_params.get("timing", "blocks") != TIMING:
+            raise ValueError(f"{side.parent} holds a sweep timed as {had_params.get('timing', 'blocks')!r}; record "
+                             f"the {TIMING!r} one in another folder")
     env.require_gpus(1 if world == "one-gpu" else world_size, "the MegaMoE sweep")
     from .ranks import OneGPUWorld, spawn
 
@@ -402,7 +422,7 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
                   zipf_exponent=ZIPF_EXPONENT, hot_fraction=HOT_FRACTION, source="gpu", assignment=assignment,
                   world=world, link=link, observed_rank=0 if world == "one-gpu" else None,
                   tiles_version=TILES_VERSION, order_version=ORDER_VERSION, tile_swizzle=TILE_SWIZZLE,
-                  wait_default=dict(WAIT_DEFAULT), stall_default=STALL_DEFAULT, lag_version=LAG_VERSION,
+                  wait_default=dict(WAIT_DEFAULT), stall_default=STALL_DEFAULT, lag_version=LAG_VERSION, timing=TIMING,
                   **({} if traffic_ranks is None else dict(traffic_ranks=traffic_ranks, gpus=world_size)))
     meta = env.provenance(command, params)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
