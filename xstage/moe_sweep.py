@@ -86,11 +86,14 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
                   weight_seed: int | None = None) -> dict:
     """On this rank: check, then time every schedule's kernel and layer, dispatch, the compute-only control and
     the unfused baseline. Returns per-rank lists and predictions (gathered by the job)."""
-    def timed(fn, inner):    # ms per call: ``inner`` back-to-back calls per timed run (launch latency hidden)
+    def calls_of(fn, inner):  # one timed run: ``inner`` back-to-back calls (launch latency hidden)
         def calls():
             for _ in range(inner):
                 fn()
-        return [ms / inner for ms in bench.time_ms(calls, warmup=warmup, reps=repeats)]
+        return calls
+
+    def timed(fn, inner):    # ms per call
+        return [ms / inner for ms in bench.time_ms(calls_of(fn, inner), warmup=warmup, reps=repeats)]
 
     one = world.emulated                 # one process drives every rank (OneGPUWorld): time the observed rank alone
     rank = getattr(world, "observed", 0) if one else world.local_ranks[0]
@@ -171,27 +174,20 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     del want
     lap("check")
     res = {"compute": compute, "sched": {}, "inner": inner, "phases": phases}
-
-    def runs(fn):            # ``inner`` back-to-back calls: one timed run of round_robin_ms
-        def calls():
-            for _ in range(inner):
-                fn()
-        return calls
-
     fns = {}
     for name in schedules:
         tasks = {rank: lists[name]}
-        fns[name, "kernel"] = runs(lambda tasks=tasks: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False,
-                                                                   check=False, dynamic=dyn, ranks=me))
-        fns[name, "local"] = runs(lambda tasks=tasks: run_experts(world, bufs, prob.inputs, tasks, t, barrier=False,
-                                                                  check=False, local_combine=True, dynamic=dyn,
-                                                                  ranks=me))   # no remote stores
+        fns[name, "kernel"] = calls_of(lambda tasks=tasks: run_experts(
+            world, bufs, prob.inputs, tasks, t, barrier=False, check=False, dynamic=dyn, ranks=me), inner)
+        fns[name, "local"] = calls_of(lambda tasks=tasks: run_experts(   # no remote stores
+            world, bufs, prob.inputs, tasks, t, barrier=False, check=False, local_combine=True, dynamic=dyn,
+            ranks=me), inner)
         # the layer: this rank's dispatch push, kernel and top-k sum; both barriers (in a one-process world every
         # rank's signal and wait launches: 2P tiny kernels per barrier where a rank of the real world runs one)
-        fns[name, "layer"] = runs(lambda tasks=tasks: (dispatch(world, bufs, prob.inputs, check=False, ranks=me),
-                                                       run_experts(world, bufs, prob.inputs, tasks, t, check=False,
-                                                                   dynamic=dyn, ranks=me),
-                                                       topk_reduce(bufs.combine_view(rank, c.tokens))))
+        fns[name, "layer"] = calls_of(lambda tasks=tasks: (
+            dispatch(world, bufs, prob.inputs, check=False, ranks=me),
+            run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn, ranks=me),
+            topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
     # TIMING (session 17): every schedule's kernel, compute-only and layer runs in rounds, one run of each per round,
     # so that a drift of the machine over the configuration falls on every schedule alike (timed one schedule after
     # another, the kernel's runs rose ~10 % from first to last on the host link: docs/lab-notebook.md, S17-3)

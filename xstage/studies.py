@@ -2008,7 +2008,7 @@ def megamoe_gemm_data(machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
 
 
 def _config(df: pd.DataFrame) -> pd.Series:
-    return df["shape"] + "_T" + df.tokens.astype(str) + "_" + df.routing
+    return megamoe_config_names(df)
 
 
 def megamoe_gemm_ladder(df: pd.DataFrame) -> pd.DataFrame:
@@ -2106,7 +2106,8 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
                        MEGAMOE_ROUND11_GEMM_SUB: ("round-11", "gemm10"),
                        MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7"),
                        MEGAMOE_ROUND13_CONTROLS_SUB: ("round-13", "controls7"),
-                       MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB: ("round-13 repeat", "controls7")}.get(sub, ("round-3", "gemm"))
+                       MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB: ("round-13 repeat", "controls7"),
+                       }.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
                              f" run `python3 scripts/megamoe_gemm.py --study {study} --out data/{machine}/{sub}`")
     df, meta = data.load(folder, data.MEGAMOE_GEMM)
@@ -2413,14 +2414,15 @@ def megamoe_pair_processes(machine: str = "h200x1", sub: str = MEGAMOE_PAIR_PROC
     folders = sorted((f for f in root.glob("p*") if data.paths(f, data.MEGAMOE_GEMM)[0].is_file()),
                      key=lambda f: int(f.name[1:]) if f.name[1:].isdigit() else 0) if root.is_dir() else []
     if not folders:
-        raise NoRecordedData(f"no recorded MegaMoE pair in several processes for {machine} (data/{machine}/{sub}/p1 ...); "
+        raise NoRecordedData(f"no recorded MegaMoE pair in several processes for {machine} "
+                             f"(data/{machine}/{sub}/p1 ...); "
                              f"run `python3 scripts/megamoe_gemm.py --study controls7 --cases <config> --out "
                              f"data/{machine}/{sub}/p<N>` once per process")
     out = []
     for f in folders:
         df, _ = data.load(f, data.MEGAMOE_GEMM)
-        df = df[(df.method == "ours") & (df.status == "ok")] if "status" in df else df[df.method == "ours"]
-        df = df.assign(config=df["shape"] + "_T" + df.tokens.astype(str) + "_" + df.routing)
+        df = df[(df.method == "ours") & (df.status == "ok")]
+        df = df.assign(config=megamoe_config_names(df))
         for (dt, cfg), g in df.groupby(["dtype", "config"], sort=False):
             ms = g.groupby("schedule").ms.median()
             mn = g.groupby("schedule").ms_min.min()
