@@ -118,8 +118,9 @@ def test_recorded_rows_replay_as_the_limits(round12_rows):
     small = (rb.dtype == "fp8").to_numpy()
     assert small.sum() == 3 and (~small).sum() == 3
     np.testing.assert_allclose(rb.predicted_speedup[small], ro.predicted_speedup[small], rtol=1e-12)
-    # (a few short rounds of the large-tile configuration hold small bursts too: within 0.1 %, not bit-equal)
-    np.testing.assert_allclose(rb.predicted_speedup[~small], rs.predicted_speedup[~small], rtol=1e-3)
+    # (a few short rounds of the large-tile configuration hold small bursts too: within 0.2 %, not bit-equal; 0.11 %
+    # on the observed rank alone since session 18, 0.1 % when the slowest rank was taken)
+    np.testing.assert_allclose(rb.predicted_speedup[~small], rs.predicted_speedup[~small], rtol=2e-3)
     assert np.abs(rb.predicted_speedup[~small].to_numpy() - ro.predicted_speedup[~small].to_numpy()).max() > 1e-3
     # the measured speedups are the record's, whatever the model
     np.testing.assert_array_equal(rb.speedup.to_numpy(), rs.speedup.to_numpy())

@@ -1325,7 +1325,8 @@ def _layouts_of(case: MoECase, P: int) -> tuple:
 
 
 def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
-              wait: str | None = None, stall: str | None = None, recorded: str | None = None) -> pd.DataFrame:
+              wait: str | None = None, stall: str | None = None, recorded: str | None = None,
+              observed_rank: int | None = None) -> pd.DataFrame:
     """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
     per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
     recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
@@ -1335,7 +1336,11 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
     as the sweep calibrates; until session 17 this was always static, which mis-calibrated dynamic records). Returns the
     rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
     (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``);
-    ``stall``: the stall model (None: STALL_DEFAULT)."""
+    ``stall``: the stall model (None: STALL_DEFAULT). ``observed_rank``: the rows are that rank's times alone (a
+    one-GPU record: its ranks run one after another and only the observed rank is timed, sidecar
+    ``params.observed_rank``): its compute-only time calibrates that rank's rate and the prediction is that rank's,
+    not the maximum over ranks (until session 18 every rank was calibrated on the observed rank's time and the
+    slowest taken, which on hot routing predicted another rank's kernel)."""
     cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
     out = []
     keys = ["shape", "tokens", "routing", "P", "dtype"]
@@ -1348,7 +1353,9 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
         tiles = tiles_of_row(rows.iloc[0])     # the tiles the row ran with (old records: TILES_V1)
         out_bytes = OUT_DTYPES[dtype].itemsize
         pred: dict[str, list] = {}
-        for r in range(int(P)):
+        if observed_rank is not None and not 0 <= int(observed_rank) < int(P):
+            raise ValueError(f"observed_rank {observed_rank} is not a rank of a {int(P)}-rank world")
+        for r in (range(int(P)) if observed_rank is None else (int(observed_rank),)):
             ew, remote = _recorded_task_list(c, int(P), r, tiles, n_sms, "expert_wave",
                                              str(rows.schedule_param.get("expert_wave", "")))
             rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),

@@ -141,7 +141,8 @@ def _one_gpu_megamoe_rows() -> list[str]:
     return (rows + _one_gpu_megamoe_round3_rows() + _one_gpu_megamoe_round4_rows() + _one_gpu_megamoe_round5_rows()
             + _one_gpu_megamoe_round6_rows() + _one_gpu_megamoe_round7_rows() + _one_gpu_megamoe_round8_rows()
             + _one_gpu_megamoe_round9_rows() + _one_gpu_megamoe_round10_rows() + _one_gpu_megamoe_round12_rows()
-            + _one_gpu_megamoe_round13_rows() + _one_gpu_megamoe_round13_repeat_rows())
+            + _one_gpu_megamoe_round13_rows() + _one_gpu_megamoe_round13_repeat_rows()
+            + _one_gpu_megamoe_round14_rows())
 
 
 def _controls_cell(sub: str, study: str) -> str | None:
@@ -169,6 +170,15 @@ def _host_sweep_cell(record: str) -> str | None:
     return "; ".join(f"{dt} ({int(g.configs.max())} of {int(g.expected.max())}): " + ", ".join(
         f"{x.schedule} **{x.geomean_speedup:.3f}** / max {x.max_speedup:.2f} (model {x.geomean_predicted:.3f}, "
         f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
+
+
+def _rescore_cell(record: str | None = None) -> str:
+    """A one-GPU host-link record's speedups within ±10 % per stall model (studies.megamoe_stall_rescore)."""
+    r = studies.megamoe_stall_rescore(*(() if record is None else (record,)))
+    tot = r.groupby("stall", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
+                                             worst=("worst_abs_error", "max"))
+    return ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (worst \\|error\\| {x.worst:.0%})"
+                     for st, x in tot.iterrows())
 
 
 def _one_gpu_megamoe_round8_rows() -> list[str]:
@@ -279,11 +289,7 @@ def _one_gpu_megamoe_round12_rows() -> list[str]:
     if per is not None:
         rows.append(f"| MegaMoE, round 12 (tiles v6, lag version 2), combine over PCIe: each schedule / Expert-Wave "
                     f"kernel time, geomean / max, beside the model it recorded (stall model issuers) | {per} | {cmd} |")
-        r = studies.megamoe_stall_rescore()
-        tot = r.groupby("stall", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
-                                                 worst=("worst_abs_error", "max"))
-        per = ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (worst \\|error\\| {x.worst:.0%})"
-                        for st, x in tot.iterrows())
+        per = _rescore_cell()
         rows.append(f"| MegaMoE, round 12, the host-link model held out (a record none of the stall models saw): "
                     f"speedups within ±10 % per stall model (round_shared the default since) | {per} | "
                     f"`studies.megamoe_stall_rescore()`, notebook 03 |")
@@ -304,11 +310,7 @@ def _one_gpu_megamoe_round13_rows() -> list[str]:
     if per is not None:
         rows.append(f"| MegaMoE, round 13, combine over PCIe: each schedule / Expert-Wave kernel time, geomean / max, "
                     f"beside the model it recorded (stall model round_shared) | {per} | {cmd} |")
-        r = studies.megamoe_stall_rescore(studies.MEGAMOE_ROUND13_HOST)
-        tot = r.groupby("stall", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
-                                                 worst=("worst_abs_error", "max"))
-        per = ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (worst \\|error\\| {x.worst:.0%})"
-                        for st, x in tot.iterrows())
+        per = _rescore_cell(studies.MEGAMOE_ROUND13_HOST)
         rows.append(f"| MegaMoE, round 13, the host-link model held out (round_shared chosen before this record): "
                     f"speedups within ±10 % per stall model | {per} | `studies.megamoe_stall_rescore(\"{studies.MEGAMOE_ROUND13_HOST}\")`, "
                     f"notebook 03 |")
@@ -335,6 +337,35 @@ def _one_gpu_megamoe_round13_repeat_rows() -> list[str]:
                     f"time / Expert-Wave's (the same process) | {per} | `python3 scripts/megamoe_gemm.py --study "
                     f"controls7 --dtypes {dt} --cases {cfg} --out data/h200x1/{studies.MEGAMOE_PAIR_PROCESSES_SUB}/pN`, "
                     f"notebook 03 |")
+    return rows
+
+
+def _one_gpu_megamoe_round14_rows() -> list[str]:
+    """MegaMoE round 14 (session 18): round 13's defaults, the host-link sweep with the schedules timed in rounds
+    (data/h200x1/megamoe_round14_host), its model per stall model (none chosen on it), and how its timed runs
+    moved (studies.megamoe_run_drift)."""
+    rows, rec = [], studies.MEGAMOE_ROUND14_HOST
+    cmd = "`ROUND=megamoe_round14 scripts/megamoe_round10.sh 585 60 0 0 fp8,bf16 fp8,bf16`, notebook 03"
+    per = _host_sweep_cell(rec)
+    if per is None:
+        return rows
+    rows.append(f"| MegaMoE, round 14 (round 13's defaults; the schedules timed in rounds), combine over PCIe: each "
+                f"schedule / Expert-Wave kernel time, geomean / max, beside the model it recorded (stall model "
+                f"round_shared) | {per} | {cmd} |")
+    rows.append(f"| MegaMoE, round 14, the host-link model held out (round_shared chosen before this record): "
+                f"speedups within ±10 % per stall model | {_rescore_cell(rec)} | "
+                f"`studies.megamoe_stall_rescore(\"{rec}\")`, notebook 03 |")
+    try:
+        d = studies.megamoe_run_drift(studies.megamoe_timed_runs(rec))
+    except studies.NoRecordedData:
+        return rows
+    spread = d.groupby(["config", "dtype"], sort=False).rise.agg(lambda x: x.max() - x.min())
+    rows.append(f"| MegaMoE, round 14, every timed run: the kernel's rise from the first to the last quarter of a "
+                f"configuration's 20 runs, median over {len(d)} (schedule, pair) rows / its spread across one pair's "
+                f"schedules, median (max) / per-round ratio to Expert-Wave, interquartile range over median, median "
+                f"| {d.rise.median():+.1%} / {spread.median():.1%} ({spread.max():.1%}) / "
+                f"{d.rounds_iqr.median():.1%} | `studies.megamoe_run_drift(studies.megamoe_timed_runs(\"{rec}\"))`"
+                f", notebook 03 |")
     return rows
 
 

@@ -1158,11 +1158,13 @@ def repredicted_speedups(df: pd.DataFrame, meta: dict, prm, wait: str | None = N
     """A recorded MegaMoE sweep's speedups over Expert-Wave (:func:`megamoe_speedups`, the baseline's rows
     dropped) with ``predicted_speedup`` re-predicted by the cost model (``moe_plan.repredict``) from stage
     parameters ``prm``, wait model ``wait`` (None: the record's own, moe_plan.record_wait) and stall model
-    ``stall`` (None: the record's own, moe_plan.record_stall), for the record's SM count and task assignment."""
+    ``stall`` (None: the record's own, moe_plan.record_stall), for the record's SM count and task assignment, and
+    for its observed rank where it timed one (a one-GPU record, sidecar ``params.observed_rank``)."""
     from .moe_plan import record_stall, record_wait, repredict
 
-    rp = repredict(df, prm, int(meta.get("sm_count") or 132), meta.get("params", {}).get("assignment", "static"),
-                   wait or record_wait(meta), stall or record_stall(meta))
+    p = meta.get("params", {})
+    rp = repredict(df, prm, int(meta.get("sm_count") or 132), p.get("assignment", "static"),
+                   wait or record_wait(meta), stall or record_stall(meta), observed_rank=p.get("observed_rank"))
     keys = MEGAMOE_KEYS + ["schedule"]
     t = df.drop(columns=["predicted_speedup"]).merge(
         rp[keys + ["model_speedup"]].rename(columns={"model_speedup": "predicted_speedup"}), on=keys, how="left")
@@ -1216,8 +1218,9 @@ def megamoe_world_label(meta: dict) -> str:
 # (dynamic assignment, tiles v2, order v3, tile swizzle 8) and session 4's (static assignment, tiles v1, order
 # v1), which MEGAMOE_WORLDS still names as *the* host record (README, earlier sections of notebook 03).
 # Round 12 (session 15): tiles v6 (fp8 one stage more), lag version 2; round 13 (session 16): order version 4
-# (lag's releases aligned to swizzle groups), first.
-MEGAMOE_HOST_RECORDS = ("megamoe_round13_host", "megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
+# (lag's releases aligned to swizzle groups); round 14 (session 18): round 13's defaults, the schedules timed in
+# rounds (moe_sweep.TIMING "round_robin"; every record before it timed each schedule in a block of its own), first.
+MEGAMOE_HOST_RECORDS = ("megamoe_round14_host", "megamoe_round13_host", "megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
                         "megamoe_host_v2", "megamoe_host")
 
 
@@ -2402,7 +2405,67 @@ MEGAMOE_ROUND13_HOST = "megamoe_round13_host"               # data/h200x1/megamo
 # whose files were lost), and one pair (fp8 DeepSeek-V4-Pro T8192 uniform, lag 1.064 there) in five processes (S17-2)
 MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB = "megamoe_round13_repeat_controls"   # data/h200x1/<this>/: controls7
 MEGAMOE_PAIR_PROCESSES_SUB = "megamoe_s17_pro8192"          # data/h200x1/<this>/p1 ... p5: controls7, one pair each
+# ---- MegaMoE round 14 (issue 15; session 18, call S18-1): round 13's defaults, the host-link sweep with the schedules
+# timed in rounds (one run of each per round: moe_sweep.TIMING "round_robin"), every timed run kept (runs.jsonl.gz)
+MEGAMOE_ROUND14_HOST = "megamoe_round14_host"               # data/h200x1/megamoe_round14_host/: the host-link sweep
 MEGAMOE_STALL_MODELS_SCORED = ("issuers", "round", "round_shared")
+
+
+MEGAMOE_RUNS_FILES = ("runs.jsonl.gz", "runs.jsonl")     # every timed run of a sweep (moe_sweep.RUNS_ENV's lines)
+MEGAMOE_RUN_KINDS = ("kernel_ms", "local_ms", "layer_ms")   # per run: the kernel alone, compute only, the layer
+
+
+def megamoe_timed_runs(sub: str = MEGAMOE_ROUND14_HOST, machine: str = "h200x1") -> pd.DataFrame:
+    """Every timed run of a MegaMoE sweep that printed them (``XSTAGE_MEGAMOE_RUNS=1``: one JSON line per
+    configuration, dtype and schedule, kept as data/<machine>/<sub>/runs.jsonl[.gz]), long: config, dtype,
+    schedule, run (0-based, the order timed; in a sweep timed in rounds run i of every schedule is round i) and
+    the kernel-alone, compute-only and layer times. :class:`NoRecordedData` without the file; ValueError on a
+    malformed one."""
+    folder = data.machine_dir(machine) / sub
+    path = next((folder / f for f in MEGAMOE_RUNS_FILES if (folder / f).is_file()), None)
+    if path is None:
+        raise NoRecordedData(f"no timed runs recorded in data/{machine}/{sub}/ ({' or '.join(MEGAMOE_RUNS_FILES)}); "
+                             f"run the sweep with XSTAGE_MEGAMOE_RUNS=1 and keep its 'megamoe-runs' lines")
+    raw = pd.read_json(path, lines=True)
+    need = ["config", "dtype", "schedule", *MEGAMOE_RUN_KINDS]
+    missing = [c for c in need if c not in raw.columns]
+    if missing or raw.empty:
+        raise ValueError(f"{path}: malformed timed runs (missing {', '.join(missing) or 'every line'})")
+    out = []
+    for r in raw.itertuples(index=False):
+        cols = {k: np.asarray(getattr(r, k), np.float64) for k in MEGAMOE_RUN_KINDS}
+        n = {len(v) for v in cols.values()}
+        if len(n) != 1 or not all(np.isfinite(v).all() and (v > 0).all() for v in cols.values()):
+            raise ValueError(f"{path}: {r.config} {r.dtype} {r.schedule}: runs of unequal length or not positive")
+        out.append(pd.DataFrame({"config": r.config, "dtype": r.dtype, "schedule": r.schedule,
+                                 "run": np.arange(n.pop()), **cols}))
+    return pd.concat(out, ignore_index=True)
+
+
+def megamoe_run_drift(runs: pd.DataFrame, quarter: float = 0.25) -> pd.DataFrame:
+    """How a configuration's timed runs move while it is timed (:func:`megamoe_timed_runs`): per config, dtype and
+    schedule the kernel-alone median (``ms``), its ``rise`` (median of the last ``quarter`` of the runs over the
+    first quarter's, minus 1), and, beside Expert-Wave's runs of the same index (one round each in a sweep timed in
+    rounds), the ratio of medians (``over_ew``), the median of the per-round ratios (``over_ew_rounds``) and their
+    spread (``rounds_iqr``: interquartile range over the median). Session 17 (S17-3, timed in blocks) found every
+    schedule's runs rising ~10 % through its block; timed in rounds that rise falls on every schedule alike."""
+    rows = []
+    for (cfg, dt), g in runs.groupby(["config", "dtype"], sort=False):
+        k = {sch: x.sort_values("run").kernel_ms.to_numpy() for sch, x in g.groupby("schedule", sort=False)}
+        if MEGAMOE_BASELINE not in k:
+            raise ValueError(f"{cfg} {dt}: no {MEGAMOE_BASELINE} runs to compare with")
+        ew = k[MEGAMOE_BASELINE]
+        for sch, v in k.items():
+            q = max(1, int(round(len(v) * quarter)))
+            row = dict(config=cfg, dtype=dt, schedule=sch, runs=len(v), ms=float(np.median(v)),
+                       rise=float(np.median(v[-q:]) / np.median(v[:q]) - 1))
+            if sch != MEGAMOE_BASELINE and len(v) == len(ew):
+                rr = v / ew
+                q1, q3 = np.percentile(rr, [25, 75])
+                row.update(over_ew=float(np.median(v) / np.median(ew)), over_ew_rounds=float(np.median(rr)),
+                           rounds_iqr=float((q3 - q1) / np.median(rr)))
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def megamoe_pair_processes(machine: str = "h200x1", sub: str = MEGAMOE_PAIR_PROCESSES_SUB) -> pd.DataFrame:
