@@ -84,6 +84,12 @@ for s in "$@"; do
        --targets host --per-program --programs 24,40,80,120,160,200 --seed 11 --count 6 --repeats 3; \
        for f in burst_program burst_train; do [ -e "$SCRATCH/train_programs_new_p/$f.csv" ] && \
        gzip -f "$SCRATCH/train_programs_new_p/$f.csv"; done ;;
+    # small bursts on a link fed by few to all programs (issue 11, session 18): the regime the fitted models miss
+    # (bursts <= 48 KiB, gaps up to 50 us), a new seed, never fitted: held out whole
+    trains-small:*) stage trains-small "${s#trains-small:}" $PY -m xstage sweep trains --out "$SCRATCH/train_small_s18" \
+       --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50 \
+       --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_small_s18/$f.csv" ] && \
+       gzip -f "$SCRATCH/train_small_s18/$f.csv"; done ;;
     bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
        --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;
