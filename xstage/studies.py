@@ -1466,7 +1466,9 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None) -
     return rows, summary
 
 
-SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p")   # data/h200x1/: never fitted
+TRAIN_SMALL = "train_small_s18"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
+                                  # after the full model and every candidate rung were written
+SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p", TRAIN_SMALL)   # never fitted
 
 
 def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0, prm=None) -> pd.DataFrame:
