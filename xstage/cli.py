@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
-                                        "gpc_dyn", "gpc_uneven", "gpc_drain"), default="stage",
+                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing"), default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
                          "pool (+ the stall: a filled stage keeps part of its capacity until it empties), "
@@ -260,7 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "gpc_dyn (a candidate: gpc whose shares follow the GPCs holding stores, each an equal share), "
                          "gpc_uneven (a candidate: gpc where the GPC populations differ by more than 2x, else stage), "
                          "gpc_drain (a candidate: stage whose drain is shared as gpc_dyn's, one group per program up "
-                         "to 16 per GPC; ~3 s per prediction of the host records)")
+                         "to 16 per GPC; ~3 s per prediction of the host records), "
+                         "slots_issuing (a candidate: stage whose shared part is split equally among the programs "
+                         "issuing now)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

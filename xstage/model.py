@@ -315,7 +315,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
                              # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
@@ -361,6 +361,10 @@ class StageParams:
                                      # within it by the spread among its holding programs), each program's own
                                      # slots by the spread's weight alone (as "slots": an SM's slots are the SM's),
                                      # GPC_DRAIN_GROUPS groups (the spread per program)
+                                     # "slots_issuing": "slots" whose shared part is no first-come pool but split
+                                     # equally among the programs issuing now (each may hold its own slots + phi-or-1
+                                     # x C_0 / programs issuing); stores of programs not issuing drain and hold their
+                                     # slots as in "slots" but reserve none of the shared part (simulate_stage)
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -920,7 +924,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain")
+    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing")
+    issuing_share = prm.arbitration == "slots_issuing"
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]
@@ -970,6 +975,53 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         if not active.any():
             break
         issuing = phase == 1
+        if issuing_share:
+            # slots_issuing: a program issuing now has its own slots (a, as "slots") and an equal share of the shared
+            # part among the programs issuing now, Cs / (programs issuing); there is no first-come pool. Stores of
+            # programs not issuing still drain (their weight's share of D among the programs holding stores, as
+            # "slots") and hold their own slots, but reserve none of the shared part: a program that starts a
+            # burst while few others issue gets a large share at once. The stall as "slots": once the stores
+            # beyond the programs' slots (Q) reach C_0, the shared part is phi C_0 until Q has emptied.
+            holding = valid & ((q > 0) | issuing)
+            dr = np.where(holding, D * w / np.maximum((m * w * holding).sum(axis=1), 1e-300)[:, None], 0.0)
+            Cs = np.where(stalled, C0 * phi, C0)
+            Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
+            n_iss = (m * issuing).sum(axis=1)
+            cap = a + np.where(issuing, (Cs / np.maximum(n_iss, 1e-300))[:, None], 0.0)
+            below = valid & (q < cap * (1 - 1e-9))
+            beyond = valid & (q > cap * (1 + 1e-9))
+            at = valid & ~below & ~beyond
+            rate = np.where(issuing & below, r, 0.0)
+            rate = np.where(issuing & at, np.minimum(r, dr), rate)
+            qdot = rate - dr
+            qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
+            pool = (q > a * (1 + 1e-9)) | ((np.abs(q - a) <= a * 1e-9) & (qdot > 0))
+            Qdot = (m * qdot * pool).sum(axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t_evt = np.where(issuing & (rate > 0), rem / rate,
+                                 np.where((phase == 0) | (phase == 2), rem, np.inf))
+                t_cap = np.where(issuing & below & (qdot > 0), (cap - q) / qdot,
+                                 np.where(issuing & beyond & (qdot < 0), (q - cap) / -qdot, np.inf))
+                t_a = np.where((q < a * (1 - 1e-9)) & (qdot > 0), (a - q) / qdot,
+                               np.where((q > a * (1 + 1e-9)) & (qdot < 0), (q - a) / -qdot, np.inf))
+                t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
+                t_fill = np.where(~stalled & (Q < C0 * (1 - 1e-9)) & (Qdot > 0), (C0 - Q) / Qdot, np.inf)
+            dt = np.minimum(np.minimum(t_evt, t_cap), np.minimum(t_a, t_empty)).min(axis=1)
+            dt = np.minimum(dt, t_fill)
+            dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
+            t = t + dt
+            near = dt[:, None] * (1 + 1e-12)
+            rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
+                                                                        rem - dt[:, None], rem))
+            rem = np.where(t_evt <= near, 0.0, rem)
+            q = np.maximum(q + qdot * dt[:, None], 0.0)
+            q = np.where(t_cap <= near, cap, q)
+            q = np.where(t_a <= near, a, q)
+            q = np.where(t_empty <= near, 0.0, q)
+            filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
+            Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
+            stalled = (stalled | filled) & (Q > 0)
+            continue
         if private:
             # per program: x = its stores in the stage, a = its own slots; beyond a it uses the shared pool (C_0,
             # phi C_0 once stalled). Every program's stores drain at its weight's share of D among the programs
