@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
-                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing"), default="stage",
+                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped"),
+                    default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
                          "pool (+ the stall: a filled stage keeps part of its capacity until it empties), "
@@ -262,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "gpc_drain (a candidate: stage whose drain is shared as gpc_dyn's, one group per program up "
                          "to 16 per GPC; ~3 s per prediction of the host records), "
                          "slots_issuing (a candidate: stage whose shared part is split equally among the programs "
-                         "issuing now)")
+                         "issuing now), "
+                         "capped (a candidate: one stage C(P) that each program may fill up to its own cap c_p, the "
+                         "caps overcommitting it; the stores of programs not issuing drain first)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

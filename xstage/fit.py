@@ -245,7 +245,8 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "gpc_dyn": tuple(STAGE_PARAMS),
          "gpc_uneven": tuple(STAGE_PARAMS),
          "gpc_drain": tuple(STAGE_PARAMS),
-         "slots_issuing": tuple(STAGE_PARAMS)}
+         "slots_issuing": tuple(STAGE_PARAMS),
+         "capped": tuple(STAGE_PARAMS)}
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
@@ -255,10 +256,11 @@ RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("
                     ("gpc_dyn", "host"): "gpc_dyn", ("gpc_dyn", "nvlink"): "gpc_dyn",
                     ("gpc_uneven", "host"): "gpc_uneven", ("gpc_uneven", "nvlink"): "gpc_uneven",
                     ("gpc_drain", "host"): "gpc_drain", ("gpc_drain", "nvlink"): "gpc_drain",
-                    ("slots_issuing", "host"): "slots_issuing", ("slots_issuing", "nvlink"): "slots_issuing"}
+                    ("slots_issuing", "host"): "slots_issuing", ("slots_issuing", "nvlink"): "slots_issuing",
+                    ("capped", "host"): "capped", ("capped", "nvlink"): "capped"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
 RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
-              "gpc_drain": "stage", "slots_issuing": "stage"}
+              "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage"}
 # rung "processes": the full model fitted to the train records of other calls and processes as well (under the
 # machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
 # (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes

@@ -315,7 +315,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
                              # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
@@ -328,6 +328,7 @@ N_GPC = 8                    # GPCs of the measured map (GPC_OF_SM)
 GPC_UNEVEN_RATIO = 2.0       # arbitration "gpc_uneven": GPC shares only where the grid's GPC populations differ by more
                              # than this factor (recorded counts: P <= 48 ratio 2.4-9, P >= 66 1.12-1.71; 1.8 and 2
                              # make the same classes; lab notebook, session 14, helper 2)
+CAPPED_OLDEST_FIRST = True   # arbitration "capped": the stores of programs not issuing drain before the issuers'
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
 
@@ -365,6 +366,11 @@ class StageParams:
                                      # equally among the programs issuing now (each may hold its own slots + phi-or-1
                                      # x C_0 / programs issuing); stores of programs not issuing drain and hold their
                                      # slots as in "slots" but reserve none of the shared part (simulate_stage)
+                                     # "capped": one stage of C(P) (phi C(P) once it filled, until it empties) that
+                                     # every program may fill up to its own cap c_p, not a partition: the caps
+                                     # overcommit the stage (P c_p > C(P) at large P), so while few programs issue
+                                     # each takes up to c_p at once and once most do the stage is full and a new
+                                     # burst waits for its weight's share of what drains (simulate_stage)
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -924,13 +930,18 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing")
+    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing",
+                                  "capped")
     issuing_share = prm.arbitration == "slots_issuing"
+    capped = prm.arbitration == "capped"
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]
         q = np.zeros((N, G))
         stalled = np.zeros(N, bool)
+        cp = KIB * prm.capacity_per_program_kib   # capped: each program's cap (the stage is C(P), not C0 + slots)
+        if capped:
+            C0 = np.zeros(N)
     else:
         q = np.zeros(N)
         stalled = np.zeros(N, bool)
@@ -975,6 +986,57 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         if not active.any():
             break
         issuing = phase == 1
+        if capped:
+            # capped: every program's stores (q, per program) drain at its weight's share of D among the programs
+            # holding stores, as in "slots"; a program issues at r while it is below its cap c_p and the stage
+            # (the sum of q, C(P) or phi C(P) once it filled, until it empties) has room, at its own drain rate
+            # once at its cap; while the stage is full the issuing programs share what drains by weight (each at
+            # most its open rate), and while it is over (phi C after filling) they wait.
+            holding = valid & ((q > 0) | issuing)
+            if CAPPED_OLDEST_FIRST:   # the stores of programs that stopped issuing are older: they drain first
+                idle = holding & ~issuing & (q > 0)
+                holding = np.where(idle.any(axis=1)[:, None], idle, holding)
+            dr = np.where(holding, D * w / np.maximum((m * w * holding).sum(axis=1), 1e-300)[:, None], 0.0)
+            Ce = np.where(stalled, C * phi, C)
+            Q = (m * q).sum(axis=1)
+            over = Q > Ce * (1 + 1e-9) + 1e-6
+            full = ~over & (Q >= Ce * (1 - 1e-9) - 1e-6)
+            below = valid & (q < cp * (1 - 1e-9))
+            at = valid & ~below
+            open_rate = np.where(issuing & below, r, np.where(issuing & at, np.minimum(r, dr), 0.0))
+            rate = open_rate
+            if full.any():
+                shared = _water_fill(np.where(issuing & full[:, None] & (open_rate > 0), w, 0.0), m,
+                                     (m * dr).sum(axis=1), open_rate)
+                rate = np.where(full[:, None], shared, rate)
+            rate = np.where(over[:, None], 0.0, rate)
+            qdot = rate - dr
+            qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
+            Qdot = (m * qdot).sum(axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t_evt = np.where(issuing & (rate > 0), rem / rate,
+                                 np.where((phase == 0) | (phase == 2), rem, np.inf))
+                t_cap = np.where(below & (qdot > 0), (cp - q) / qdot, np.inf)
+                t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
+                t_fill = np.where(~full & ~over & (Qdot > 0), (Ce - Q) / Qdot, np.inf)
+                t_unover = np.where(over & (Qdot < 0), (Q - Ce) / -Qdot, np.inf)
+            dt = np.minimum(np.minimum(t_evt, t_cap), t_empty).min(axis=1)
+            dt = np.minimum(dt, np.minimum(t_fill, t_unover))
+            dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
+            t = t + dt
+            near = dt[:, None] * (1 + 1e-12)
+            rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
+                                                                        rem - dt[:, None], rem))
+            rem = np.where(t_evt <= near, 0.0, rem)
+            q = np.maximum(q + qdot * dt[:, None], 0.0)
+            q = np.where(t_cap <= near, cp, q)
+            q = np.where(t_empty <= near, 0.0, q)
+            filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
+            if filled.any():   # land exactly on the stage's limit: scale the holders' q onto it
+                Qn = (m * q).sum(axis=1)
+                q = np.where(filled[:, None] & (Qn > 0)[:, None], q * (Ce / np.maximum(Qn, 1e-300))[:, None], q)
+            stalled = (stalled | filled) & ((m * q).sum(axis=1) > 0)
+            continue
         if issuing_share:
             # slots_issuing: a program issuing now has its own slots (a, as "slots") and an equal share of the shared
             # part among the programs issuing now, Cs / (programs issuing); there is no first-come pool. Stores of

@@ -1804,7 +1804,7 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
     return out
 
 
-CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
+CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
 # (a rung whose fit is not written is left out; gpc_drain's fit is written since session 16: 20 min on one core with
 # its fast path, model._stage_units; stage_rescored scores an arbitration with another rung's parameters)
 
