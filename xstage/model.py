@@ -1001,7 +1001,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             Q = (m * q).sum(axis=1)
             over = Q > Ce * (1 + 1e-9) + 1e-6
             full = ~over & (Q >= Ce * (1 - 1e-9) - 1e-6)
-            below = valid & (q < cp * (1 - 1e-9))
+            cap = np.full((N, G), cp)
+            below = valid & (q < cap * (1 - 1e-9))
             at = valid & ~below
             open_rate = np.where(issuing & below, r, np.where(issuing & at, np.minimum(r, dr), 0.0))
             rate = open_rate
@@ -1016,7 +1017,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             with np.errstate(divide="ignore", invalid="ignore"):
                 t_evt = np.where(issuing & (rate > 0), rem / rate,
                                  np.where((phase == 0) | (phase == 2), rem, np.inf))
-                t_cap = np.where(below & (qdot > 0), (cp - q) / qdot, np.inf)
+                t_cap = np.where(below & (qdot > 0), (cap - q) / qdot, np.inf)
                 t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
                 t_fill = np.where(~full & ~over & (Qdot > 0), (Ce - Q) / Qdot, np.inf)
                 t_unover = np.where(over & (Qdot < 0), (Q - Ce) / -Qdot, np.inf)
@@ -1029,7 +1030,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                                                                         rem - dt[:, None], rem))
             rem = np.where(t_evt <= near, 0.0, rem)
             q = np.maximum(q + qdot * dt[:, None], 0.0)
-            q = np.where(t_cap <= near, cp, q)
+            q = np.where(t_cap <= near, cap, q)
             q = np.where(t_empty <= near, 0.0, q)
             filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
             if filled.any():   # land exactly on the stage's limit: scale the holders' q onto it
