@@ -397,6 +397,9 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_controls`",
                    "note: no recorded MegaMoE round-13 repeat study for h200x1 (data/h200x1/megamoe_round13_repeat_controls); "
                    "run `python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_repeat_controls`",
+                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
+                   "memory (data/h200x1/megamoe_round14_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
+                   "host --out data/h200x1/megamoe_round14_host`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 
