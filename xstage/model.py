@@ -868,6 +868,18 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
     return start, end
 
 
+def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
+    """One step of simulate_stage's clock (per-program stages): dt clamped to the active configurations, the
+    issuers' remaining bytes and the others' remaining time taken down, the events that set dt landed exactly.
+    Returns (dt, t, near, rem); ``near``: the [N, 1] tolerance within which an event counts as reached."""
+    dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
+    t = t + dt
+    near = dt[:, None] * (1 + 1e-12)
+    rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2), rem - dt[:, None], rem))
+    rem = np.where(t_evt <= near, 0.0, rem)
+    return dt, t, near, rem
+
+
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,
                    barrier_drains=True):
     """Every configuration's train through the stage model, vectorized over configurations.
@@ -1023,12 +1035,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 t_unover = np.where(over & (Qdot < 0), (Q - Ce) / -Qdot, np.inf)
             dt = np.minimum(np.minimum(t_evt, t_cap), t_empty).min(axis=1)
             dt = np.minimum(dt, np.minimum(t_fill, t_unover))
-            dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
-            t = t + dt
-            near = dt[:, None] * (1 + 1e-12)
-            rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
-                                                                        rem - dt[:, None], rem))
-            rem = np.where(t_evt <= near, 0.0, rem)
+            dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
             q = np.maximum(q + qdot * dt[:, None], 0.0)
             q = np.where(t_cap <= near, cap, q)
             q = np.where(t_empty <= near, 0.0, q)
@@ -1071,12 +1078,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 t_fill = np.where(~stalled & (Q < C0 * (1 - 1e-9)) & (Qdot > 0), (C0 - Q) / Qdot, np.inf)
             dt = np.minimum(np.minimum(t_evt, t_cap), np.minimum(t_a, t_empty)).min(axis=1)
             dt = np.minimum(dt, t_fill)
-            dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
-            t = t + dt
-            near = dt[:, None] * (1 + 1e-12)
-            rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
-                                                                        rem - dt[:, None], rem))
-            rem = np.where(t_evt <= near, 0.0, rem)
+            dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
             q = np.maximum(q + qdot * dt[:, None], 0.0)
             q = np.where(t_cap <= near, cap, q)
             q = np.where(t_a <= near, a, q)
@@ -1120,12 +1122,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 t_unover = np.where(over & (Qdot < 0), (Q - Cs) / -Qdot, np.inf)
             dt = np.minimum(np.minimum(t_evt, t_slot), np.minimum(t_leave, t_empty)).min(axis=1)
             dt = np.minimum(dt, np.minimum(t_fill, t_unover))
-            dt = np.where(active & np.isfinite(dt), np.maximum(dt, 0.0), 0.0)
-            t = t + dt
-            near = dt[:, None] * (1 + 1e-12)
-            rem = np.where(issuing, rem - rate * dt[:, None], np.where((phase == 0) | (phase == 2),
-                                                                        rem - dt[:, None], rem))
-            rem = np.where(t_evt <= near, 0.0, rem)
+            dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
             q = np.maximum(q + qdot * dt[:, None], 0.0)
             q = np.where((t_slot <= near) | (t_leave <= near), a, q)
             q = np.where(t_empty <= near, 0.0, q)
