@@ -952,8 +952,6 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         q = np.zeros((N, G))
         stalled = np.zeros(N, bool)
         cp = KIB * prm.capacity_per_program_kib   # capped: each program's cap (the stage is C(P), not C0 + slots)
-        if capped:
-            C0 = np.zeros(N)
     else:
         q = np.zeros(N)
         stalled = np.zeros(N, bool)
