@@ -90,6 +90,12 @@ for s in "$@"; do
        --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50 \
        --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_small_s18/$f.csv" ] && \
        gzip -f "$SCRATCH/train_small_s18/$f.csv"; done ;;
+    # designed probe trains (issue 11, session 19): a lead burst of 8-128 KiB per program, a gap of 0.5-20 us, then
+    # 2 KiB probes 3 us apart, P = 16 / 66 / 132 / 264, per program: what holds a small burst back after a big one
+    trains-probe:*) stage trains-probe "${s#trains-probe:}" $PY -m xstage sweep trains --out "$SCRATCH/train_probe_s19" \
+       --targets host --per-program --programs 16,66,132,264 --family probe --repeats 3; \
+       for f in burst_program burst_train; do [ -e "$SCRATCH/train_probe_s19/$f.csv" ] && \
+       gzip -f "$SCRATCH/train_probe_s19/$f.csv"; done ;;
     bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
        --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;

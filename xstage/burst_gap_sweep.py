@@ -23,7 +23,7 @@ from .model import KIB
 from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
-                           train_buffers, train_family)
+                           probe_family, train_buffers, train_family)
 
 
 
@@ -309,6 +309,9 @@ def check_job(world, points: list[BurstGapPoint], seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ free-running trains
+TRAIN_FAMILIES = ("random", "probe")   # TrainGrid.family
+
+
 @dataclass(frozen=True)
 class TrainGrid:
     """The irregular-train study: a seeded family of trains x program counts x targets (no grid barrier)."""
@@ -324,13 +327,21 @@ class TrainGrid:
     per_program: bool = False                         # also record every program's every burst (burst_program)
     kib: tuple[float, float] = TRAIN_KIB              # burst sizes per program (log-uniform), KiB
     gap_us: tuple[float, float] = TRAIN_GAP_US        # compute gaps (log-uniform, a quarter 0), us
+    family: str = "random"                            # "random": train_family(seed, ...); "probe": probe_family
+                                                      # (designed: a lead burst, then 2 KiB probes; seed, count,
+                                                      # kib and gap_us unused)
 
     def trains(self) -> list[BurstTrain]:
-        fam = train_family(self.seed, self.count, self.n_bursts, self.kib, self.gap_us, self.store_bytes)
+        if self.family == "probe":
+            fam = probe_family(self.n_bursts, store_bytes=self.store_bytes)
+        else:
+            fam = train_family(self.seed, self.count, self.n_bursts, self.kib, self.gap_us, self.store_bytes)
         return [BurstTrain(name, t, p, sizes, gaps, self.store_bytes)
                 for t in self.targets for p in self.programs for name, sizes, gaps in fam]
 
     def validate(self, sm_count: int | None = None) -> None:
+        if self.family not in TRAIN_FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(TRAIN_FAMILIES)}, got {self.family!r}")
         if not (0 < self.kib[0] <= self.kib[1]) or not (0 < self.gap_us[0] <= self.gap_us[1]):
             raise ValueError(f"kib and gap_us must be ranges (low <= high, both > 0), got {self.kib}, {self.gap_us}")
         if self.repeats < 1 or self.count < 1 or self.n_bursts < 1:

@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--gap-us", type=_floats, default=t.gap_us,
                     help="compute gaps, low,high us (log-uniform; a quarter of them 0)")
     tr.add_argument("--repeats", type=int, default=t.repeats, help="timed repeats per train")
+    tr.add_argument("--family", choices=("random", "probe"), default=t.family,
+                    help="random: the seeded family; probe: designed trains (a lead burst, then 2 KiB probes)")
     tr.add_argument("--per-program", action="store_true",
                     help="also record every program's every burst and its SM (burst_program, beside burst_train)")
     tr.add_argument("--world-size", type=int, default=None, help="default: 2 with a remote target, else 1")
@@ -352,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.kib) != 2 or len(args.gap_us) != 2:
                 raise ValueError(f"--kib and --gap-us take two numbers (low,high), got {args.kib}, {args.gap_us}")
             grid = TrainGrid(seed=args.seed, count=args.count, n_bursts=args.bursts, programs=args.programs,
-                             kib=args.kib, gap_us=args.gap_us, per_program=args.per_program,
+                             kib=args.kib, gap_us=args.gap_us, per_program=args.per_program, family=args.family,
                              targets=targets, repeats=args.repeats, world_size=world_for(targets) if args.world_size is None else args.world_size)
             params = None
             if args.source == "simulated":

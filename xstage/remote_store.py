@@ -279,6 +279,34 @@ def train_family(seed: int, count: int, n_bursts: int = TRAIN_BURSTS, kib=TRAIN_
     return out
 
 
+PROBE_LEAD_KIB = (8, 16, 32, 64, 128)   # probe family: the lead burst per program (KiB)
+PROBE_GAP_US = (0.5, 5, 20)             # probe family: compute gap between the lead burst and the first probe (us)
+PROBE_KIB = 2                           # probe family: each probe burst per program (KiB)
+PROBE_SPACING_US = 3                    # probe family: compute gap between consecutive probes (us)
+
+
+def probe_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_LEAD_KIB, gap_us=PROBE_GAP_US,
+                 store_bytes: int = 16) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Designed trains (issue 11, session 19): one lead burst of A KiB per program, a gap g, then n_bursts - 1
+    probes of PROBE_KIB KiB PROBE_SPACING_US apart, for every A in ``lead_kib`` x g in ``gap_us``. What a probe
+    costs, per program, says what still holds the link back after the program's own lead burst: a stage that
+    is full (every program's probe waits alike) or the program's own stores still queued (its probe waits for
+    them). Names "pA-gG" (A KiB, G us)."""
+    if n_bursts < 2:
+        raise ValueError(f"a probe train needs a lead burst and at least one probe, got n_bursts={n_bursts}")
+    step = train_step_bytes(store_bytes)
+    out = []
+    for a in lead_kib:
+        for g in gap_us:
+            lead = int(round(a * 1024 / step)) * step
+            probe = max(int(round(PROBE_KIB * 1024 / step)), 1) * step
+            if lead <= 0:
+                raise ValueError(f"probe family: lead bursts must be at least {step} B, got {a} KiB")
+            gaps = (int(round(g * 1000)),) + (int(PROBE_SPACING_US * 1000),) * (n_bursts - 1)
+            out.append((f"p{a:g}-g{g:g}", (lead,) + (probe,) * (n_bursts - 1), gaps))
+    return out
+
+
 def train_buffers(tr: BurstTrain, device) -> dict[str, torch.Tensor]:
     """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, 2], calibration cal[P, 2] and
     the SM of every program sm[P]."""
