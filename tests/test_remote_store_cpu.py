@@ -73,6 +73,33 @@ def test_train_family_is_seeded_and_in_range():
     assert 0 in gaps and max(gaps) <= 100_000 and min(g for g in gaps if g) >= 500
 
 
+def test_probe_family_is_a_lead_burst_then_probes_for_every_lead_and_gap():
+    from xstage.remote_store import PROBE_GAP_US, PROBE_LEAD_KIB, PROBE_SPACING_US, probe_family
+
+    fam = probe_family()
+    assert len(fam) == len(PROBE_LEAD_KIB) * len(PROBE_GAP_US) and len({n for n, _, _ in fam}) == len(fam)
+    seen = set()
+    for name, sizes, gaps in fam:
+        assert len(sizes) == len(gaps) == 12 and all(s % 2048 == 0 for s in sizes)
+        assert set(sizes[1:]) == {2048} and set(gaps[1:]) == {PROBE_SPACING_US * 1000}
+        seen.add((sizes[0] // 1024, gaps[0] / 1000))
+        assert name == f"p{sizes[0] // 1024}-g{gaps[0] / 1000:g}"
+    assert seen == {(a, g) for a in PROBE_LEAD_KIB for g in PROBE_GAP_US}
+    with pytest.raises(ValueError, match="at least one probe"):
+        probe_family(n_bursts=1)
+
+
+def test_train_grid_family_selects_the_trains_and_rejects_an_unknown_one(tmp_path):
+    from xstage.remote_store import probe_family
+
+    grid = sweep.TrainGrid(family="probe", programs=(2, 3), targets=("host",), repeats=1)
+    grid.validate()
+    assert [(t.name, t.burst_bytes, t.gap_ns) for t in grid.trains() if t.programs == 2] == probe_family()
+    assert sweep.TrainGrid(count=2).trains()[0].name.startswith("s0-")      # the seeded family by default
+    with pytest.raises(ValueError, match="family must be one of"):
+        sweep.TrainGrid(family="probes").validate()
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(burst_bytes=(2048, 1000), gap_ns=(0, 0)), "multiples of 2048"),
     (dict(burst_bytes=(2048,), gap_ns=(0, 0)), "same"),
