@@ -1628,6 +1628,66 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     return out.reset_index()
 
 
+TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
+
+
+def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFrame:
+    """The probe trains (``remote_store.probe_family``: a lead burst of A KiB per program, a gap g, then 2 KiB probes
+    3 us apart) from their per-program record ``pp`` (schema burst_program): per (lead KiB, gap, programs), medians
+    over repeats of the per-run statistics: the lead burst's median program and its ratio to the fastest program's
+    (``lead_ns``, ``lead_spread``), the first probe's median / p10 / p90 program (``probe1_ns``, ``probe1_p10_ns``,
+    ``probe1_p90_ns``), the share of programs whose first probe took over 1 us (``probe1_slow``), the probes' total
+    for the median program (``probes_ns``), how the first probe's time follows the program's own lead time
+    (``spearman``: over the programs of one run) and how bunched the first probes' ends are against their starts
+    (``end_over_start_spread``: p10-p90 spread of the ends / of the starts; << 1: released together). With ``prm``
+    (xstage.model StageParams) the model's median program for the lead and the first probe beside them
+    (``model_lead_ns``, ``model_probe1_ns``)."""
+    from scipy.stats import spearmanr
+
+    pp = pp[pp.target == LINK_TARGET[link]]
+    if pp.empty:
+        raise ValueError(f"no per-program rows for the {link} link")
+    if (pp.burst.max() < 1) or not pp.train.str.match(r"^p[0-9.]+-g[0-9.]+$").all():
+        raise ValueError("probe_summary reads the probe family's record (trains named pA-gG with >= 2 bursts)")
+    rows = []
+    for (tr, P, rep), g in pp.groupby(["train", "programs", "repeat"], sort=False):
+        g = g.sort_values(["program", "burst"])
+        lead = g[g.burst == 0].set_index("program")
+        p1 = g[g.burst == 1].set_index("program")
+        probes = g[g.burst >= 1].groupby("program").issue_ns.sum()
+        e1 = p1.start_ns + p1.issue_ns
+        s_spread = float(np.subtract(*np.percentile(p1.start_ns, [90, 10])))
+        e_spread = float(np.subtract(*np.percentile(e1, [90, 10])))
+        x, y = lead.issue_ns, p1.issue_ns.reindex(lead.index)
+        rho = spearmanr(x, y).statistic if P > 2 and x.nunique() > 1 and y.nunique() > 1 else np.nan
+        rows.append({"train": tr, "programs": int(P), "repeat": int(rep),
+                     "lead_kib": float(lead.burst_bytes.iloc[0]) / KIB, "gap_us": float(lead.gap_ns.iloc[0]) / 1e3,
+                     "lead_ns": float(lead.issue_ns.median()),
+                     "lead_spread": float(lead.issue_ns.median() / max(lead.issue_ns.min(), 1e-9)),
+                     "probe1_ns": float(p1.issue_ns.median()),
+                     "probe1_p10_ns": float(np.percentile(p1.issue_ns, 10)),
+                     "probe1_p90_ns": float(np.percentile(p1.issue_ns, 90)),
+                     "probe1_slow": float((p1.issue_ns > 1000).mean()),
+                     "probes_ns": float(probes.median()), "spearman": float(rho) if np.isfinite(rho) else np.nan,
+                     "end_over_start_spread": e_spread / s_spread if s_spread > 0 else np.nan})
+    r = pd.DataFrame(rows)
+    out = (r.groupby(["lead_kib", "gap_us", "programs", "train"], as_index=False)
+           .median(numeric_only=True).drop(columns="repeat"))
+    if prm is not None:
+        from .model import predict_train
+
+        trains = pp.groupby(["train", "programs", "burst"]).agg(b=("burst_bytes", "first"),
+                                                               gap=("gap_ns", "first")).reset_index()
+        ml, m1 = [], []
+        for row in out.itertuples():
+            t = trains[(trains.train == row.train) & (trains.programs == row.programs)].sort_values("burst")
+            pr = predict_train(prm, int(row.programs), t.b.to_numpy(np.float64), t.gap.to_numpy(np.float64))
+            ml.append(float(pr[0]))
+            m1.append(float(pr[1]))
+        out = out.assign(model_lead_ns=ml, model_probe1_ns=m1)
+    return out.sort_values(["programs", "lead_kib", "gap_us"]).reset_index(drop=True)
+
+
 def program_favour(pp: pd.DataFrame, link: str = "host") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Which programs the stage favours when it is full, from the per-program record: per (programs, SM) the
     median ``rel`` over its contended bursts (:func:`program_rates`), and per program count a summary: the
