@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
                     help="gpu: run the kernels; simulated: the Burst-Gap event simulation (no GPU)")
 
-    from .burst_gap_sweep import TrainGrid
+    from .burst_gap_sweep import TRAIN_FAMILIES, TrainGrid
 
     t = TrainGrid()
     tr = swsub.add_parser("trains", help="free-running irregular trains, sizes and gaps as data (notebooks 01/02)")
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--gap-us", type=_floats, default=t.gap_us,
                     help="compute gaps, low,high us (log-uniform; a quarter of them 0)")
     tr.add_argument("--repeats", type=int, default=t.repeats, help="timed repeats per train")
-    tr.add_argument("--family", choices=("random", "probe"), default=t.family,
+    tr.add_argument("--family", choices=TRAIN_FAMILIES, default=t.family,
                     help="random: the seeded family; probe: designed trains (a lead burst, then 2 KiB probes)")
     tr.add_argument("--per-program", action="store_true",
                     help="also record every program's every burst and its SM (burst_program, beside burst_train)")

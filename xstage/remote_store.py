@@ -295,13 +295,13 @@ def probe_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_LEAD_KIB, gap_us=P
     if n_bursts < 2:
         raise ValueError(f"a probe train needs a lead burst and at least one probe, got n_bursts={n_bursts}")
     step = train_step_bytes(store_bytes)
+    probe = max(int(round(PROBE_KIB * 1024 / step)), 1) * step
     out = []
     for a in lead_kib:
+        lead = int(round(a * 1024 / step)) * step
+        if lead <= 0:
+            raise ValueError(f"probe family: lead bursts must be at least {step} B, got {a} KiB")
         for g in gap_us:
-            lead = int(round(a * 1024 / step)) * step
-            probe = max(int(round(PROBE_KIB * 1024 / step)), 1) * step
-            if lead <= 0:
-                raise ValueError(f"probe family: lead bursts must be at least {step} B, got {a} KiB")
             gaps = (int(round(g * 1000)),) + (int(PROBE_SPACING_US * 1000),) * (n_bursts - 1)
             out.append((f"p{a:g}-g{g:g}", (lead,) + (probe,) * (n_bursts - 1), gaps))
     return out

@@ -1668,7 +1668,7 @@ def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFram
                      "probe1_p10_ns": float(np.percentile(p1.issue_ns, 10)),
                      "probe1_p90_ns": float(np.percentile(p1.issue_ns, 90)),
                      "probe1_slow": float((p1.issue_ns > 1000).mean()),
-                     "probes_ns": float(probes.median()), "spearman": float(rho) if np.isfinite(rho) else np.nan,
+                     "probes_ns": float(probes.median()), "spearman": float(rho),
                      "end_over_start_spread": e_spread / s_spread if s_spread > 0 else np.nan})
     r = pd.DataFrame(rows)
     out = (r.groupby(["lead_kib", "gap_us", "programs", "train"], as_index=False)
