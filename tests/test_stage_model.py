@@ -103,7 +103,11 @@ def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
 
 @pytest.mark.parametrize("arb", model.ARBITRATIONS)
 def test_the_total_drain_never_exceeds_D(arb):
-    """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst)."""
+    """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst). The candidate
+    "slots_issuing" (not adopted) is held to C(P) + C_0: by design a program that starts a burst takes its equal
+    share of the shared part C_0 while stores that idle programs put there still drain, so the stage can hold up
+    to C_0 more than C(P) (its fluid limit: the idle programs' C_0 plus the issuing ones' C_0). Drawn parameters
+    overshot C(P) in ~7 % of draws; none passed C(P) + C_0 in 3000."""
     prm = random_params(arbitration=arb)
     P = int(RNG.choice([16, 66, 132, 264]))
     b, g = random_train(10)
@@ -113,7 +117,8 @@ def test_the_total_drain_never_exceeds_D(arb):
     done.sort()
     t = np.array([x[0] for x in done])
     issued = np.cumsum([x[1] for x in done])
-    assert np.all(issued <= prm.capacity_bytes(P) + prm.drain_gbps * t + 1e-6 * issued)
+    extra = KIB * prm.base_capacity_kib if arb == "slots_issuing" else 0.0
+    assert np.all(issued <= prm.capacity_bytes(P) + extra + prm.drain_gbps * t + 1e-6 * issued)
 
 
 @pytest.mark.parametrize("arb", model.ARBITRATIONS)
@@ -316,15 +321,22 @@ def _program_rows(favoured_sms, persistent: bool, seed: int, programs: int = 16,
 
 
 def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
+    """A quarter of 64 SMs favoured in every burst: their within-group order is random, so the per-SM favour's
+    Spearman between repeats is the between-group share of the rank variance, 192 / 341.25 = 0.56 (sd ~0.04 over
+    draws); favoured afresh in every burst it is 0 (sd ~0.05). (With 16 SMs, sd ~0.07, a bar of 0.5 failed a CI
+    run.) 96 shuffled bursts: an SM favoured in half of them, the only way its median favour passes 1.5, has
+    odds ~1e-8."""
     from xstage import studies
 
-    fav = list(np.random.default_rng().choice(np.arange(16) * 2, 4, replace=False))
-    per_sm, summ = studies.program_favour(_program_rows(fav, True, seed=1))
-    got = per_sm.sort_values("rel", ascending=False).smid.head(4)
+    fav = list(np.random.default_rng().choice(np.arange(64) * 2, 16, replace=False))
+    per_sm, summ = studies.program_favour(_program_rows(fav, True, seed=int(RNG.integers(1 << 31)), programs=64))
+    got = per_sm.sort_values("rel", ascending=False).smid.head(len(fav))
     assert sorted(got) == sorted(fav)
-    assert summ.favoured_share.iloc[0] == 0.25 and summ.persistence_across_repeats.iloc[0] > 0.5
+    assert summ.favoured_share.iloc[0] == 0.25 and summ.persistence_across_repeats.iloc[0] > 0.3
     assert summ.next_burst_rank_spearman.iloc[0] > 0.3
-    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=2, bursts=12, repeats=4))   # 48 bursts
+    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=int(RNG.integers(1 << 31)), programs=64,
+                                                       bursts=24, repeats=4))
+    assert abs(shuffled.persistence_across_repeats.iloc[0]) < 0.3
     assert abs(shuffled.next_burst_rank_spearman.iloc[0]) < 0.3
     assert shuffled.favour_max.iloc[0] < 1.5           # nobody is favoured in every burst
 
