@@ -323,8 +323,8 @@ def _program_rows(favoured_sms, persistent: bool, seed: int, programs: int = 16,
 def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
     """A quarter of 64 SMs favoured in every burst: their within-group order is random, so the per-SM favour's
     Spearman between repeats is the between-group share of the rank variance, 192 / 341.25 = 0.56 (sd ~0.04 over
-    draws); favoured afresh in every burst it is 0 (sd ~0.05). (With 16 SMs, sd ~0.07, a bar of 0.5 failed a CI
-    run.) 96 shuffled bursts: an SM favoured in half of them, the only way its median favour passes 1.5, has
+    draws); favoured afresh in every burst it is 0 (sd ~0.05). (With 16 SMs, sd ~0.07, a bar of 0.5 failed 17 %
+    of draws.) 96 shuffled bursts: an SM favoured in half of them, the only way its median favour passes 1.5, has
     odds ~1e-8."""
     from xstage import studies
 
