@@ -172,22 +172,39 @@ def burst_train_store_kernel(
     V: tl.constexpr,
     R: tl.constexpr,
     DEVICE: tl.constexpr,
+    PRELOAD: tl.constexpr = True,   # read every burst's N_k, base_k, gap_k into registers before the first burst
+    NB: tl.constexpr = 16,          # a power of two >= N_BURSTS (the preloaded vectors' length)
 ):
     """A free-running train given as data: burst k of every program stores N_k int32 (at base_k + pid * N_k)
     and is followed by gap_k cycles of compute (a clock spin). No grid barrier: programs start together (one
-    launch) and then drift apart as the stage shares its drain among them. Same payload as the other kernels."""
+    launch) and then drift apart as the stage shares its drain among them. Same payload as the other kernels.
+    PRELOAD=False reads N_k, base_k and gap_k from global memory at the top of burst k, as records before session
+    20 did: where that read misses L1 (a new 32-byte sector of the int64 arrays at k = 4, 8: lab notebook, run
+    S20-1) it queues behind the program's outstanding remote stores, and burst k's issue time includes that wait."""
     pid = tl.program_id(0)
     dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)
     BLOCK: tl.constexpr = R * V
     offs = tl.arange(0, R)[:, None] * V + tl.arange(0, V)[None, :]  # [R, V]
     offs = tl.max_contiguous(tl.multiple_of(offs, [V, V]), [1, V])
+    if PRELOAD:
+        kk = tl.arange(0, NB)
+        k_ok = kk < N_BURSTS
+        n_all = tl.load(elems_ptr + kk, mask=k_ok, other=0)
+        base_all = tl.load(base_ptr + kk, mask=k_ok, other=0)
+        gap_all = tl.load(gap_ptr + kk, mask=k_ok, other=0)
     tl.store(cal_ptr + pid * 2, globaltimer(DEVICE))
     tl.store(cal_ptr + pid * 2 + 1, clock64(DEVICE))
     tl.store(sm_ptr + pid, smid(DEVICE))
     for b in range(N_BURSTS):
-        n = tl.load(elems_ptr + b)
-        base = tl.multiple_of(tl.load(base_ptr + b) + pid.to(tl.int64) * n, BLOCK)
-        gap = tl.load(gap_ptr + b)
+        if PRELOAD:   # burst b's entries, picked out of the registers (no memory access inside the train)
+            n = tl.sum(tl.where(kk == b, n_all, 0))
+            base_b = tl.sum(tl.where(kk == b, base_all, 0))
+            gap = tl.sum(tl.where(kk == b, gap_all, 0))
+        else:
+            n = tl.load(elems_ptr + b)
+            base_b = tl.load(base_ptr + b)
+            gap = tl.load(gap_ptr + b)
+        base = tl.multiple_of(base_b + pid.to(tl.int64) * n, BLOCK)
         tl.debug_barrier()
         t0 = clock64(DEVICE)
         for start in range(0, n, BLOCK):

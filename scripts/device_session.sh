@@ -96,6 +96,15 @@ for s in "$@"; do
        --targets host --per-program --programs 16,66,132,264 --family probe --repeats 3; \
        for f in burst_program burst_train; do [ -e "$SCRATCH/train_probe_s19/$f.csv" ] && \
        gzip -f "$SCRATCH/train_probe_s19/$f.csv"; done ;;
+    # the train kernel's per-burst parameter reads, A/B in one call (session 20, runs S20-1/2): before session 20
+    # the kernel read each burst's size / offset / gap at its top (--no-preload); now before the first burst
+    trains-preload-ab:*) for v in probe:legacy:--no-preload probe:preload: random:preload: random:legacy:--no-preload; do
+       fam=${v%%:*}; rest=${v#*:}; name=${rest%%:*}; flag=${rest#*:}; sub=train_${fam}_s20_$name
+       [ "$fam" = random ] && sub=train_s20_$name
+       stage "$sub" "${s#trains-preload-ab:}" $PY -m xstage sweep trains --out "$SCRATCH/$sub" --targets host \
+         --per-program --programs 16,66,132,264 --family "$fam" --repeats 3 $flag
+       for f in burst_program burst_train; do [ -e "$SCRATCH/$sub/$f.csv" ] && gzip -f "$SCRATCH/$sub/$f.csv"; done
+     done ;;
     bandwidth) stage bandwidth 300 $PY -m xstage bench bandwidth --out "$SCRATCH" --world-size "$WORLD_SIZE" ;;
     burst-gap:*) seed burst_gap; stage burst-gap "${s#burst-gap:}" $PY -m xstage sweep burst-gap --out "$SCRATCH" \
        --world-size "$WORLD_SIZE"; [ -e "$SCRATCH/burst_gap.csv" ] && gzip -f "$SCRATCH/burst_gap.csv" ;;

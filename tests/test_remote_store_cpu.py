@@ -44,15 +44,17 @@ def test_one_rank_world_for_the_host_link(target):
     sweep.BurstGapGrid(targets=("host", "local"), world_size=1, burst_kib=(1,), gap_us=(0,)).validate()
 
 
+@pytest.mark.parametrize("preload", [True, False])
 @pytest.mark.parametrize("world_size,target", [(1, "host"), (1, "local"), (2, "remote"), (4, "remote")])
-def test_train_destinations_bit_exact(world_size, target):
-    """Irregular train (sizes and gaps as data): every burst of every program lands bit for bit."""
+def test_train_destinations_bit_exact(world_size, target, preload):
+    """Irregular train (sizes and gaps as data): every burst of every program lands bit for bit, whether the
+    kernel reads the bursts' parameters before the first burst (preload, padded to a power of two) or at each."""
     seed = random.randrange(2**31)
-    name, sizes, gaps = train_family(random.randrange(1000), 1, n_bursts=3, kib=(2, 8))[0]
+    name, sizes, gaps = train_family(random.randrange(1000), 1, n_bursts=random.choice([3, 5]), kib=(2, 8))[0]
     tr = BurstTrain(name, target, random.choice([1, 3]), sizes, gaps)
     world = EmulatedWorld(world_size)
     dests = sweep.allocate(world, tr.dst_elems, {target})
-    sweep.check_train(world, dests, tr, seed)
+    sweep.check_train(world, dests, tr, seed, preload=preload)
 
 
 def test_check_train_destination_names_burst_program_element():

@@ -330,6 +330,9 @@ class TrainGrid:
     family: str = "random"                            # "random": train_family(seed, ...); "probe": probe_family
                                                       # (designed: a lead burst, then 2 KiB probes; seed, count,
                                                       # kib and gap_us unused)
+    preload: bool = True                              # the kernel reads every burst's parameters before the first
+                                                      # (False: at each burst's top, as records before session 20,
+                                                      # whose sidecars lack the key: lab notebook, runs S20-1/2)
 
     def trains(self) -> list[BurstTrain]:
         if self.family == "probe":
@@ -385,21 +388,22 @@ def rows_from_programs(tr: BurstTrain, pp: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def check_train(world, dests: Destinations, tr: BurstTrain, seed: int) -> None:
+def check_train(world, dests: Destinations, tr: BurstTrain, seed: int, preload: bool = True) -> None:
     """One free-running train per rank, every destination checked bit for bit."""
     bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
     _poison_run_check(world, dests, tr.target, tr.dst_elems,
-                      lambda r, addr: launch_train(addr, bufs[r], tr, seed + r),
+                      lambda r, addr: launch_train(addr, bufs[r], tr, seed + r, preload=preload),
                       lambda r, buf, sender: check_train_destination(buf, tr, seed + sender))
 
 
 def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed: int, clock: dict,
-                  per_program: bool = False):
+                  per_program: bool = False, preload: bool = True):
     """A warm-up run, then ``repeats`` runs on every local rank; per-burst rows for every rank. With
     ``per_program``: (burst_program rows, the burst_train rows summarised from them), so both agree exactly."""
     bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
     cpn = {r: clock[r]["cycles_per_ns"] for r in world.local_ranks}
-    launch = lambda r: launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r])  # noqa: E731
+    launch = lambda r: launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r],  # noqa: E731
+                                    preload=preload)
     if per_program:
         pp = _timed_runs(world, repeats, launch, lambda r: None,
                          lambda r, rep: program_rows(tr, r, rep, _ns(bufs[r], tr.programs, tr.n_bursts, 2, cpn[r]),
@@ -441,13 +445,14 @@ def train_job(world, grid: TrainGrid, folder: str, meta: dict) -> None:
     for t in grid.targets:  # bit-exact before timing: the largest train of each target
         mine = [x for x in todo if x.target == t and x.key() not in pp_done]
         if mine:
-            check_train(world, dests, max(mine, key=lambda x: x.dst_elems), seed + 104729)
+            check_train(world, dests, max(mine, key=lambda x: x.dst_elems), seed + 104729, grid.preload)
     for i, tr in enumerate(tqdm(todo, desc="trains", disable=not rank0, file=sys.stderr, mininterval=2)):
         if tr.key() in pp_done:
             if rank0:
                 data.append_rows(csv, data.BURST_TRAIN, pp_done[tr.key()])
             continue
-        rows = measure_train(world, dests, tr, grid.repeats, seed + i, clock, per_program=grid.per_program)
+        rows = measure_train(world, dests, tr, grid.repeats, seed + i, clock, per_program=grid.per_program,
+                             preload=grid.preload)
         if grid.per_program:
             _append_all_ranks(world, pp_csv, data.BURST_PROGRAM, rows[0])
             rows = rows[1]

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+import triton
 
 from . import env
 from .kernels.remote_store import (burst_gap_store_kernel, burst_train_store_kernel, stream_store_kernel,
@@ -321,14 +322,17 @@ def train_buffers(tr: BurstTrain, device) -> dict[str, torch.Tensor]:
 
 
 def launch_train(dst_addr: int, bufs: dict[str, torch.Tensor], tr: BurstTrain, seed: int,
-                 cycles_per_ns: float = 1.0) -> None:
-    """Launch one free-running train into the buffer at ``dst_addr`` (int32 [sum_k P * N_k])."""
+                 cycles_per_ns: float = 1.0, preload: bool = True) -> None:
+    """Launch one free-running train into the buffer at ``dst_addr`` (int32 [sum_k P * N_k]). ``preload``: the
+    kernel reads every burst's size, offset and gap before the first burst (False: at the top of each burst, as
+    records before session 20; see ``burst_train_store_kernel``)."""
     tr.validate()
     bufs["gap"].copy_(torch.tensor([int(round(g * cycles_per_ns)) for g in tr.gap_ns], dtype=torch.int64))
     v = tr.store_bytes // 4
     burst_train_store_kernel[(tr.programs,)](
         dst_addr, bufs["elems"], bufs["base"], bufs["gap"], bufs["ts"], bufs["cal"], bufs["sm"], seed,
-        N_BURSTS=tr.n_bursts, V=v, R=32 * NUM_WARPS, DEVICE=not env.interpreted(), num_warps=NUM_WARPS)
+        N_BURSTS=tr.n_bursts, V=v, R=32 * NUM_WARPS, DEVICE=not env.interpreted(), PRELOAD=bool(preload),
+        NB=triton.next_power_of_2(tr.n_bursts), num_warps=NUM_WARPS)
 
 
 def summarize_train(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
