@@ -29,7 +29,7 @@ def test_host_link_destinations_bit_exact_on_one_gpu():
 def _train_check_job(world, trains, seed):
     dests = sweep.allocate(world, max(t.dst_elems for t in trains), {t.target for t in trains})
     for i, tr in enumerate(trains):
-        sweep.check_train(world, dests, tr, seed + i)
+        sweep.check_train(world, dests, tr, seed + i, preload=i % 2 == 0)   # both ways of reading the parameters
 
 
 @pytest.mark.gpu

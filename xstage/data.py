@@ -149,6 +149,21 @@ BURST_PROGRAM = Schema(
 # folder and from the same runs: one row per (train, target, programs, rank, repeat, program, burst); smid is
 # the SM the program ran on (%smid), start_ns its issue start after the launch's earliest program start and
 # issue_ns its issue end - issue start. burst_train's statistics of those runs are these rows summarised.
+LEGACY_READ_PERIOD = 4   # int64 entries per 32-byte sector of the train kernel's per-burst parameter arrays
+
+
+def legacy_read_bursts(meta: dict, n_bursts: int) -> tuple[int, ...]:
+    """The bursts of a burst_train / burst_program record whose issue times also hold a wait that is no store's:
+    recorded on a GPU before session 20 (the grid has no ``preload``, or it is False), the train kernel read each
+    burst's size, offset and gap at the burst's top, and at bursts 4, 8, ... (a new 32-byte sector of its int64
+    arrays, an L1 miss) that read waited behind the program's outstanding stores inside the timed issue (lab
+    notebook, runs S20-1 / S20-2). The fit and the scores leave these bursts out; simulated records have none."""
+    params = meta.get("params") or {}
+    if params.get("source", "gpu") != "gpu" or (params.get("grid") or {}).get("preload", False):
+        return ()
+    return tuple(range(LEGACY_READ_PERIOD, int(n_bursts), LEGACY_READ_PERIOD))
+
+
 MEGAMOE = Schema(
     "megamoe", 4,
     {"shape": "str", "hidden": "int64", "intermediate": "int64", "experts": "int64", "topk": "int64",

@@ -305,6 +305,15 @@ def recorded_links(folder) -> list[str]:
     return have
 
 
+def _without_read_waits(t: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A train record's per-burst medians with the bursts whose times hold the legacy kernel's read wait
+    (:func:`xstage.data.legacy_read_bursts`) unmeasured (NaN): still simulated, neither fitted nor scored."""
+    from .data import legacy_read_bursts
+
+    bad = legacy_read_bursts(meta, int(t.burst.max()) + 1 if len(t) else 0)
+    return t.assign(issue_ns=t.issue_ns.where(~t.burst.isin(bad))) if bad else t
+
+
 def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observations:
     """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train,
     and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
@@ -351,7 +360,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observ
             sources["burst_train"] = dict(file=paths(folder, BURST_TRAIN)[0].name, sha256=meta.get("csv_sha256"))
             t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
                 burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-            add("train", "burst_train", t, "issue_ns", "gap_ns")
+            add("train", "burst_train", _without_read_waits(t, meta), "issue_ns", "gap_ns")
     for sub in records:
         rec = folder / sub
         if not paths(rec, BURST_TRAIN)[0].is_file():
@@ -363,7 +372,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observ
         sources[sub] = dict(file=f"{sub}/{paths(rec, BURST_TRAIN)[0].name}", sha256=meta.get("csv_sha256"))
         t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
             burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-        add("train", sub, t, "issue_ns", "gap_ns")
+        add("train", sub, _without_read_waits(t, meta), "issue_ns", "gap_ns")
     n = max(len(p[3]) for p in parts)
     N = len(parts)
     b = np.full((N, n), 2048.0)
