@@ -253,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="nvlink: the remote target; host: pinned host memory (default: the one recorded)")
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
+    fi.add_argument("--drop-legacy-reads", action="store_true",
+                    help="leave out the train bursts whose times hold the legacy kernel's parameter read (bursts 4, "
+                         "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
                                         "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped"),
                     default="stage",
@@ -398,7 +401,9 @@ def main(argv: list[str] | None = None) -> int:
             from .fit import fit_link, recorded_links, stage_summary, write_stage_fit
 
             link = args.link or recorded_links(args.data)[0]
-            res = fit_link(args.data, link, rung=args.rung, k_folds=args.folds)
+            if args.drop_legacy_reads and args.write:
+                raise ValueError("--drop-legacy-reads is an experiment: it is not written (leave out --write)")
+            res = fit_link(args.data, link, rung=args.rung, k_folds=args.folds, drop_legacy_reads=args.drop_legacy_reads)
             print(stage_summary(res).to_string(index=False))
             if args.write:
                 print(write_stage_fit(res, args.data, command=command))

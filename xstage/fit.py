@@ -314,10 +314,13 @@ def _without_read_waits(t: pd.DataFrame, meta: dict) -> pd.DataFrame:
     return t.assign(issue_ns=t.issue_ns.where(~t.burst.isin(bad))) if bad else t
 
 
-def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observations:
+def observations(folder, link: str, store_bytes: int = 16, records=(), drop_legacy_reads: bool = False
+                 ) -> Observations:
     """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train,
     and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
-    train recorded in several calls falls in one held-out fold)."""
+    train recorded in several calls falls in one held-out fold). ``drop_legacy_reads``: the train bursts of
+    :func:`xstage.data.legacy_read_bursts` unmeasured (session 20's refit without them was not adopted: the
+    written fits keep every burst)."""
     from pathlib import Path
 
     from .data import BURST_GAP, BURST_TRAIN, load, paths
@@ -360,7 +363,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observ
             sources["burst_train"] = dict(file=paths(folder, BURST_TRAIN)[0].name, sha256=meta.get("csv_sha256"))
             t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
                 burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-            add("train", "burst_train", _without_read_waits(t, meta), "issue_ns", "gap_ns")
+            add("train", "burst_train", _without_read_waits(t, meta) if drop_legacy_reads else t, "issue_ns", "gap_ns")
     for sub in records:
         rec = folder / sub
         if not paths(rec, BURST_TRAIN)[0].is_file():
@@ -372,7 +375,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=()) -> Observ
         sources[sub] = dict(file=f"{sub}/{paths(rec, BURST_TRAIN)[0].name}", sha256=meta.get("csv_sha256"))
         t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
             burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-        add("train", sub, _without_read_waits(t, meta), "issue_ns", "gap_ns")
+        add("train", sub, _without_read_waits(t, meta) if drop_legacy_reads else t, "issue_ns", "gap_ns")
     n = max(len(p[3]) for p in parts)
     N = len(parts)
     b = np.full((N, n), 2048.0)
@@ -599,9 +602,10 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
     return StageFit(link, rung, prm, so, lo, hi, table, heldout, obs.sources)
 
 
-def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5) -> StageFit:
-    """Fit a rung to a machine folder's records of ``link``; a drain measured directly there is fixed."""
-    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()))
+def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5, drop_legacy_reads: bool = False) -> StageFit:
+    """Fit a rung to a machine folder's records of ``link``; a drain measured directly there is fixed.
+    ``drop_legacy_reads``: see :func:`observations`."""
+    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), drop_legacy_reads=drop_legacy_reads)
     d = measured_drain(folder, link)
     measured = {}
     if d is not None:

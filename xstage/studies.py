@@ -1441,11 +1441,13 @@ def trains_summary(df: pd.DataFrame) -> pd.DataFrame:
                  start_skew_ns=("start_skew_ns", "median")))
 
 
-def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, drop_legacy_reads: bool = False
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A link's fitted stage model (xstage.model.load_params, unchanged; or ``prm``, e.g. another rung's fit)
     against trains recorded apart from its fit (``folder``'s burst_train record): per (train, programs, burst)
-    measured median program and prediction, and the median / p90 |error| over bursts >= ``min_ns`` (without the
-    bursts of :func:`xstage.data.legacy_read_bursts`)."""
+    measured median program and prediction, and the median / p90 |error| over bursts >= ``min_ns``.
+    ``drop_legacy_reads``: the bursts of :func:`xstage.data.legacy_read_bursts` predicted in their train but not
+    scored."""
     from .model import load_params, predict_train
 
     if prm is None:
@@ -1458,8 +1460,8 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None) -
         parts.append(g.assign(predicted_ns=predict_train(prm, int(p), g.burst_bytes.to_numpy(),
                                                          g.gap_ns.to_numpy())))
     rows = pd.concat(parts, ignore_index=True).rename(columns={"issue_ns": "measured_ns"})
-    # bursts whose times hold the legacy kernel's read wait are predicted in their train but not scored
-    rows = rows[~rows.burst.isin(data.legacy_read_bursts(meta, int(rows.burst.max()) + 1))].reset_index(drop=True)
+    if drop_legacy_reads:
+        rows = rows[~rows.burst.isin(data.legacy_read_bursts(meta, int(rows.burst.max()) + 1))].reset_index(drop=True)
     rows["rel_error"] = rows.predicted_ns / rows.measured_ns - 1
     big = rows[rows.measured_ns >= min_ns]
     a = big.rel_error.abs()
