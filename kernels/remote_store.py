@@ -179,8 +179,10 @@ def burst_train_store_kernel(
     and is followed by gap_k cycles of compute (a clock spin). No grid barrier: programs start together (one
     launch) and then drift apart as the stage shares its drain among them. Same payload as the other kernels.
     PRELOAD=False reads N_k, base_k and gap_k from global memory at the top of burst k, as records before session
-    20 did: where that read misses L1 (a new 32-byte sector of the int64 arrays at k = 4, 8: lab notebook, run
-    S20-1) it queues behind the program's outstanding remote stores, and burst k's issue time includes that wait."""
+    20 did. Their bursts 4 and 8 (a new 32-byte sector of the int64 arrays, an L1 miss) are slow in every
+    configuration, 0.16 us with an empty stage and up to 49 us with a busy one (lab notebook, run S20-1): the read,
+    issued before t0 and first used inside the timed issue, waits behind the program's outstanding remote stores
+    (the hypothesis that run S20-2, legacy against preload in one call, tests)."""
     pid = tl.program_id(0)
     dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)
     BLOCK: tl.constexpr = R * V
