@@ -189,6 +189,7 @@ def burst_train_store_kernel(
     offs = tl.arange(0, R)[:, None] * V + tl.arange(0, V)[None, :]  # [R, V]
     offs = tl.max_contiguous(tl.multiple_of(offs, [V, V]), [1, V])
     if PRELOAD:
+        tl.static_assert(NB >= N_BURSTS, "NB must cover every burst")
         kk = tl.arange(0, NB)
         k_ok = kk < N_BURSTS
         n_all = tl.load(elems_ptr + kk, mask=k_ok, other=0)

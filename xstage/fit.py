@@ -334,6 +334,11 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
     parts, sources = [], {}
     sm = 132
 
+    def train_medians(sel, meta):   # a train record's median over runs per burst (legacy-read bursts NaN on request)
+        t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
+            burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
+        return _without_read_waits(t, meta) if drop_legacy_reads else t
+
     def add(kind, name, t, meas_col, gap_col):
         for key, g in t.groupby(["train", "programs"], sort=False):
             g = g.sort_values("burst")
@@ -361,9 +366,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         sel = df[(df.target == target) & (df.store_bytes == store_bytes)]
         if len(sel):
             sources["burst_train"] = dict(file=paths(folder, BURST_TRAIN)[0].name, sha256=meta.get("csv_sha256"))
-            t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
-                burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-            add("train", "burst_train", _without_read_waits(t, meta) if drop_legacy_reads else t, "issue_ns", "gap_ns")
+            add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns")
     for sub in records:
         rec = folder / sub
         if not paths(rec, BURST_TRAIN)[0].is_file():
@@ -373,9 +376,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         if sel.empty:
             raise ValueError(f"{rec}: no {link} trains (target {target!r}) in its burst_train record")
         sources[sub] = dict(file=f"{sub}/{paths(rec, BURST_TRAIN)[0].name}", sha256=meta.get("csv_sha256"))
-        t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
-            burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-        add("train", sub, _without_read_waits(t, meta) if drop_legacy_reads else t, "issue_ns", "gap_ns")
+        add("train", sub, train_medians(sel, meta), "issue_ns", "gap_ns")
     n = max(len(p[3]) for p in parts)
     N = len(parts)
     b = np.full((N, n), 2048.0)
