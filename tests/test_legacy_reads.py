@@ -55,7 +55,7 @@ def test_scores_leave_the_legacy_read_bursts_out_but_predict_them_in_their_train
     name, p = rows.iloc[0].train, int(rows.iloc[0].programs)
     g = t[(t.train == name) & (t.programs == p)].sort_values("burst")
     full = predict_train(load_params(data.machine_dir("h200x1"), "host"), p, g.burst_bytes.to_numpy(),
-                         g.gap_ns.to_numpy())
+                         g.gap_ns.to_numpy(), read_fence=(4, 8))
     got = rows[(rows.train == name) & (rows.programs == p)].set_index("burst").predicted_ns
     assert np.allclose(got.to_numpy(), full[got.index.to_numpy()])
 

@@ -279,6 +279,8 @@ class Observations:
     gap_ns: np.ndarray           # [N, n] gap after each burst (sync: + the harness's barrier time)
     measured: np.ndarray         # [N, n] ns: span (sync) or the median program's issue time (free, train)
     sources: dict                # record name -> file and sha256 (what the fit was made from)
+    read_fence: np.ndarray | None = None   # [N, n] bool: bursts recorded with the legacy kernel's parameter read,
+                                           # which waits behind the program's own stores (data.legacy_read_bursts)
 
     @property
     def sync(self) -> np.ndarray:
@@ -287,7 +289,8 @@ class Observations:
     def take(self, idx) -> "Observations":
         idx = np.asarray(idx)
         return Observations(self.cfgs.iloc[idx].reset_index(drop=True), self.burst_bytes[idx], self.gap_ns[idx],
-                            self.measured[idx], self.sources)
+                            self.measured[idx], self.sources,
+                            None if self.read_fence is None else self.read_fence[idx])
 
 
 def recorded_links(folder) -> list[str]:
@@ -323,7 +326,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
     written fits keep every burst)."""
     from pathlib import Path
 
-    from .data import BURST_GAP, BURST_TRAIN, load, paths
+    from .data import BURST_GAP, BURST_TRAIN, legacy_read_bursts, load, paths
 
     if link not in LINK_TARGETS:
         raise ValueError(f"link must be one of {', '.join(LINK_TARGETS)}, got {link!r}")
@@ -339,11 +342,14 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
             burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
         return _without_read_waits(t, meta) if drop_legacy_reads else t
 
-    def add(kind, name, t, meas_col, gap_col):
+    def fences(sel, meta):   # the bursts with the legacy kernel's read (simulated even where left unmeasured)
+        return legacy_read_bursts(meta, int(sel.burst.max()) + 1)
+
+    def add(kind, name, t, meas_col, gap_col, fenced=()):
         for key, g in t.groupby(["train", "programs"], sort=False):
             g = g.sort_values("burst")
             parts.append((kind, key[0], int(key[1]), g.burst_bytes.to_numpy(float), g[gap_col].to_numpy(float),
-                          g[meas_col].to_numpy(float)))
+                          g[meas_col].to_numpy(float), g.burst.isin(fenced).to_numpy()))
 
     df, meta = load(folder, BURST_GAP)
     sm = int(meta.get("sm_count", sm) or sm)
@@ -366,7 +372,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         sel = df[(df.target == target) & (df.store_bytes == store_bytes)]
         if len(sel):
             sources["burst_train"] = dict(file=paths(folder, BURST_TRAIN)[0].name, sha256=meta.get("csv_sha256"))
-            add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns")
+            add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
     for sub in records:
         rec = folder / sub
         if not paths(rec, BURST_TRAIN)[0].is_file():
@@ -376,19 +382,20 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         if sel.empty:
             raise ValueError(f"{rec}: no {link} trains (target {target!r}) in its burst_train record")
         sources[sub] = dict(file=f"{sub}/{paths(rec, BURST_TRAIN)[0].name}", sha256=meta.get("csv_sha256"))
-        add("train", sub, train_medians(sel, meta), "issue_ns", "gap_ns")
+        add("train", sub, train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
     n = max(len(p[3]) for p in parts)
     N = len(parts)
     b = np.full((N, n), 2048.0)
     g = np.zeros((N, n))
     m = np.full((N, n), np.nan)
-    for i, (_, _, _, bb, gg, mm) in enumerate(parts):
-        b[i, :len(bb)], g[i, :len(gg)], m[i, :len(mm)] = bb, gg, mm
+    fence = np.zeros((N, n), bool)
+    for i, (_, _, _, bb, gg, mm, ff) in enumerate(parts):
+        b[i, :len(bb)], g[i, :len(gg)], m[i, :len(mm)], fence[i, :len(ff)] = bb, gg, mm, ff
     m = np.where(m > 0, m, np.nan)
     cfgs = pd.DataFrame({"kind": [p[0] for p in parts], "train": [p[1] for p in parts],
                          "programs": [p[2] for p in parts], "n_bursts": [len(p[3]) for p in parts]})
     cfgs["sm_count"] = sm
-    return Observations(cfgs, b, g, m, sources)
+    return Observations(cfgs, b, g, m, sources, fence)
 
 
 def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
@@ -412,13 +419,17 @@ def _to_x(name, v):
     return np.log(v / (1 - v)) if name in LOGIT else np.log(v)
 
 
+READ_FENCE = True   # the legacy kernel's read wait (Observations.read_fence) simulated where the arbitration can
+
+
 def predict_observations(obs: Observations, prm, span_overhead_ns: float, barrier_drains=True) -> np.ndarray:
     """Predicted [N, n] for every observation (the span's fixed cost added to sync rows); ``barrier_drains``
     as :func:`xstage.model.simulate_stage` takes it (False: the relaxed-barrier harness)."""
-    from .model import simulate_stage, stage_measure
+    from .model import FENCE_ARBITRATIONS, simulate_stage, stage_measure
 
+    fence = obs.read_fence if READ_FENCE and getattr(prm, "arbitration", "") in FENCE_ARBITRATIONS else None
     start, end, m = simulate_stage(prm, obs.cfgs.programs.to_numpy(), obs.burst_bytes, obs.gap_ns, obs.sync,
-                                   barrier_drains=barrier_drains)
+                                   barrier_drains=barrier_drains, read_fence=fence)
     pred = stage_measure(start, end, obs.sync, m)
     return np.where(obs.sync[:, None], pred - prm.overhead_ns + span_overhead_ns, pred)
 

@@ -880,8 +880,11 @@ def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
     return dt, t, near, rem
 
 
+FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven")   # arbitrations that model a read fence
+
+
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,
-                   barrier_drains=True):
+                   barrier_drains=True, read_fence=None):
     """Every configuration's train through the stage model, vectorized over configurations.
 
     programs [N]; burst_bytes, gap_ns [N, n] (per program; gap after each burst); sync [N] bool;
@@ -898,13 +901,30 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     or has stores in the stage), and within a GPC among its holding programs by the spread's weights: when most of
     a GPC's programs have finished a burst, the GPC's share goes to the rest. Measured (lab notebook, sessions
     11-12: data/h200x1/train_gpc, train_gpc_full): first contended bursts drain per occupied GPC, then per program
-    within it; assumed: that the share follows the programs still holding stores (not measured per burst)."""
+    within it; assumed: that the share follows the programs still holding stores (not measured per burst).
+
+    ``read_fence`` [N, n] bool (None: none): the bursts whose start holds a read that waits behind the program's
+    own outstanding stores (the legacy train kernel's parameter reads at bursts 4, 8, ...:
+    :func:`xstage.data.legacy_read_bursts`). Such a burst's issue begins, after the overhead, only once the
+    program's stores in the stage have drained; the wait counts in its issue time (free-running rows only; the
+    arbitrations of FENCE_ARBITRATIONS, which keep every program's stores apart)."""
     P = np.asarray(programs, np.float64)
     b = np.asarray(burst_bytes, np.float64)
     g = np.asarray(gap_ns, np.float64)
     sync = np.broadcast_to(np.asarray(sync, bool), P.shape)
     drains = sync & np.broadcast_to(np.asarray(barrier_drains, bool), P.shape)
     N, n = b.shape
+    fence = None
+    if read_fence is not None:
+        fence = np.asarray(read_fence, bool)
+        if fence.shape != b.shape:
+            raise ValueError(f"read_fence must have the bursts' shape {b.shape}, got {fence.shape}")
+        fence = fence & ~sync[:, None]
+        if not fence.any():
+            fence = None
+        elif prm.arbitration not in FENCE_ARBITRATIONS or (prm.arbitration == "gpc_drain" and GPC_DRAIN_FAST):
+            raise ValueError(f"a read fence needs every program's own stores: arbitration one of "
+                             f"{', '.join(FENCE_ARBITRATIONS)}, got {prm.arbitration!r}")
     if groups is None:
         if prm.arbitration == "gpc_drain":
             return _gpc_drain_batched(prm, P, b, g, sync, drains)
@@ -973,11 +993,16 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 phase = np.where(rel, 2, phase)
                 rem = np.where(rel, g[rows, k], rem)
                 up = up | (rel & (rem <= eps_t))
-            if not up.any():
+            freed = (phase == 5) & (q <= 0) if fence is not None else False   # a read fence whose stores drained
+            if not (up | freed).any():
                 break
             to_issue = up & (phase == 0)
             to_end = up & (phase == 1)
             to_next = up & (phase == 2)
+            if fence is not None:   # a read fence: wait (phase 5) until the program's own stores have drained
+                fenced = to_issue & fence[rows, np.minimum(k, n - 1)] & (q > 0)
+                phase = np.where(fenced, 5, phase)
+                to_issue = (to_issue & ~fenced) | freed
             phase = np.where(to_issue, 1, phase)
             rem = np.where(to_issue, bb, rem)
             if to_end.any():
@@ -992,7 +1017,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 start[ii, jj, k[ii, jj]] = t[ii]
                 phase = np.where(to_next, 0, phase)
                 rem = np.where(to_next, o, rem)
-        active = np.any(phase < 4, axis=1)
+        active = np.any((phase < 4) | (phase == 5), axis=1)
         if not active.any():
             break
         issuing = phase == 1
@@ -1184,7 +1209,7 @@ def _check_train(programs, burst_bytes, gap_ns):
 
 
 def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bool = False,
-                  barrier: str = "release") -> np.ndarray:
+                  barrier: str = "release", read_fence=()) -> np.ndarray:
     """ns per burst of a train that every one of ``programs`` programs runs (bytes per program per burst,
     ``gap_ns[k]`` = the compute gap after burst k, the last one unused).
 
@@ -1193,14 +1218,28 @@ def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bo
     starts every burst together, ``gap_ns[k]`` after the last program finished burst k (as the synchronised
     sweep, where the harness's barrier time belongs in the gap). ``barrier`` (sync only): "release" (the
     recorded sweeps: the barrier waits until the stage has drained, then the gap follows) or "relaxed" (the
-    next burst starts ``gap_ns[k]`` after the last program finished, whatever the stage holds)."""
+    next burst starts ``gap_ns[k]`` after the last program finished, whatever the stage holds).
+    ``read_fence`` (free-running only; default none): indices of the bursts whose start holds a read that waits
+    behind the program's own outstanding stores, as the legacy train kernel's parameter reads did
+    (:func:`xstage.data.legacy_read_bursts`); such a burst starts issuing once the program's stores have drained.
+    A kernel that reads nothing between its bursts (every fused kernel's steady state, the train kernel since
+    session 20) has none."""
     if not isinstance(prm, StageParams):
         raise ValueError(f"prm must be StageParams (xstage.model.load_params), got {type(prm).__name__}")
     if barrier not in ("release", "relaxed"):
         raise ValueError(f"barrier must be 'release' or 'relaxed', got {barrier!r}")
     P, b, g = _check_train(programs, burst_bytes, gap_ns)
+    fence = None
+    ks = np.asarray(list(read_fence), dtype=np.int64).ravel() if len(read_fence) else np.zeros(0, np.int64)
+    if len(ks):
+        if sync:
+            raise ValueError("read_fence applies to free-running trains (sync=False)")
+        if ks.min() < 0 or ks.max() >= len(b):
+            raise ValueError(f"read_fence holds burst indices outside 0..{len(b) - 1}: {sorted(set(ks.tolist()))}")
+        fence = np.zeros((1, len(b)), bool)
+        fence[0, ks] = True
     start, end, m = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)],
-                                   barrier_drains=[barrier == "release"])
+                                   barrier_drains=[barrier == "release"], read_fence=fence)
     return stage_measure(start, end, [bool(sync)], m)[0]
 
 

@@ -1446,9 +1446,11 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
     """A link's fitted stage model (xstage.model.load_params, unchanged; or ``prm``, e.g. another rung's fit)
     against trains recorded apart from its fit (``folder``'s burst_train record): per (train, programs, burst)
     measured median program and prediction, and the median / p90 |error| over bursts >= ``min_ns``.
-    ``drop_legacy_reads``: the bursts of :func:`xstage.data.legacy_read_bursts` predicted in their train but not
-    scored."""
-    from .model import load_params, predict_train
+    The bursts of :func:`xstage.data.legacy_read_bursts` (the legacy kernel's read, which waits behind the
+    program's stores) are predicted with that wait (``predict_train(read_fence=...)``) where the arbitration
+    models it; ``drop_legacy_reads``: they are predicted in their train but not scored."""
+    from .fit import READ_FENCE
+    from .model import FENCE_ARBITRATIONS, load_params, predict_train
 
     if prm is None:
         prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
@@ -1457,8 +1459,10 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
     parts = []
     for (name, p), g in t.groupby(["train", "programs"], sort=False):
         g = g.sort_values("burst")
+        fence = (data.legacy_read_bursts(meta, len(g)) if READ_FENCE and prm.arbitration in FENCE_ARBITRATIONS
+                 else ())
         parts.append(g.assign(predicted_ns=predict_train(prm, int(p), g.burst_bytes.to_numpy(),
-                                                         g.gap_ns.to_numpy())))
+                                                         g.gap_ns.to_numpy(), read_fence=fence)))
     rows = pd.concat(parts, ignore_index=True).rename(columns={"issue_ns": "measured_ns"})
     if drop_legacy_reads:
         rows = rows[~rows.burst.isin(data.legacy_read_bursts(meta, int(rows.burst.max()) + 1))].reset_index(drop=True)
