@@ -11,11 +11,11 @@ from xstage.model import StageParams, simulate_stage, stage_measure
 LAYOUT_P = [1, 2, 4, 8, 16, 24, 32, 48, 66, 80, 100, 120, 128, 132, 160, 198, 200, 264]   # every unit layout kind
 
 
-def _both(monkeypatch, prm, P, b, g, sync, drains=True):
+def _both(monkeypatch, prm, P, b, g, sync, drains=True, fence=None):
     out = []
     for fast in (True, False):
         monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
-        out.append(simulate_stage(prm, P, b, g, sync, barrier_drains=drains))
+        out.append(simulate_stage(prm, P, b, g, sync, barrier_drains=drains, read_fence=fence))
     return out
 
 
@@ -43,9 +43,13 @@ def test_the_fast_path_equals_the_general_loop_on_random_trains(monkeypatch, see
     g = rng.choice([0, 500, 3000, 30_000, 100_000], (N, n)).astype(float)
     sync = rng.uniform(size=N) < 0.5
     drains = rng.uniform(size=N) < 0.7                                   # release and relaxed barriers
-    fast, ref = _both(monkeypatch, prm, P, b, g, sync, drains)
+    fence = rng.uniform(size=(N, n)) < 0.3 if seed % 2 else None        # read fences (session 21) on odd seeds
+    fast, ref = _both(monkeypatch, prm, P, b, g, sync, drains, fence)
     _assert_same(fast, ref)
     assert np.ptp(np.nan_to_num(fast[1][:, :, 0]), axis=1).max() > 0       # the programs did not all end alike
+    if fence is not None:   # the fences delayed someone (else this case would test nothing of them)
+        plain = simulate_stage(prm, P, b, g, sync, barrier_drains=drains)
+        assert (np.nan_to_num(fast[1]) > np.nan_to_num(plain[1]) * (1 + 1e-6)).any()
 
 
 def test_the_fast_path_equals_the_general_loop_on_the_host_records(monkeypatch):

@@ -88,22 +88,13 @@ def test_the_fence_predicts_the_never_fitted_probes_4_and_8():
     """S20-1's probe trains (never fitted): eleven identical 2 KiB probes, of which only 4 and 8 wait (up to 49 us).
     Without the fence the model gives them the other probes' 0.14 us; with it, the median program within a factor
     of ~1.5 (median |ln(model / measured)| over the configurations where the probe took >= 1 us)."""
+    from xstage import studies
+
     prm = model.load_params(data.machine_dir("h200x1"), "host")
-    pp, meta = data.load(data.machine_dir("h200x1") / "train_probe_s19", data.BURST_PROGRAM)
-    assert data.legacy_read_bursts(meta, 12) == (4, 8)
-    med = pp.groupby(["train", "programs", "repeat", "burst"]).issue_ns.median().groupby(
-        ["train", "programs", "burst"]).median()
-    lf, l0 = [], []
-    for (tr, P), g in med.groupby(level=[0, 1]):
-        one = pp[(pp.train == tr) & (pp.programs == P) & (pp.repeat == pp.repeat.min()) & (pp.program == 0)]
-        one = one.sort_values("burst")
-        b, gap = one.burst_bytes.to_numpy(float), one.gap_ns.to_numpy(float)
-        with_f = model.predict_train(prm, int(P), b, gap, read_fence=(4, 8))
-        without = model.predict_train(prm, int(P), b, gap)
-        meas = g.to_numpy()
-        for k in (4, 8):
-            if meas[k] >= 1000:
-                lf.append(np.log(with_f[k] / meas[k]))
-                l0.append(np.log(without[k] / meas[k]))
-    assert len(lf) >= 40
-    assert np.median(np.abs(lf)) < 0.5 and np.median(np.abs(l0)) > 2.0
+    pp, meta = data.load(data.machine_dir("h200x1") / studies.TRAIN_PROBE, data.BURST_PROGRAM)
+    t = studies.read_fence_probes(pp, meta, prm)
+    assert len(t) >= 40 and set(t.burst) == {4, 8}
+    assert t.log_ratio_fence.abs().median() < 0.5 and t.log_ratio.abs().median() > 2.0
+    # a record made with the preload has nothing to check
+    with pytest.raises(ValueError, match="no legacy read"):
+        studies.read_fence_probes(pp, {"params": {"source": "gpu", "grid": {"preload": True}}}, prm)

@@ -621,7 +621,7 @@ def gpc_drain_groups(programs: int, sm_count: int = 132) -> int:
     return int(np.minimum(n[n > 0], GPC_DRAIN_GROUPS // int((n > 0).sum())).sum())
 
 
-def _gpc_drain_batched(prm: StageParams, P, b, g, sync, drains):
+def _gpc_drain_batched(prm: StageParams, P, b, g, sync, drains, fence=None):
     """simulate_stage for arbitration "gpc_drain" with GPC_DRAIN_GROUPS groups, each set of configurations that use
     the same number of groups (gpc_drain_groups) simulated with only those: the same result (a configuration's
     unused groups take no part) at a fraction of the cost; each batch runs through :func:`_stage_units` (with
@@ -638,7 +638,7 @@ def _gpc_drain_batched(prm: StageParams, P, b, g, sync, drains):
     for k in np.unique(need):
         idx = np.flatnonzero(need == k)
         s_k, e_k, m_k = simulate_stage(prm, P[idx], b[idx], g[idx], sync[idx], groups=int(k),
-                                       barrier_drains=drains[idx])
+                                       barrier_drains=drains[idx], read_fence=None if fence is None else fence[idx])
         start[idx, :k], end[idx, :k], m[idx, :k] = s_k, e_k, m_k
     return start, end, m
 
@@ -684,7 +684,7 @@ def _drain_units(m, ws, gid):
             np.array(ncopies, np.float64), gmap)
 
 
-def _stage_units(prm: StageParams, P, b, g, sync, drains, m, ws, gid, G):
+def _stage_units(prm: StageParams, P, b, g, sync, drains, m, ws, gid, G, fence=None):
     """simulate_stage's loop for arbitration "gpc_drain" (the slots and drain shares as simulate_stage computes them;
     the same results to rounding), faster: alike groups merged into units (:func:`_drain_units`), rows whose train
     has ended dropped, the transitions applied to the elements whose event is due only, the per-GPC sums by
@@ -704,7 +704,7 @@ def _stage_units(prm: StageParams, P, b, g, sync, drains, m, ws, gid, G):
     for u in np.unique(U):
         idx = np.flatnonzero(U == u)
         su, eu = _stage_units_run(prm, P[idx], b[idx], g[idx], sync[idx], drains[idx], [lay[i] for i in idx],
-                                  int(u), G)
+                                  int(u), G, None if fence is None else fence[idx])
         gm = np.stack([lay[i][5] for i in idx])                        # [n_idx, G]
         r = np.arange(len(idx))[:, None]
         ok = (gm >= 0)[:, :, None]
@@ -713,9 +713,12 @@ def _stage_units(prm: StageParams, P, b, g, sync, drains, m, ws, gid, G):
     return start, end
 
 
-def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
-    """The loop of :func:`_stage_units` for configurations of U units each. Returns start, end [N, U, n]."""
+def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=None):
+    """The loop of :func:`_stage_units` for configurations of U units each (``fence`` [N, n]: simulate_stage's
+    read_fence, phase 5 as there). Returns start, end [N, U, n]."""
     N, n = b.shape
+    fence = np.zeros((N, n), bool) if fence is None else np.asarray(fence, bool)
+    fenced_any = bool(fence.any())
     m = np.zeros((N, U))
     ws = np.zeros((N, U))
     mult = np.zeros((N, U))
@@ -753,10 +756,12 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
         for _ in range(160 * G * n + 100):
             # transitions whose time is up, on the elements concerned only (as simulate_stage's four passes)
             fi_prev = None
-            phf, kf, remf = phase.ravel(), k.ravel(), rem.ravel()   # flat views (element i * U + j)
+            phf, kf, remf, qf = phase.ravel(), k.ravel(), rem.ravel(), q.ravel()   # flat views (element i * U + j)
+            ff = fence.ravel()
             for p_ in range(4):
                 if p_ == 0:
-                    fi = np.flatnonzero((rem <= eps_t) & (phase < 3))
+                    due = (rem <= eps_t) & (phase < 3)
+                    fi = np.flatnonzero((due | ((phase == 5) & (q <= 0))) if fenced_any else due)
                 else:
                     fi = fi_prev[(remf[fi_prev] <= eps_t) & (phf[fi_prev] < 3)]
                 if any_sync:
@@ -778,6 +783,10 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
                 ii = fi // U
                 kc = np.minimum(kk, n - 1)
                 s_ = ph == 0                                   # to issue
+                if fenced_any:                                 # a read fence: wait until its stores drained
+                    fz = s_ & ff[ii * n + kc] & (qf[fi] > 0)
+                    phf[fi[fz]] = 5
+                    s_ = (s_ & ~fz) | (ph == 5)
                 f0 = fi[s_]
                 phf[f0] = 1
                 remf[f0] = bf[ii[s_] * n + kc[s_]]
@@ -805,9 +814,9 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G):
                     break
                 keep = np.flatnonzero(active)
                 (P, b, g, sync, drains, mws, ws, M, valid, C, C0, a, a_lo, a_hi, q, Q, stalled, phase, k, rem, t,
-                 orig, nvalid, n3, n4, ncop, cls) = (x[keep] for x in (
+                 orig, nvalid, n3, n4, ncop, cls, fence) = (x[keep] for x in (
                     P, b, g, sync, drains, mws, ws, M, valid, C, C0, a, a_lo, a_hi, q, Q, stalled, phase, k, rem, t,
-                    orig, nvalid, n3, n4, ncop, cls))
+                    orig, nvalid, n3, n4, ncop, cls, fence))
                 flat_cls = np.arange(len(keep))[:, None] * (Kc + 1) + cls
                 bf, gf = b.ravel(), g.ravel()
             Nn = len(t)
@@ -880,7 +889,8 @@ def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
     return dt, t, near, rem
 
 
-FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven")   # arbitrations that model a read fence
+FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")   # per
+                             # program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
 
 
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,
@@ -922,12 +932,12 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         fence = fence & ~sync[:, None]
         if not fence.any():
             fence = None
-        elif prm.arbitration not in FENCE_ARBITRATIONS or (prm.arbitration == "gpc_drain" and GPC_DRAIN_FAST):
+        elif prm.arbitration not in FENCE_ARBITRATIONS:
             raise ValueError(f"a read fence needs every program's own stores: arbitration one of "
                              f"{', '.join(FENCE_ARBITRATIONS)}, got {prm.arbitration!r}")
     if groups is None:
         if prm.arbitration == "gpc_drain":
-            return _gpc_drain_batched(prm, P, b, g, sync, drains)
+            return _gpc_drain_batched(prm, P, b, g, sync, drains, fence)
         groups = GPC_DYN_GROUPS if prm.arbitration == "gpc_dyn" else STAGE_GROUPS
     if N * groups * n > MAX_STAGE_WORK:
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
@@ -948,7 +958,7 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             m, ws, gid = m[:, :G], ws[:, :G], gid[:, :G]
             w = ws   # own slots by the spread's weight alone; the drain by _gpc_dynamic_weights(ws, ...) below
             if GPC_DRAIN_FAST:   # the same simulation, alike groups merged (_stage_units)
-                start, end = _stage_units(prm, P, b, g, sync, drains, m, ws, gid, G)
+                start, end = _stage_units(prm, P, b, g, sync, drains, m, ws, gid, G, fence)
                 return start, end, m
         else:
             m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)

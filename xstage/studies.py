@@ -1583,7 +1583,8 @@ def _active_share(start, end, weight, total) -> np.ndarray:
     return (inside * w[None, :]).sum(axis=1) / total
 
 
-def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: int = 66, prm=None) -> pd.DataFrame:
+def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: int = 66, prm=None,
+                           read_fence=()) -> pd.DataFrame:
     """Small bursts (<= 32 KiB per program) of free-running trains by how busy the link is when they start: per
     program-burst of the per-program record ``pp`` (schema burst_program; grids of >= ``min_programs``) the share of
     the other programs inside a burst at its start (``active``), binned (:data:`ACTIVE_BINS`) against the burst's
@@ -1592,8 +1593,9 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     the same trains (``model_ns``, ``model_slow``; its weight groups stand for their programs). Session 17,
     measured: a small burst issues at the issue rate while few of the others are inside a burst and waits for about
     its share of the drain once most are; the full model agrees at the busy end and makes small bursts wait at
-    5-60 % busy, where the measured ones mostly do not."""
-    from .model import simulate_stage
+    5-60 % busy, where the measured ones mostly do not. ``read_fence``: the bursts the model simulates with the
+    legacy kernel's read wait (``data.legacy_read_bursts`` of the record's sidecar; session 21)."""
+    from .model import FENCE_ARBITRATIONS, simulate_stage
 
     pp = pp[(pp.target == LINK_TARGET[link]) & (pp.programs >= min_programs)]
     if pp.empty:
@@ -1611,7 +1613,8 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
         for (tr, P), g in trains.groupby(["train", "programs"], sort=False):
             g = g.sort_values("burst")
             b, gap = g.b.to_numpy(np.float64), g.gap.to_numpy(np.float64)
-            st, en, m = simulate_stage(prm, [P], b[None], gap[None], [False])
+            fence = np.isin(np.arange(len(b)), list(read_fence))[None] if prm.arbitration in FENCE_ARBITRATIONS else None
+            st, en, m = simulate_stage(prm, [P], b[None], gap[None], [False], read_fence=fence)
             ok = np.isfinite(st[0, :, 0])
             s_, e_, w = st[0, ok].ravel(), en[0, ok].ravel(), np.repeat(m[0, ok], len(b))
             act = _active_share(s_, e_, w, float(P))
@@ -1638,6 +1641,42 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
 
 
 TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
+
+
+def read_fence_probes(pp: pd.DataFrame, meta: dict, prm, link: str = "host", min_ns: float = 1000.0) -> pd.DataFrame:
+    """The probe trains' read-wait bursts against the model with and without the read fence (session 21). Per probe
+    train (lead, gap, programs) and burst of :func:`xstage.data.legacy_read_bursts` (the record's sidecar): the
+    measured median program (median over repeats, ``measured_ns``) and the model's median program with the fence
+    (``model_fence_ns``: ``predict_train(read_fence=...)``) and without it (``model_ns``), and their log ratios to
+    the measurement; only bursts measured >= ``min_ns``. The probes are eleven identical 2 KiB bursts, so what sets
+    bursts 4 and 8 apart is the read alone. ``prm``: StageParams (e.g. ``model.load_params``)."""
+    from .model import predict_train
+
+    pp = pp[pp.target == LINK_TARGET[link]]
+    if pp.empty:
+        raise ValueError(f"no per-program rows for the {link} link")
+    n = int(pp.burst.max()) + 1
+    fence = data.legacy_read_bursts(meta, n)
+    if not fence:
+        raise ValueError("this record has no legacy read bursts (made with the preload, or simulated)")
+    med = (pp.groupby(["train", "programs", "repeat", "burst"]).issue_ns.median()
+           .groupby(["train", "programs", "burst"]).median())
+    rows = []
+    for (tr, P), g in med.groupby(level=[0, 1], sort=False):
+        one = pp[(pp.train == tr) & (pp.programs == P)]
+        one = one[(one.repeat == one.repeat.min()) & (one.program == one.program.min())].sort_values("burst")
+        b, gap = one.burst_bytes.to_numpy(np.float64), one.gap_ns.to_numpy(np.float64)
+        with_f = predict_train(prm, int(P), b, gap, read_fence=fence)
+        without = predict_train(prm, int(P), b, gap)
+        meas = g.droplevel([0, 1]).reindex(range(len(b))).to_numpy()
+        for k in fence:
+            rows.append({"train": tr, "programs": int(P), "burst": k, "measured_ns": meas[k],
+                         "model_fence_ns": with_f[k], "model_ns": without[k]})
+    out = pd.DataFrame(rows)
+    out = out[out.measured_ns >= min_ns].reset_index(drop=True)
+    out["log_ratio_fence"] = np.log(out.model_fence_ns / out.measured_ns)
+    out["log_ratio"] = np.log(out.model_ns / out.measured_ns)
+    return out
 
 
 def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFrame:
@@ -1875,7 +1914,9 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
 
 CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")   # fits written beside the full model (data/h200x1/stage_fit_host_<rung>.json), not adopted
 # (a rung whose fit is not written is left out; gpc_drain's fit is written since session 16: 20 min on one core with
-# its fast path, model._stage_units; stage_rescored scores an arbitration with another rung's parameters)
+# its fast path, model._stage_units; stage_rescored scores an arbitration with another rung's parameters). Every
+# fit here was made before the read fence (session 21) but gpc_drain's, rewritten with it; the scores on never-fitted
+# records simulate the fence for every rung whose arbitration has it (model.FENCE_ARBITRATIONS)
 
 
 def stage_candidates(link: str = "host") -> pd.DataFrame:
