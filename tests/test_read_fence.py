@@ -7,6 +7,7 @@ the never-fitted scores simulate them so. ``predict_train`` without ``read_fence
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from xstage import data, fit, model
@@ -98,3 +99,38 @@ def test_the_fence_predicts_the_never_fitted_probes_4_and_8():
     # a record made with the preload has nothing to check
     with pytest.raises(ValueError, match="no legacy read"):
         studies.read_fence_probes(pp, {"params": {"source": "gpu", "grid": {"preload": True}}}, prm)
+
+
+def _pp(rng, scale_at=None, factor=1.0):
+    rows = []
+    for P in (16, 132):
+        for rep in range(3):
+            for prog in range(4):
+                for k in range(12):
+                    v = float(rng.uniform(2000, 4000)) * (factor if scale_at and k in scale_at else 1.0)
+                    rows.append(dict(train="s0-00", target="host", programs=P, repeat=rep, program=prog, burst=k,
+                                     issue_ns=v))
+    return pd.DataFrame(rows)
+
+
+def test_preload_ab_finds_a_wait_at_the_read_bursts_only():
+    """S20-2's analysis on hand-built records: the legacy record is the preload one with bursts 4 and 8 made 1.5x
+    slower; the A/B says 1.5 there and 1 elsewhere. Shuffling which bursts are slowed moves the finding with them."""
+    from xstage import studies
+
+    rng = np.random.default_rng(1)
+    pre = _pp(rng)
+    leg = pre.copy()
+    leg.loc[leg.burst.isin([4, 8]), "issue_ns"] *= 1.5
+    rows, per = studies.preload_ab(leg, pre, min_programs=66)
+    per = per.set_index("burst")
+    assert per.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.5, 1.5])
+    assert per.drop(index=[4, 8]).median_ratio.tolist() == pytest.approx([1.0] * 10)
+    assert per.loc[[4, 8], "legacy_read"].all() and not per.drop(index=[4, 8]).legacy_read.any()
+    assert set(rows.programs) == {16, 132} and (per.rows == 1).all()   # per burst: the P = 132 grid only
+    leg2 = pre.copy()
+    leg2.loc[leg2.burst.isin([3, 5]), "issue_ns"] *= 1.5
+    per2 = studies.preload_ab(leg2, pre)[1].set_index("burst")
+    assert per2.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError, match="share no"):
+        studies.preload_ab(leg.assign(train="other"), pre)

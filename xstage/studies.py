@@ -1643,6 +1643,35 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
 TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
 
 
+def preload_ab(legacy: pd.DataFrame, preload: pd.DataFrame, link: str = "host", min_programs: int = 66,
+               min_ns: float = 1000.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """S20-2's A/B: the same trains recorded in one call with the legacy kernel (per-burst parameter reads,
+    ``--no-preload``) and with the preload, both per program (schema burst_program). Per (train, programs, burst):
+    the median program of each (median over repeats: ``legacy_ns``, ``preload_ns``) and ``ratio`` = legacy /
+    preload. Per burst, over the grids of >= ``min_programs`` programs where either took >= ``min_ns``: the median
+    ratio and the count (``legacy_read``: the bursts the legacy kernel read at, :func:`xstage.data.legacy_read_bursts`
+    of a legacy record). The read wait predicts ratios > 1 at those bursts and ~1 elsewhere (lab notebook, S20-2)."""
+    key = ["train", "programs", "burst"]
+
+    def medians(pp, name):
+        pp = pp[pp.target == LINK_TARGET[link]]
+        if pp.empty:
+            raise ValueError(f"the {name} record has no per-program rows for the {link} link")
+        return (pp.groupby(key + ["repeat"]).issue_ns.median().groupby(key).median().rename(f"{name}_ns"))
+
+    rows = pd.concat([medians(legacy, "legacy"), medians(preload, "preload")], axis=1, join="inner").reset_index()
+    if rows.empty:
+        raise ValueError("the legacy and preload records share no (train, programs, burst)")
+    rows["ratio"] = rows.legacy_ns / rows.preload_ns
+    n = int(rows.burst.max()) + 1
+    bad = set(data.legacy_read_bursts({"params": {"source": "gpu", "grid": {"preload": False}}}, n))
+    rows["legacy_read"] = rows.burst.isin(bad)
+    sel = rows[(rows.programs >= min_programs) & ((rows.legacy_ns >= min_ns) | (rows.preload_ns >= min_ns))]
+    per_burst = (sel.groupby("burst").agg(median_ratio=("ratio", "median"), rows=("ratio", "size"),
+                                          legacy_read=("legacy_read", "first")).reset_index())
+    return rows, per_burst
+
+
 def read_fence_probes(pp: pd.DataFrame, meta: dict, prm, link: str = "host", min_ns: float = 1000.0) -> pd.DataFrame:
     """The probe trains' read-wait bursts against the model with and without the read fence (session 21). Per probe
     train (lead, gap, programs) and burst of :func:`xstage.data.legacy_read_bursts` (the record's sidecar): the
