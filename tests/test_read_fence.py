@@ -134,3 +134,20 @@ def test_preload_ab_finds_a_wait_at_the_read_bursts_only():
     assert per2.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="share no"):
         studies.preload_ab(leg.assign(train="other"), pre)
+
+
+def test_the_cli_predicts_with_a_read_fence_and_refuses_a_bad_one(capsys):
+    from xstage.cli import main
+
+    args = ["predict", "--data", str(data.machine_dir("h200x1")), "--link", "host", "--programs", "132",
+            "--burst-kib", "8,2,2,2,2,2", "--gap-us", "0.5,3,3,3,3,3"]
+    assert main(args) == 0
+    clean = [float(x) for x in capsys.readouterr().out.splitlines()[-1].split()]
+    assert main(args + ["--read-fence", "4"]) == 0
+    fenced = [float(x) for x in capsys.readouterr().out.splitlines()[-1].split()]
+    prm = model.load_params(data.machine_dir("h200x1"), "host")
+    want = model.predict_train(prm, 132, [8 * KIB] + [2 * KIB] * 5, [500.0] + [3000.0] * 5, read_fence=[4])
+    assert fenced == pytest.approx(want, abs=0.06) and fenced[4] > 10 * clean[4]
+    assert fenced[:4] == clean[:4]
+    assert main(args + ["--read-fence", "6"]) == 2
+    assert "outside 0..5" in capsys.readouterr().err

@@ -285,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--burst-kib", type=_floats, required=True, help="KiB per program per burst, e.g. 64,8,320")
     pr.add_argument("--gap-us", type=_floats, required=True, help="compute gap after each burst, e.g. 10,0,100")
     pr.add_argument("--sync", action="store_true", help="grid barrier between bursts: the grid's span per burst")
+    pr.add_argument("--read-fence", type=_ints, default=(),
+                    help="bursts (0-based, e.g. 4,8) whose start holds a read that waits for the program's own stores "
+                         "to drain, as the train kernel before session 20 (data.legacy_read_bursts); default none")
 
     rp = sub.add_parser("reproduce", help="run every notebook through papermill into a run folder")
     try:  # the notebook stack is an extra: GPU nodes may run sweeps without it
@@ -412,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
 
             prm = load_params(args.data, args.link)
             t = predict_train(prm, args.programs, [b * KIB for b in args.burst_kib], [g * 1e3 for g in args.gap_us],
-                              sync=args.sync)
+                              sync=args.sync, read_fence=args.read_fence)
             what = "grid span" if args.sync else "median program's issue time"
             print(f"{args.link}, {args.programs} programs, {what} per burst (ns):")
             print(" ".join(f"{x:.1f}" for x in t))
