@@ -323,7 +323,9 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
     and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
     train recorded in several calls falls in one held-out fold). ``drop_legacy_reads``: the train bursts of
     :func:`xstage.data.legacy_read_bursts` unmeasured (session 20's refit without them was not adopted: the
-    written fits keep every burst)."""
+    written fits keep every burst). Measured or not, those bursts are marked in ``read_fence`` (session 21): the
+    fit simulates them with the legacy kernel's read wait (:func:`xstage.model.simulate_stage`'s ``read_fence``)
+    where the arbitration has one (:data:`READ_FENCE`)."""
     from pathlib import Path
 
     from .data import BURST_GAP, BURST_TRAIN, legacy_read_bursts, load, paths
