@@ -101,6 +101,9 @@ def test_the_fence_predicts_the_never_fitted_probes_4_and_8():
         studies.read_fence_probes(pp, {"params": {"source": "gpu", "grid": {"preload": True}}}, prm)
 
 
+LEGACY = {"params": {"source": "gpu", "grid": {}}}   # a sidecar of a record made before the preload
+
+
 def _pp(rng, scale_at=None, factor=1.0):
     rows = []
     for P in (16, 132):
@@ -122,18 +125,20 @@ def test_preload_ab_finds_a_wait_at_the_read_bursts_only():
     pre = _pp(rng)
     leg = pre.copy()
     leg.loc[leg.burst.isin([4, 8]), "issue_ns"] *= 1.5
-    rows, per = studies.preload_ab(leg, pre, min_programs=66)
+    rows, per = studies.preload_ab(leg, LEGACY, pre, min_programs=66)
     per = per.set_index("burst")
     assert per.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.5, 1.5])
     assert per.drop(index=[4, 8]).median_ratio.tolist() == pytest.approx([1.0] * 10)
     assert per.loc[[4, 8], "legacy_read"].all() and not per.drop(index=[4, 8]).legacy_read.any()
     assert set(rows.programs) == {16, 132} and (per.rows == 1).all()   # per burst: the P = 132 grid only
+    made_with_preload = {"params": {"source": "gpu", "grid": {"preload": True}}}   # the flags follow the sidecar
+    assert not studies.preload_ab(leg, made_with_preload, pre)[1].legacy_read.any()
     leg2 = pre.copy()
     leg2.loc[leg2.burst.isin([3, 5]), "issue_ns"] *= 1.5
-    per2 = studies.preload_ab(leg2, pre)[1].set_index("burst")
+    per2 = studies.preload_ab(leg2, LEGACY, pre)[1].set_index("burst")
     assert per2.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="share no"):
-        studies.preload_ab(leg.assign(train="other"), pre)
+        studies.preload_ab(leg.assign(train="other"), LEGACY, pre)
 
 
 def test_the_cli_predicts_with_a_read_fence_and_refuses_a_bad_one(capsys):

@@ -325,7 +325,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
     :func:`xstage.data.legacy_read_bursts` unmeasured (session 20's refit without them was not adopted: the
     written fits keep every burst). Measured or not, those bursts are marked in ``read_fence`` (session 21): the
     fit simulates them with the legacy kernel's read wait (:func:`xstage.model.simulate_stage`'s ``read_fence``)
-    where the arbitration has one (:data:`READ_FENCE`)."""
+    where the arbitration has one (:func:`xstage.model.models_read_fence`)."""
     from pathlib import Path
 
     from .data import BURST_GAP, BURST_TRAIN, legacy_read_bursts, load, paths
@@ -421,15 +421,12 @@ def _to_x(name, v):
     return np.log(v / (1 - v)) if name in LOGIT else np.log(v)
 
 
-READ_FENCE = True   # the legacy kernel's read wait (Observations.read_fence) simulated where the arbitration can
-
-
 def predict_observations(obs: Observations, prm, span_overhead_ns: float, barrier_drains=True) -> np.ndarray:
     """Predicted [N, n] for every observation (the span's fixed cost added to sync rows); ``barrier_drains``
     as :func:`xstage.model.simulate_stage` takes it (False: the relaxed-barrier harness)."""
-    from .model import FENCE_ARBITRATIONS, simulate_stage, stage_measure
+    from .model import models_read_fence, simulate_stage, stage_measure
 
-    fence = obs.read_fence if READ_FENCE and getattr(prm, "arbitration", "") in FENCE_ARBITRATIONS else None
+    fence = obs.read_fence if models_read_fence(prm) else None
     start, end, m = simulate_stage(prm, obs.cfgs.programs.to_numpy(), obs.burst_bytes, obs.gap_ns, obs.sync,
                                    barrier_drains=barrier_drains, read_fence=fence)
     pred = stage_measure(start, end, obs.sync, m)

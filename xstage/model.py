@@ -891,6 +891,13 @@ def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
 
 FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")   # per
                              # program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
+READ_FENCE = True            # records with the legacy kernel's read simulate it (False: as before session 21)
+
+
+def models_read_fence(prm) -> bool:
+    """Whether a recorded read fence (``data.legacy_read_bursts``) is simulated under ``prm``: READ_FENCE is on and
+    its arbitration keeps every program's stores apart (FENCE_ARBITRATIONS); the fits and scores ask this."""
+    return READ_FENCE and getattr(prm, "arbitration", "") in FENCE_ARBITRATIONS
 
 
 def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups: int | None = None,

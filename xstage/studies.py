@@ -1449,8 +1449,7 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
     The bursts of :func:`xstage.data.legacy_read_bursts` (the legacy kernel's read, which waits behind the
     program's stores) are predicted with that wait (``predict_train(read_fence=...)``) where the arbitration
     models it; ``drop_legacy_reads``: they are predicted in their train but not scored."""
-    from .fit import READ_FENCE
-    from .model import FENCE_ARBITRATIONS, load_params, predict_train
+    from .model import load_params, models_read_fence, predict_train
 
     if prm is None:
         prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
@@ -1459,8 +1458,7 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
     parts = []
     for (name, p), g in t.groupby(["train", "programs"], sort=False):
         g = g.sort_values("burst")
-        fence = (data.legacy_read_bursts(meta, len(g)) if READ_FENCE and prm.arbitration in FENCE_ARBITRATIONS
-                 else ())
+        fence = data.legacy_read_bursts(meta, len(g)) if models_read_fence(prm) else ()
         parts.append(g.assign(predicted_ns=predict_train(prm, int(p), g.burst_bytes.to_numpy(),
                                                          g.gap_ns.to_numpy(), read_fence=fence)))
     rows = pd.concat(parts, ignore_index=True).rename(columns={"issue_ns": "measured_ns"})
@@ -1595,7 +1593,7 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     its share of the drain once most are; the full model agrees at the busy end and makes small bursts wait at
     5-60 % busy, where the measured ones mostly do not. ``read_fence``: the bursts the model simulates with the
     legacy kernel's read wait (``data.legacy_read_bursts`` of the record's sidecar; session 21)."""
-    from .model import FENCE_ARBITRATIONS, simulate_stage
+    from .model import models_read_fence, simulate_stage
 
     pp = pp[(pp.target == LINK_TARGET[link]) & (pp.programs >= min_programs)]
     if pp.empty:
@@ -1613,7 +1611,7 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
         for (tr, P), g in trains.groupby(["train", "programs"], sort=False):
             g = g.sort_values("burst")
             b, gap = g.b.to_numpy(np.float64), g.gap.to_numpy(np.float64)
-            fence = np.isin(np.arange(len(b)), list(read_fence))[None] if prm.arbitration in FENCE_ARBITRATIONS else None
+            fence = np.isin(np.arange(len(b)), list(read_fence))[None] if models_read_fence(prm) else None
             st, en, m = simulate_stage(prm, [P], b[None], gap[None], [False], read_fence=fence)
             ok = np.isfinite(st[0, :, 0])
             s_, e_, w = st[0, ok].ravel(), en[0, ok].ravel(), np.repeat(m[0, ok], len(b))
@@ -1643,29 +1641,33 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
 TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
 
 
-def preload_ab(legacy: pd.DataFrame, preload: pd.DataFrame, link: str = "host", min_programs: int = 66,
-               min_ns: float = 1000.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _median_program(pp: pd.DataFrame) -> pd.Series:
+    """A per-program record's median program per (train, programs, burst): the median over programs of each run,
+    then the median over repeats."""
+    key = ["train", "programs", "burst"]
+    return pp.groupby(key + ["repeat"]).issue_ns.median().groupby(key).median()
+
+
+def preload_ab(legacy: pd.DataFrame, legacy_meta: dict, preload: pd.DataFrame, link: str = "host",
+               min_programs: int = 66, min_ns: float = 1000.0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """S20-2's A/B: the same trains recorded in one call with the legacy kernel (per-burst parameter reads,
     ``--no-preload``) and with the preload, both per program (schema burst_program). Per (train, programs, burst):
     the median program of each (median over repeats: ``legacy_ns``, ``preload_ns``) and ``ratio`` = legacy /
     preload. Per burst, over the grids of >= ``min_programs`` programs where either took >= ``min_ns``: the median
     ratio and the count (``legacy_read``: the bursts the legacy kernel read at, :func:`xstage.data.legacy_read_bursts`
-    of a legacy record). The read wait predicts ratios > 1 at those bursts and ~1 elsewhere (lab notebook, S20-2)."""
-    key = ["train", "programs", "burst"]
-
+    of the legacy record's sidecar ``legacy_meta``). The read wait predicts ratios > 1 at those bursts and ~1
+    elsewhere (lab notebook, S20-2)."""
     def medians(pp, name):
         pp = pp[pp.target == LINK_TARGET[link]]
         if pp.empty:
             raise ValueError(f"the {name} record has no per-program rows for the {link} link")
-        return (pp.groupby(key + ["repeat"]).issue_ns.median().groupby(key).median().rename(f"{name}_ns"))
+        return _median_program(pp).rename(f"{name}_ns")
 
     rows = pd.concat([medians(legacy, "legacy"), medians(preload, "preload")], axis=1, join="inner").reset_index()
     if rows.empty:
         raise ValueError("the legacy and preload records share no (train, programs, burst)")
     rows["ratio"] = rows.legacy_ns / rows.preload_ns
-    n = int(rows.burst.max()) + 1
-    bad = set(data.legacy_read_bursts({"params": {"source": "gpu", "grid": {"preload": False}}}, n))
-    rows["legacy_read"] = rows.burst.isin(bad)
+    rows["legacy_read"] = rows.burst.isin(data.legacy_read_bursts(legacy_meta, int(rows.burst.max()) + 1))
     sel = rows[(rows.programs >= min_programs) & ((rows.legacy_ns >= min_ns) | (rows.preload_ns >= min_ns))]
     per_burst = (sel.groupby("burst").agg(median_ratio=("ratio", "median"), rows=("ratio", "size"),
                                           legacy_read=("legacy_read", "first")).reset_index())
@@ -1688,8 +1690,7 @@ def read_fence_probes(pp: pd.DataFrame, meta: dict, prm, link: str = "host", min
     fence = data.legacy_read_bursts(meta, n)
     if not fence:
         raise ValueError("this record has no legacy read bursts (made with the preload, or simulated)")
-    med = (pp.groupby(["train", "programs", "repeat", "burst"]).issue_ns.median()
-           .groupby(["train", "programs", "burst"]).median())
+    med = _median_program(pp)
     rows = []
     for (tr, P), g in med.groupby(level=[0, 1], sort=False):
         one = pp[(pp.train == tr) & (pp.programs == P)]
