@@ -90,6 +90,20 @@ for s in "$@"; do
        --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50 \
        --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_small_s18/$f.csv" ] && \
        gzip -f "$SCRATCH/train_small_s18/$f.csv"; done ;;
+    # every train record re-recorded with the clean kernel (session 22: the legacy kernel's per-burst reads waited
+    # behind the stores at every burst, run S20-2): the fitted seed-0 family with its local control, the four
+    # held-out families (same seeds, sizes, gaps and program counts as recorded), and a new seed never recorded
+    trains-clean:*) secs=${s#trains-clean:}
+       for v in "train_clean_seed0|--targets host,local" \
+                "independent_clean|--targets host --seed 7 --count 16 --kib 4,1024 --gap-us 1,300" \
+                "train_programs_p_clean|--targets host --programs 1,2,4,8,16,32,48,66,100,132,198,264 --seed 7 --count 6" \
+                "train_programs_new_p_clean|--targets host --programs 24,40,80,120,160,200 --seed 11 --count 6" \
+                "train_small_clean|--targets host --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50" \
+                "train_seed22_clean|--targets host --seed 22"; do
+         sub=${v%%|*}; stage "$sub" "$secs" $PY -m xstage sweep trains --out "$SCRATCH/$sub" --per-program --repeats 3 \
+           ${v#*|}
+         for f in burst_program burst_train; do [ -e "$SCRATCH/$sub/$f.csv" ] && gzip -f "$SCRATCH/$sub/$f.csv"; done
+       done ;;
     # designed probe trains (issue 11, session 19): a lead burst of 8-128 KiB per program, a gap of 0.5-20 us, then
     # 2 KiB probes 3 us apart, P = 16 / 66 / 132 / 264, per program: what holds a small burst back after a big one
     trains-probe:*) stage trains-probe "${s#trains-probe:}" $PY -m xstage sweep trains --out "$SCRATCH/train_probe_s19" \
