@@ -343,13 +343,15 @@ def recorded_machines(schema: Schema = BURST_GAP) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- write
 def write_json_atomic(path: Path, obj: dict, indent: int | None = 2) -> None:
-    """``obj`` as JSON at ``path``, replaced atomically (``indent=None``: compact, for large tables)."""
+    """``obj`` as JSON at ``path``, replaced atomically (``indent=None``: compact, for large tables). A path
+    ending in ``.gz`` is written gzip-compressed (reproducibly: no timestamp in the header)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(obj, indent=indent, sort_keys=True, separators=None if indent else (",", ":")) + "\n"
+    raw = gzip.compress(text.encode(), mtime=0) if path.suffix == ".gz" else text.encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.fchmod(fd, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=indent, sort_keys=True, separators=None if indent else (",", ":"))
-        f.write("\n")
+    with os.fdopen(fd, "wb") as f:
+        f.write(raw)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

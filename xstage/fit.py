@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from .model import KIB, BurstGapParams, train
+from .model import KIB, BurstGapParams, fit_file, train
 
 CONFIG = ["target", "store_bytes", "programs", "burst_bytes", "gap_ns", "n_bursts", "drain", "sync"]
 PARAM_NAMES = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_ns"]
@@ -628,7 +628,7 @@ def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5, drop_lega
     if RUNG_ARBITRATION.get((rung, link), "pool") != "pool":
         # the slots model has the pool's parameters, read differently: it starts from the pool rung's fit (its
         # cost moves in steps; from the read-off values it stalls in a worse minimum: lab notebook, session 6)
-        below = Path(folder) / stage_fit_name(link, RUNG_START.get(rung, "pool"))
+        below = fit_file(Path(folder) / stage_fit_name(link, RUNG_START.get(rung, "pool")))
         if below.is_file():
             f = read_stage_fit(folder, link, RUNG_START.get(rung, "pool"))
             start = {k: float(f["params"][k]) for k in RUNGS[rung] if k in f["params"]}
@@ -726,7 +726,8 @@ def write_stage_fit(res: StageFit, folder, command: str = "") -> str:
     from . import env
     from .data import write_json_atomic
 
-    path = Path(folder) / stage_fit_name(res.link, res.rung)
+    plain = Path(folder) / stage_fit_name(res.link, res.rung)
+    path = plain.with_name(plain.name + ".gz")   # the per-burst tables: ~1 MB as JSON, ~10x less compressed
     err = error_summary(res.heldout)
     cols = ["kind", "train", "programs", "burst", "burst_bytes", "gap_ns", "measured_ns", "predicted_ns"]
     obj = {"kind": "stage_fit", "version": STAGE_FIT_VERSION, "link": res.link, "rung": res.rung,
@@ -738,4 +739,5 @@ def write_stage_fit(res: StageFit, folder, command: str = "") -> str:
            "provenance": {k: v for k, v in env.provenance(command, {}).items()
                           if k in ("git_commit", "date_utc", "command", "python", "torch")}}
     write_json_atomic(path, obj, indent=None)   # the tables make it large: compact
+    plain.unlink(missing_ok=True)                # read_fit would prefer a stale uncompressed file
     return str(path)

@@ -1343,22 +1343,35 @@ def load_params(data_dir, link: str) -> StageParams:
     return StageParams(**read_fit(folder / f"stage_fit_{link}.json", link)["params"])
 
 
-def read_fit(path, link: str) -> dict:
-    """A written stage fit (JSON), checked: the right link, parameters that validate, fitted to the records
-    as they are now (the sha256 of each source CSV against its sidecar)."""
-    import json
+def fit_file(path):
+    """The file of a written fit named ``path`` (``stage_fit_<link>[_<rung>].json``): the file itself, or, where only
+    that exists, its gzip-compressed form ``<name>.json.gz`` (how ``xstage fit --write`` writes them: their
+    per-burst tables are ~1 MB of JSON each)."""
     from pathlib import Path
 
     path = Path(path)
+    gz = path.with_name(path.name + ".gz")
+    return gz if not path.is_file() and gz.is_file() else path
+
+
+def read_fit(path, link: str) -> dict:
+    """A written stage fit (JSON, or JSON gzip-compressed: :func:`fit_file`), checked: the right link, parameters
+    that validate, fitted to the records as they are now (the sha256 of each source CSV against its sidecar)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = fit_file(path)
     folder = path.parent
     if not path.is_file():
-        have = sorted(p.name for p in folder.glob("stage_fit_*.json"))
+        have = sorted(p.name for p in folder.glob("stage_fit_*.json*"))
         raise ValueError(f"{folder} has no fit for link {link!r} ({path.name} missing; has: "
                          f"{', '.join(have) or 'none'}); fit it: xstage fit --data {folder} --link {link} --write")
     try:
-        obj = json.loads(path.read_text())
+        raw = path.read_bytes()
+        obj = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
         StageParams(**obj["params"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError, OSError, EOFError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not a stage fit: {e}") from None
     if obj.get("link") != link:
         raise ValueError(f"{path} holds link {obj.get('link')!r}, not {link!r}")

@@ -1954,12 +1954,12 @@ def stage_candidates(link: str = "host") -> pd.DataFrame:
     held-out-by-train median |error| of its fit (trains, free-running, synchronised) and its median |error| on each
     never-fitted train record (:data:`SCORED_TRAIN_RECORDS`, bursts >= 1 us)."""
     from .fit import read_stage_fit, stage_fit_name
-    from .model import params_from_dict
+    from .model import fit_file, params_from_dict
 
     folder = data.machine_dir(LINK_MACHINES[link])
     rows = []
     for rung in ("stage", *CANDIDATE_RUNGS):
-        if not (folder / stage_fit_name(link, rung)).is_file():
+        if not fit_file(folder / stage_fit_name(link, rung)).is_file():
             continue
         f = read_stage_fit(folder, link, rung)
         row = {"rung": rung, "arbitration": f["params"].get("arbitration", "pool")}
