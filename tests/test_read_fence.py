@@ -112,7 +112,7 @@ def _pp(rng, scale_at=None, factor=1.0):
                 for k in range(12):
                     v = float(rng.uniform(2000, 4000)) * (factor if scale_at and k in scale_at else 1.0)
                     rows.append(dict(train="s0-00", target="host", programs=P, repeat=rep, program=prog, burst=k,
-                                     issue_ns=v))
+                                     burst_bytes=2 ** (k % 6 + 1) * KIB, issue_ns=v))
     return pd.DataFrame(rows)
 
 
@@ -156,3 +156,26 @@ def test_the_cli_predicts_with_a_read_fence_and_refuses_a_bad_one(capsys):
     assert fenced[:4] == clean[:4]
     assert main(args + ["--read-fence", "6"]) == 2
     assert "outside 0..5" in capsys.readouterr().err
+
+
+def test_preload_ab_sizes_and_burst_train_rows():
+    """The size table of the A/B: a wait put on the small bursts alone (outside the read bursts) shows in the
+    small class only; the same A/B from burst_train rows (each run's median program) gives the same ratios."""
+    from xstage import studies
+
+    rng = np.random.default_rng(2)
+    pre = _pp(rng)
+    small = pre.burst_bytes <= 8 * KIB
+    assert small.any() and (~small).any()
+    leg = pre.copy()
+    leg.loc[small & ~leg.burst.isin([4, 8]), "issue_ns"] *= 1.4
+    rows, _ = studies.preload_ab(leg, LEGACY, pre, min_programs=16)
+    by = studies.preload_ab_sizes(rows, min_ns=0.0).set_index("kib")
+    assert by.loc["(0.0, 8.0]", "median_ratio"].tolist() == pytest.approx([1.4] * 2)
+    assert by.drop(index="(0.0, 8.0]").median_ratio.tolist() == pytest.approx([1.0] * (len(by) - 2))
+
+    def as_train(pp):   # burst_train rows: one per (run, burst), issue_ns each run's median program
+        return (pp.groupby(["train", "target", "programs", "repeat", "burst"], as_index=False)
+                .agg(burst_bytes=("burst_bytes", "first"), issue_ns=("issue_ns", "median")))
+    rows2, per2 = studies.preload_ab(as_train(leg), LEGACY, as_train(pre), min_programs=16)
+    assert rows2.ratio.to_numpy() == pytest.approx(rows.ratio.to_numpy())

@@ -1642,9 +1642,12 @@ TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (r
 
 
 def _median_program(pp: pd.DataFrame) -> pd.Series:
-    """A per-program record's median program per (train, programs, burst): the median over programs of each run,
-    then the median over repeats."""
+    """A train record's median program per (train, programs, burst): the median over programs of each run, then the
+    median over repeats. Per-program rows (schema burst_program) or burst_train rows (whose issue_ns is already each
+    run's median program)."""
     key = ["train", "programs", "burst"]
+    if "program" not in pp.columns:
+        return pp.groupby(key).issue_ns.median()
     return pp.groupby(key + ["repeat"]).issue_ns.median().groupby(key).median()
 
 
@@ -1666,12 +1669,33 @@ def preload_ab(legacy: pd.DataFrame, legacy_meta: dict, preload: pd.DataFrame, l
     rows = pd.concat([medians(legacy, "legacy"), medians(preload, "preload")], axis=1, join="inner").reset_index()
     if rows.empty:
         raise ValueError("the legacy and preload records share no (train, programs, burst)")
+    if "burst_bytes" in preload.columns:   # for preload_ab_sizes
+        sizes = preload[["train", "burst", "burst_bytes"]].drop_duplicates(["train", "burst"])
+        rows = rows.merge(sizes, on=["train", "burst"], how="left")
     rows["ratio"] = rows.legacy_ns / rows.preload_ns
     rows["legacy_read"] = rows.burst.isin(data.legacy_read_bursts(legacy_meta, int(rows.burst.max()) + 1))
     sel = rows[(rows.programs >= min_programs) & ((rows.legacy_ns >= min_ns) | (rows.preload_ns >= min_ns))]
     per_burst = (sel.groupby("burst").agg(median_ratio=("ratio", "median"), rows=("ratio", "size"),
                                           legacy_read=("legacy_read", "first")).reset_index())
     return rows, per_burst
+
+
+PRELOAD_AB_KIB = (0, 8, 16, 48, 128, np.inf)   # burst-size classes (KiB per program) of preload_ab_sizes
+
+
+def preload_ab_sizes(rows: pd.DataFrame, min_ns: float = 1000.0, kib=PRELOAD_AB_KIB) -> pd.DataFrame:
+    """:func:`preload_ab`'s rows by burst size and program count, the legacy-read bursts left out (what the read
+    costs where the legacy kernel reads from L1): per (size class, programs) over the bursts either kernel took
+    >= ``min_ns`` on, the median legacy / preload ratio, both medians (us) and the count. Session 22 (S20-2): small
+    bursts pay it (0-8 KiB at P >= 66: 1.26-1.52), 8 KiB and larger do not (0.87-1.05)."""
+    sel = rows[~rows.legacy_read & ((rows.legacy_ns >= min_ns) | (rows.preload_ns >= min_ns))]
+    cls = pd.cut(sel.burst_bytes / 1024, list(kib), right=True)
+    out = sel.groupby([cls, "programs"], observed=True).agg(
+        median_ratio=("ratio", "median"), legacy_us=("legacy_ns", "median"), preload_us=("preload_ns", "median"),
+        bursts=("ratio", "size")).reset_index().rename(columns={"burst_bytes": "kib"})
+    out[["legacy_us", "preload_us"]] /= 1000
+    out["kib"] = out.kib.astype(str)
+    return out
 
 
 def read_fence_probes(pp: pd.DataFrame, meta: dict, prm, link: str = "host", min_ns: float = 1000.0) -> pd.DataFrame:
