@@ -168,12 +168,17 @@ def burst_train_store_kernel(
     cal_ptr,               # *int64 [P, 2]: global timer (ns) and cycle counter at the program's start
     sm_ptr,                # *int32 [P]: the SM each program ran on (%smid; -1 under the interpreter)
     seed,                  # int32 payload seed
+    probe_ptr,             # *int64 [P, B, 16] (LOAD_PROBE): device words one load after each burst reads
+    sink_ptr,              # *int64 [P, B] (LOAD_PROBE): probe word + 1, written with the loaded value
     N_BURSTS: tl.constexpr,
     V: tl.constexpr,
     R: tl.constexpr,
     DEVICE: tl.constexpr,
     PRELOAD: tl.constexpr = True,   # read every burst's N_k, base_k, gap_k into registers before the first burst
     NB: tl.constexpr = 16,          # a power of two >= N_BURSTS (the preloaded vectors' length)
+    LOAD_PROBE: tl.constexpr = 0,   # 0: none; 1: after each burst one load of a word the program read before its
+                                    # first burst (an L1 hit); 2: one load of a word of its own 128-byte line that
+                                    # bypasses L1 (ld.global.cg, an L2 hit). ts then holds 3 stamps per burst
 ):
     """A free-running train given as data: burst k of every program stores N_k int32 (at base_k + pid * N_k)
     and is followed by gap_k cycles of compute (a clock spin). No grid barrier: programs start together (one
@@ -182,7 +187,12 @@ def burst_train_store_kernel(
     20 did. Their bursts 4 and 8 (a new 32-byte sector of the int64 arrays, an L1 miss) are slow in every
     configuration, 0.16 us with an empty stage and up to 49 us with a busy one (lab notebook, run S20-1): the read,
     issued before t0 and first used inside the timed issue, waits behind the program's outstanding remote stores
-    (the hypothesis that run S20-2, legacy against preload in one call, tests)."""
+    (the hypothesis that run S20-2, legacy against preload in one call, tests).
+    LOAD_PROBE (session 22, the load-after-store test): right after burst k's stores issued (t1), the program loads
+    one device word and writes it + 1 to ``sink`` (the store needs the loaded value, so the program waits for the
+    load there), then takes t2 after a CTA barrier; its gap starts at t2. t2 - t1 is what a fused kernel's next
+    load pays behind its own remote stores: kind 1 a word read before the first burst (resident in L1 unless the
+    stores evict it), kind 2 a word in L2 read past L1."""
     pid = tl.program_id(0)
     dst = tl.multiple_of(dst_addr.to(tl.pointer_type(tl.int32)), 16)
     BLOCK: tl.constexpr = R * V
@@ -195,6 +205,11 @@ def burst_train_store_kernel(
         n_all = tl.load(elems_ptr + kk, mask=k_ok, other=0)
         base_all = tl.load(base_ptr + kk, mask=k_ok, other=0)
         gap_all = tl.load(gap_ptr + kk, mask=k_ok, other=0)
+    STAMPS: tl.constexpr = 3 if LOAD_PROBE else 2
+    if LOAD_PROBE == 1:   # the word every later load of this program reads, brought into L1 before the first burst
+        w1 = probe_ptr + pid.to(tl.int64) * N_BURSTS * 16
+        v1 = tl.load(w1)
+        tl.store(sink_ptr + pid.to(tl.int64) * N_BURSTS, v1)   # waits for it here, before the train starts
     tl.store(cal_ptr + pid * 2, globaltimer(DEVICE))
     tl.store(cal_ptr + pid * 2 + 1, clock64(DEVICE))
     tl.store(sm_ptr + pid, smid(DEVICE))
@@ -215,11 +230,22 @@ def burst_train_store_kernel(
             tl.store(dst + idx, payload(idx, seed))
         tl.debug_barrier()
         t1 = clock64(DEVICE)
-        rec = ts_ptr + (pid * N_BURSTS + b) * 2
+        t_end = t1
+        rec = ts_ptr + (pid * N_BURSTS + b) * STAMPS
+        if LOAD_PROBE != 0:
+            slot = pid.to(tl.int64) * N_BURSTS + b
+            if LOAD_PROBE == 1:
+                v = tl.load(probe_ptr + pid.to(tl.int64) * N_BURSTS * 16)
+            else:
+                v = tl.load(probe_ptr + slot * 16, cache_modifier=".cg")
+            tl.store(sink_ptr + slot, v + 1)
+            tl.debug_barrier()
+            t_end = clock64(DEVICE)
+            tl.store(rec + 2, t_end)
         tl.store(rec + 0, t0)
         tl.store(rec + 1, t1)
         if DEVICE:
-            until = t1 + gap
+            until = t_end + gap
             now = clock64(DEVICE)
             while now < until:
                 now = clock64(DEVICE)

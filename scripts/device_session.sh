@@ -105,6 +105,17 @@ for s in "$@"; do
            ${v#*|}
          for f in burst_program burst_train; do [ -e "$SCRATCH/$sub/$f.csv" ] && gzip -f "$SCRATCH/$sub/$f.csv"; done
        done ;;
+    # the load-after-store test (session 22): one timed load after each burst, of a word in L1 (kind 1) or in L2
+    # (kind 2), the first 8 trains of the seed-0 family per program at P = 132 / 264, host; kind 2 on the local
+    # target too (the control: its stores drain at once)
+    trains-load:*) secs=${s#trains-load:}
+       for v in "train_load_l1_s22|--targets host --load-probe 1 --programs 132,264" \
+                "train_load_l2_s22|--targets host --load-probe 2 --programs 132,264" \
+                "train_load_l2_local_s22|--targets local --load-probe 2 --programs 132"; do
+         sub=${v%%|*}; stage "$sub" "$secs" $PY -m xstage sweep trains --out "$SCRATCH/$sub" --per-program \
+           --repeats 3 --count 8 ${v#*|}
+         for f in burst_program burst_train; do [ -e "$SCRATCH/$sub/$f.csv" ] && gzip -f "$SCRATCH/$sub/$f.csv"; done
+       done ;;
     # designed probe trains (issue 11, session 19): a lead burst of 8-128 KiB per program, a gap of 0.5-20 us, then
     # 2 KiB probes 3 us apart, P = 16 / 66 / 132 / 264, per program: what holds a small burst back after a big one
     trains-probe:*) stage trains-probe "${s#trains-probe:}" $PY -m xstage sweep trains --out "$SCRATCH/train_probe_s19" \

@@ -321,3 +321,49 @@ def test_bad_megamoe_sweep_parameters_exit_2(capsys, tmp_path, argv, match):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and __import__("re").search(match, err), err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("load_probe", [1, 2])
+def test_load_probe_trains_bit_exact_with_every_load_made(tmp_path, load_probe):
+    """The load-after-store test's kernel (session 22) under the interpreter: the destination bit-exact, every
+    program's load after every burst made (sink = its word + 1), load_ns recorded (0 without timers) and NaN
+    in a record without the probe; a poisoned sink or a skipped burst is caught, naming program and burst."""
+    from xstage import env
+    from xstage.remote_store import check_load_probe, launch_train, train_buffers
+
+    grid = sweep.TrainGrid(count=2, n_bursts=3, programs=(3,), targets=("host",), repeats=1, per_program=True,
+                           load_probe=load_probe)
+    sweep.train_job(EmulatedWorld(1), grid, str(tmp_path / "p"), env.provenance("test", {}))
+    pp = data.read_rows(tmp_path / "p" / "burst_program.csv", data.BURST_PROGRAM)
+    assert len(pp) == 2 * 3 * 3 and (pp.load_ns == 0).all()
+    plain = sweep.TrainGrid(count=1, n_bursts=2, programs=(2,), targets=("host",), repeats=1, per_program=True)
+    sweep.train_job(EmulatedWorld(1), plain, str(tmp_path / "q"), env.provenance("test", {}))
+    assert data.read_rows(tmp_path / "q" / "burst_program.csv", data.BURST_PROGRAM).load_ns.isna().all()
+    tr = grid.trains()[0]
+    bufs = train_buffers(tr, "cpu", load_probe)
+    dst = torch.full((tr.dst_elems,), -1, dtype=torch.int32)
+    bufs["sink"].fill_(-7)
+    launch_train(dst.data_ptr(), bufs, tr, seed=5, load_probe=load_probe)
+    check_train_destination(dst, tr, 5)
+    check_load_probe(bufs, tr, load_probe)
+    bufs["sink"].view(tr.programs, tr.n_bursts)[2, 1] = -7           # program 2 skipped its load after burst 1
+    with pytest.raises(AssertionError, match="first program 2, burst 1"):
+        check_load_probe(bufs, tr, load_probe)
+    with pytest.raises(ValueError, match="another load probe"):
+        launch_train(dst.data_ptr(), train_buffers(tr, "cpu", 0), tr, seed=5, load_probe=load_probe)
+    with pytest.raises(ValueError, match="needs the preload"):
+        launch_train(dst.data_ptr(), bufs, tr, seed=5, preload=False, load_probe=load_probe)
+
+
+def test_load_probe_grid_rejects_what_it_cannot_record():
+    with pytest.raises(ValueError, match="per program"):
+        sweep.TrainGrid(load_probe=2).validate()
+    with pytest.raises(ValueError, match="per program"):
+        sweep.TrainGrid(load_probe=1, per_program=True, preload=False).validate()
+    with pytest.raises(ValueError, match="load_probe must be"):
+        sweep.TrainGrid(load_probe=3, per_program=True).validate()
+
+
+def test_burst_program_v1_records_load_with_no_load_column():
+    pp, meta = data.load(data.machine_dir("h200x1") / "train_s20_preload", data.BURST_PROGRAM)
+    assert meta["schema_version"] == 1 and pp.load_ns.isna().all() and len(pp) > 0

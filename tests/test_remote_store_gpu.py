@@ -63,6 +63,26 @@ def test_per_program_trains_record_each_program_and_its_sm(tmp_path):
         assert np.allclose(got.issue_ns, want.issue_ns) and np.allclose(got.issue_p90_ns, want.issue_p90_ns)
 
 
+def _load_probe_check_job(world, trains, seed):
+    dests = sweep.allocate(world, max(t.dst_elems for t in trains), {t.target for t in trains})
+    for i, tr in enumerate(trains):
+        sweep.check_train(world, dests, tr, seed + i, load_probe=1 + i % 2)   # destination and every sink word
+
+
+@pytest.mark.gpu
+def test_load_probe_trains_bit_exact_and_timed_on_one_gpu(tmp_path):
+    """The load-after-store kernel (session 22) on the GPU: destinations bit-exact and every load made (both kinds),
+    then a per-program record whose every load_ns is finite and positive."""
+    fam = train_family(random.randrange(1000), 2)
+    trains = [BurstTrain(n, t, p, sz, gp) for t in ("host", "local") for p in (16, 264) for n, sz, gp in fam]
+    spawn(_load_probe_check_job, 1, trains, random.randrange(2**30))
+    grid = sweep.TrainGrid(count=2, n_bursts=4, programs=(132,), targets=("host",), repeats=1, per_program=True,
+                           load_probe=2)
+    sweep.run_trains(grid, tmp_path, source="gpu")
+    pp = data.read_rows(tmp_path / "burst_program.csv", data.BURST_PROGRAM)
+    assert len(pp) == 2 * 132 * 4 and (pp.load_ns > 0).all() and np.isfinite(pp.load_ns).all()
+
+
 @pytest.mark.multigpu
 def test_destinations_bit_exact_on_two_gpus():
     points = [BurstGapPoint(t, p, kib * 1024, gap, w, 4, d, s)

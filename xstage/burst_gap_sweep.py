@@ -23,7 +23,7 @@ from .model import KIB
 from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
-                           probe_family, train_buffers, train_family)
+                           probe_family, train_buffers, train_family, LOAD_PROBES, check_load_probe, train_stamps)
 
 
 
@@ -333,6 +333,9 @@ class TrainGrid:
     preload: bool = True                              # the kernel reads every burst's parameters before the first
                                                       # (False: at each burst's top, as records before session 20,
                                                       # whose sidecars lack the key: lab notebook, runs S20-1/2)
+    load_probe: int = 0                               # 1 / 2: one timed load after each burst (an L1-resident /
+                                                      # an L2 word; burst_train_store_kernel), per program only:
+                                                      # burst_program's load_ns (session 22)
 
     def trains(self) -> list[BurstTrain]:
         if self.family == "probe":
@@ -345,6 +348,10 @@ class TrainGrid:
     def validate(self, sm_count: int | None = None) -> None:
         if self.family not in TRAIN_FAMILIES:
             raise ValueError(f"family must be one of {', '.join(TRAIN_FAMILIES)}, got {self.family!r}")
+        if self.load_probe not in LOAD_PROBES:
+            raise ValueError(f"load_probe must be one of {LOAD_PROBES}, got {self.load_probe!r}")
+        if self.load_probe and not (self.per_program and self.preload):
+            raise ValueError("a load probe is recorded per program (per_program=True) with the preload kernel")
         if not (0 < self.kib[0] <= self.kib[1]) or not (0 < self.gap_us[0] <= self.gap_us[1]):
             raise ValueError(f"kib and gap_us must be ranges (low <= high, both > 0), got {self.kib}, {self.gap_us}")
         if self.repeats < 1 or self.count < 1 or self.n_bursts < 1:
@@ -363,15 +370,18 @@ def train_rows(tr: BurstTrain, rank: int, repeat: int, stats: dict[str, np.ndarr
 
 
 def program_rows(tr: BurstTrain, rank: int, repeat: int, ts_ns: np.ndarray, sm: np.ndarray) -> pd.DataFrame:
-    """burst_program rows of one run: ts_ns[P, B, 2] (issue start, issue end) and each program's SM sm[P]."""
+    """burst_program rows of one run: ts_ns[P, B, 2 or 3] (issue start, issue end, and with a load probe the
+    probe's end: load_ns, else NaN) and each program's SM sm[P]."""
     P, B = tr.programs, tr.n_bursts
+    load = (np.round(ts_ns[..., 2] - ts_ns[..., 1], 1).ravel() if ts_ns.shape[-1] > 2
+            else np.full(P * B, np.nan))
     return pd.DataFrame({"train": tr.name, "target": tr.target, "programs": P, "store_bytes": tr.store_bytes,
                          "n_bursts": B, "rank": rank, "repeat": repeat, "program": np.repeat(np.arange(P), B),
                          "smid": np.repeat(np.asarray(sm, np.int64), B), "burst": np.tile(np.arange(B), P),
                          "burst_bytes": np.tile(np.asarray(tr.burst_bytes), P),
                          "gap_ns": np.tile(np.asarray(tr.gap_ns), P),
                          "start_ns": np.round(ts_ns[..., 0], 1).ravel(),
-                         "issue_ns": np.round(ts_ns[..., 1] - ts_ns[..., 0], 1).ravel()})
+                         "issue_ns": np.round(ts_ns[..., 1] - ts_ns[..., 0], 1).ravel(), "load_ns": load})
 
 
 def rows_from_programs(tr: BurstTrain, pp: pd.DataFrame) -> pd.DataFrame:
@@ -388,25 +398,33 @@ def rows_from_programs(tr: BurstTrain, pp: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def check_train(world, dests: Destinations, tr: BurstTrain, seed: int, preload: bool = True) -> None:
-    """One free-running train per rank, every destination checked bit for bit."""
-    bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
+def check_train(world, dests: Destinations, tr: BurstTrain, seed: int, preload: bool = True,
+                load_probe: int = 0) -> None:
+    """One free-running train per rank, every destination checked bit for bit (and every load probe's sink)."""
+    bufs = {r: train_buffers(tr, world.device(r), load_probe) for r in world.local_ranks}
     _poison_run_check(world, dests, tr.target, tr.dst_elems,
-                      lambda r, addr: launch_train(addr, bufs[r], tr, seed + r, preload=preload),
+                      lambda r, addr: launch_train(addr, bufs[r], tr, seed + r, preload=preload,
+                                                   load_probe=load_probe),
                       lambda r, buf, sender: check_train_destination(buf, tr, seed + sender))
+    for r in world.local_ranks:
+        check_load_probe(bufs[r], tr, load_probe)
 
 
 def measure_train(world, dests: Destinations, tr: BurstTrain, repeats: int, seed: int, clock: dict,
-                  per_program: bool = False, preload: bool = True):
+                  per_program: bool = False, preload: bool = True, load_probe: int = 0):
     """A warm-up run, then ``repeats`` runs on every local rank; per-burst rows for every rank. With
     ``per_program``: (burst_program rows, the burst_train rows summarised from them), so both agree exactly."""
-    bufs = {r: train_buffers(tr, world.device(r)) for r in world.local_ranks}
+    if load_probe and not per_program:
+        raise ValueError("a load probe is recorded per program")
+    bufs = {r: train_buffers(tr, world.device(r), load_probe) for r in world.local_ranks}
     cpn = {r: clock[r]["cycles_per_ns"] for r in world.local_ranks}
+    stamps = train_stamps(load_probe)
     launch = lambda r: launch_train(dests.addr(world, r, tr.target), bufs[r], tr, seed + r, cpn[r],  # noqa: E731
-                                    preload=preload)
+                                    preload=preload, load_probe=load_probe)
     if per_program:
         pp = _timed_runs(world, repeats, launch, lambda r: None,
-                         lambda r, rep: program_rows(tr, r, rep, _ns(bufs[r], tr.programs, tr.n_bursts, 2, cpn[r]),
+                         lambda r, rep: program_rows(tr, r, rep, _ns(bufs[r], tr.programs, tr.n_bursts, stamps,
+                                                                     cpn[r]),
                                                      bufs[r]["sm"].cpu().numpy()))
         return pp, rows_from_programs(tr, pp)
     return _timed_runs(world, repeats, launch, lambda r: None,
@@ -445,14 +463,15 @@ def train_job(world, grid: TrainGrid, folder: str, meta: dict) -> None:
     for t in grid.targets:  # bit-exact before timing: the largest train of each target
         mine = [x for x in todo if x.target == t and x.key() not in pp_done]
         if mine:
-            check_train(world, dests, max(mine, key=lambda x: x.dst_elems), seed + 104729, grid.preload)
+            check_train(world, dests, max(mine, key=lambda x: x.dst_elems), seed + 104729, grid.preload,
+                        grid.load_probe)
     for i, tr in enumerate(tqdm(todo, desc="trains", disable=not rank0, file=sys.stderr, mininterval=2)):
         if tr.key() in pp_done:
             if rank0:
                 data.append_rows(csv, data.BURST_TRAIN, pp_done[tr.key()])
             continue
         rows = measure_train(world, dests, tr, grid.repeats, seed + i, clock, per_program=grid.per_program,
-                             preload=grid.preload)
+                             preload=grid.preload, load_probe=grid.load_probe)
         if grid.per_program:
             _append_all_ranks(world, pp_csv, data.BURST_PROGRAM, rows[0])
             rows = rows[1]

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-preload", dest="preload", action="store_false",
                     help="read each burst's parameters at its top, as records before session 20 did (their loads at "
                          "bursts 4 and 8 wait behind the program's outstanding stores: lab notebook, S20-1)")
+    tr.add_argument("--load-probe", type=int, choices=(0, 1, 2), default=t.load_probe,
+                    help="one timed load after each burst (with --per-program): 1 a word in L1, 2 a word in L2 "
+                         "(burst_program's load_ns: what a fused kernel's next load waits behind its stores)")
     tr.add_argument("--world-size", type=int, default=None, help="default: 2 with a remote target, else 1")
     tr.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
                     help="simulated: the stage model with the parameters fitted to --params-from")
@@ -364,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--kib and --gap-us take two numbers (low,high), got {args.kib}, {args.gap_us}")
             grid = TrainGrid(seed=args.seed, count=args.count, n_bursts=args.bursts, programs=args.programs,
                              kib=args.kib, gap_us=args.gap_us, per_program=args.per_program, family=args.family,
-                             preload=args.preload,
+                             preload=args.preload, load_probe=args.load_probe,
                              targets=targets, repeats=args.repeats, world_size=world_for(targets) if args.world_size is None else args.world_size)
             params = None
             if args.source == "simulated":

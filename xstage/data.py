@@ -108,7 +108,8 @@ MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False, barrier_ns=floa
               ("megamoe", 3): lambda df: df.assign(tma=False),
               ("megamoe_gemm", 1): lambda df: _megamoe_gemm_tma(
                   df.assign(**{c: float("nan") for c in MEGAMOE_TASK_COLUMNS})),
-              ("megamoe_gemm", 2): _megamoe_gemm_tma}
+              ("megamoe_gemm", 2): _megamoe_gemm_tma,
+              ("burst_program", 1): lambda df: df.assign(load_ns=float("nan"))}
 
 BANDWIDTH = Schema(
     "bandwidth", 1,
@@ -136,19 +137,21 @@ BURST_TRAIN = Schema(
 # after it; issue_* are statistics over the P programs of (issue end - issue start); start_ns is the median
 # program's issue start after the launch's earliest program start; *_skew_ns are max - min over programs.
 BURST_PROGRAM = Schema(
-    "burst_program", 1,
+    "burst_program", 2,
     {"train": "str", "target": "str", "programs": "int64", "store_bytes": "int64", "n_bursts": "int64",
      "rank": "int64", "repeat": "int64", "program": "int64", "smid": "int64", "burst": "int64",
-     "burst_bytes": "int64", "gap_ns": "int64", "start_ns": "float64", "issue_ns": "float64"},
+     "burst_bytes": "int64", "gap_ns": "int64", "start_ns": "float64", "issue_ns": "float64", "load_ns": "float64"},
     ("train", "target", "programs", "store_bytes"),
     row=("rank", "repeat", "program", "burst"),
     times=("issue_ns",),
-    optional_times=("start_ns",),
+    optional_times=("start_ns", "load_ns"),
 )
 # burst_program: the same trains per program (``xstage sweep trains --per-program``), beside burst_train in one
 # folder and from the same runs: one row per (train, target, programs, rank, repeat, program, burst); smid is
 # the SM the program ran on (%smid), start_ns its issue start after the launch's earliest program start and
 # issue_ns its issue end - issue start. burst_train's statistics of those runs are these rows summarised.
+# v2 (session 22): load_ns, the load probe's time after the burst's issue end (``--load-probe``; NaN without one,
+# and in v1 records, which had none).
 LEGACY_READ_PERIOD = 4   # int64 entries per 32-byte sector of the train kernel's per-burst parameter arrays
 
 

@@ -308,31 +308,68 @@ def probe_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_LEAD_KIB, gap_us=P
     return out
 
 
-def train_buffers(tr: BurstTrain, device) -> dict[str, torch.Tensor]:
-    """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, 2], calibration cal[P, 2] and
-    the SM of every program sm[P]."""
+LOAD_PROBES = (0, 1, 2)   # burst_train_store_kernel's LOAD_PROBE: none, an L1-resident word, an L2 word (past L1)
+
+
+def train_stamps(load_probe: int = 0) -> int:
+    """Timestamps per program and burst: issue start, issue end (and, with a load probe, the probe's end)."""
+    return 3 if load_probe else 2
+
+
+def train_buffers(tr: BurstTrain, device, load_probe: int = 0) -> dict[str, torch.Tensor]:
+    """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, stamps], calibration cal[P, 2],
+    the SM of every program sm[P], and the load probe's words probe[P, B, 16] (distinct values, each (program,
+    burst) its own 128-byte line) and sink[P, B] (what the kernel wrote: the loaded word + 1)."""
+    if load_probe not in LOAD_PROBES:
+        raise ValueError(f"load_probe must be one of {LOAD_PROBES}, got {load_probe!r}")
     elems = torch.tensor([b // 4 for b in tr.burst_bytes], dtype=torch.int32)
     base = torch.zeros(tr.n_bursts, dtype=torch.int64)
     base[1:] = torch.cumsum(elems.to(torch.int64) * tr.programs, 0)[:-1]
+    n_probe = tr.programs * tr.n_bursts if load_probe else 1
     return {"elems": elems.to(device), "base": base.to(device),
             "gap": torch.zeros(tr.n_bursts, dtype=torch.int64, device=device),
-            "ts": torch.empty(tr.programs * tr.n_bursts * 2, dtype=torch.int64, device=device),
+            "ts": torch.empty(tr.programs * tr.n_bursts * train_stamps(load_probe), dtype=torch.int64, device=device),
             "cal": torch.empty(tr.programs * 2, dtype=torch.int64, device=device),
-            "sm": torch.empty(tr.programs, dtype=torch.int32, device=device)}
+            "sm": torch.empty(tr.programs, dtype=torch.int32, device=device),
+            "probe": (torch.arange(n_probe * 16, dtype=torch.int64) * 7919 + 12345).to(device),
+            "sink": torch.empty(n_probe, dtype=torch.int64, device=device)}
+
+
+def check_load_probe(bufs: dict[str, torch.Tensor], tr: BurstTrain, load_probe: int) -> None:
+    """Every program loaded its probe word after every burst: sink[p, b] == the word + 1 (kind 1: the program's
+    one word, kind 2: the (program, burst) word). Raises naming the first program and burst that did not."""
+    if not load_probe:
+        return
+    probe = bufs["probe"].view(tr.programs, tr.n_bursts, 16)[..., 0].cpu()
+    want = (probe[:, :1].expand(-1, tr.n_bursts) if load_probe == 1 else probe) + 1
+    got = bufs["sink"].view(tr.programs, tr.n_bursts).cpu()
+    bad = (got != want).nonzero()
+    if len(bad):
+        p, b = (int(x) for x in bad[0])
+        raise AssertionError(f"train {tr.name}: load probe {load_probe}: {len(bad)} of {got.numel()} sink words "
+                             f"wrong; first program {p}, burst {b}: got {int(got[p, b])}, want {int(want[p, b])}")
 
 
 def launch_train(dst_addr: int, bufs: dict[str, torch.Tensor], tr: BurstTrain, seed: int,
-                 cycles_per_ns: float = 1.0, preload: bool = True) -> None:
+                 cycles_per_ns: float = 1.0, preload: bool = True, load_probe: int = 0) -> None:
     """Launch one free-running train into the buffer at ``dst_addr`` (int32 [sum_k P * N_k]). ``preload``: the
     kernel reads every burst's size, offset and gap before the first burst (False: at the top of each burst, as
-    records before session 20; see ``burst_train_store_kernel``)."""
+    records before session 20; see ``burst_train_store_kernel``). ``load_probe`` (1 / 2, needs the preload and
+    buffers made with the same kind): one load after each burst, timed (``burst_train_store_kernel``)."""
     tr.validate()
+    if load_probe not in LOAD_PROBES:
+        raise ValueError(f"load_probe must be one of {LOAD_PROBES}, got {load_probe!r}")
+    if load_probe and not preload:
+        raise ValueError("a load probe needs the preload (the legacy reads would wait behind the stores too)")
+    if bufs["ts"].numel() != tr.programs * tr.n_bursts * train_stamps(load_probe):
+        raise ValueError(f"the buffers were made for another load probe than {load_probe} (train_buffers)")
     bufs["gap"].copy_(torch.tensor([int(round(g * cycles_per_ns)) for g in tr.gap_ns], dtype=torch.int64))
     v = tr.store_bytes // 4
     burst_train_store_kernel[(tr.programs,)](
         dst_addr, bufs["elems"], bufs["base"], bufs["gap"], bufs["ts"], bufs["cal"], bufs["sm"], seed,
+        bufs["probe"], bufs["sink"],
         N_BURSTS=tr.n_bursts, V=v, R=32 * NUM_WARPS, DEVICE=not env.interpreted(), PRELOAD=bool(preload),
-        NB=triton.next_power_of_2(tr.n_bursts), num_warps=NUM_WARPS)
+        NB=triton.next_power_of_2(tr.n_bursts), LOAD_PROBE=int(load_probe), num_warps=NUM_WARPS)
 
 
 def summarize_train(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
