@@ -179,3 +179,25 @@ def test_preload_ab_sizes_and_burst_train_rows():
                 .agg(burst_bytes=("burst_bytes", "first"), issue_ns=("issue_ns", "median")))
     rows2, per2 = studies.preload_ab(as_train(leg), LEGACY, as_train(pre), min_programs=16)
     assert rows2.ratio.to_numpy() == pytest.approx(rows.ratio.to_numpy())
+
+
+def test_load_probe_table_waits_for_the_programs_own_stores():
+    """The model's wait for a load after each burst: none after a small burst on an idle link, the program's own
+    drain after a large one at P = 132 (longer after the larger burst), the measured medians carried through;
+    a record without load times is refused."""
+    from xstage import studies
+
+    prm = model.load_params(data.machine_dir("h200x1"), "host")
+    sizes, gaps = [2 * KIB, 128 * KIB, 32 * KIB], [50_000, 500, 0]
+    rows = [dict(train="x", target="host", programs=P, repeat=rep, program=q, burst=k, burst_bytes=sizes[k],
+                 gap_ns=gaps[k], issue_ns=1000.0 + k + rep, load_ns=200.0 + 10 * k + q)
+            for P in (1, 132) for rep in range(2) for q in range(3) for k in range(3)]
+    t = studies.load_probe_table(pd.DataFrame(rows), prm).set_index(["programs", "burst"])
+    assert t.loc[(1, 0), "model_wait_ns"] < 50                    # alone, 2 KiB drains within the load's issue
+    share = prm.drain_gbps / 132                                      # one of 132 programs' share of D (bytes/ns)
+    assert 0.5 < t.loc[(132, 0), "model_wait_ns"] / (2 * KIB / share) < 2
+    assert t.loc[(132, 1), "model_wait_ns"] > 10_000 > t.loc[(1, 1), "model_wait_ns"]
+    assert t.loc[(132, 1), "model_wait_ns"] > t.loc[(132, 2), "model_wait_ns"]
+    assert t.loc[(132, 2), "load_ns"] == 221.0 and t.loc[(132, 2), "issue_ns"] == 1002.5
+    with pytest.raises(ValueError, match="no load-probe rows"):
+        studies.load_probe_table(pd.DataFrame(rows).assign(load_ns=np.nan), prm)

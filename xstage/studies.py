@@ -1733,6 +1733,41 @@ def read_fence_probes(pp: pd.DataFrame, meta: dict, prm, link: str = "host", min
     return out
 
 
+LOAD_PROBE_BYTES = 16   # the model's stand-in for a load probe: a fenced 16-byte burst (one store's worth)
+
+
+def load_probe_table(pp: pd.DataFrame, prm, link: str = "host") -> pd.DataFrame:
+    """The load-after-store test (session 22; ``xstage sweep trains --per-program --load-probe 1|2``) against the
+    read fence of the stage model. Per (train, programs, burst) of the per-program record ``pp``: the median
+    program's issue time and load time (median over repeats: ``issue_ns``, ``load_ns``) and the model's wait for
+    that load (``model_wait_ns``): the train with a fenced LOAD_PROBE_BYTES burst after every burst (gap 0 before it,
+    the burst's gap after it), whose issue time less the model's overhead is how long the program's own stores
+    held it. ``prm``: StageParams with a fence (:data:`xstage.model.FENCE_ARBITRATIONS`)."""
+    from .model import FENCE_ARBITRATIONS, predict_train
+
+    if prm.arbitration not in FENCE_ARBITRATIONS:
+        raise ValueError(f"the load's wait needs a model that keeps each program's stores: arbitration one of "
+                         f"{', '.join(FENCE_ARBITRATIONS)}, got {prm.arbitration!r}")
+    pp = pp[pp.target == LINK_TARGET[link]]
+    if pp.empty or pp.load_ns.isna().all():
+        raise ValueError(f"no load-probe rows for the {link} link (a record made with --load-probe 1 or 2)")
+    key = ["train", "programs", "burst"]
+    runs = pp.groupby(key + ["repeat"]).agg(issue_ns=("issue_ns", "median"), load_ns=("load_ns", "median"))
+    med = runs.groupby(key).median().reset_index()
+    rows = []
+    for (tr, P), g in med.groupby(["train", "programs"], sort=False):
+        one = pp[(pp.train == tr) & (pp.programs == P)]
+        one = one[(one.repeat == one.repeat.min()) & (one.program == one.program.min())].sort_values("burst")
+        b, gap = one.burst_bytes.to_numpy(np.float64), one.gap_ns.to_numpy(np.float64)
+        n = len(b)
+        b2 = np.ravel(np.column_stack([b, np.full(n, float(LOAD_PROBE_BYTES))]))
+        g2 = np.ravel(np.column_stack([np.zeros(n), gap]))
+        t = predict_train(prm, int(P), b2, g2, read_fence=range(1, 2 * n, 2))
+        g = g.sort_values("burst")
+        rows.append(g.assign(model_issue_ns=t[0::2], model_wait_ns=np.maximum(t[1::2] - prm.overhead_ns, 0.0)))
+    return pd.concat(rows, ignore_index=True)
+
+
 def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFrame:
     """The probe trains (``remote_store.probe_family``: a lead burst of A KiB per program, a gap g, then 2 KiB probes
     3 us apart) from their per-program record ``pp`` (schema burst_program): per (lead KiB, gap, programs), medians
