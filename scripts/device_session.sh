@@ -105,6 +105,12 @@ for s in "$@"; do
            ${v#*|}
          for f in burst_program burst_train; do [ -e "$SCRATCH/$sub/$f.csv" ] && gzip -f "$SCRATCH/$sub/$f.csv"; done
        done ;;
+    # designed probe trains with the probe's size as the variable (session 22): a 32 or 128 KiB lead, 0.5 us, then
+    # probes of 2 / 4 / 8 / 16 / 32 KiB, P = 66 / 132 / 264, per program: how much a program issues past a full stage
+    trains-probe-size:*) stage train_probe_size_s22 "${s#trains-probe-size:}" $PY -m xstage sweep trains \
+       --out "$SCRATCH/train_probe_size_s22" --targets host --per-program --programs 66,132,264 --family probe_size \
+       --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_probe_size_s22/$f.csv" ] && \
+       gzip -f "$SCRATCH/train_probe_size_s22/$f.csv"; done ;;
     # the load-after-store test (session 22): one timed load after each burst, of a word in L1 (kind 1) or in L2
     # (kind 2), the first 8 trains of the seed-0 family per program at P = 132 / 264, host; kind 2 on the local
     # target too (the control: its stores drain at once)

@@ -367,3 +367,18 @@ def test_load_probe_grid_rejects_what_it_cannot_record():
 def test_burst_program_v1_records_load_with_no_load_column():
     pp, meta = data.load(data.machine_dir("h200x1") / "train_s20_preload", data.BURST_PROGRAM)
     assert meta["schema_version"] == 1 and pp.load_ns.isna().all() and len(pp) > 0
+
+
+def test_probe_size_family_is_a_lead_then_probes_of_one_size_per_train():
+    from xstage.remote_store import PROBE_SIZE_KIB, PROBE_SIZE_LEAD_KIB, probe_size_family
+
+    fam = probe_size_family()
+    assert len(fam) == len(PROBE_SIZE_LEAD_KIB) * len(PROBE_SIZE_KIB) and len({n for n, _, _ in fam}) == len(fam)
+    for name, sizes, gaps in fam:
+        s, a = (float(x[1:]) for x in name.split("-"))
+        assert sizes[0] == a * 1024 and set(sizes[1:]) == {s * 1024} and len(sizes) == len(gaps) == 12
+        assert gaps[0] == 500 and set(gaps[1:]) == {3000}
+    grid = sweep.TrainGrid(family="probe_size", programs=(4,), targets=("host",))
+    assert [t.name for t in grid.trains()] == [n for n, _, _ in fam]
+    with pytest.raises(ValueError, match="lead burst and at least one probe"):
+        probe_size_family(n_bursts=1)

@@ -23,7 +23,7 @@ from .model import KIB
 from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
-                           probe_family, train_buffers, train_family, LOAD_PROBES, check_load_probe, train_stamps)
+                           probe_family, probe_size_family, train_buffers, train_family, LOAD_PROBES, check_load_probe, train_stamps)
 
 
 
@@ -309,7 +309,7 @@ def check_job(world, points: list[BurstGapPoint], seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ free-running trains
-TRAIN_FAMILIES = ("random", "probe")   # TrainGrid.family
+TRAIN_FAMILIES = ("random", "probe", "probe_size")   # TrainGrid.family
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,8 @@ class TrainGrid:
     per_program: bool = False                         # also record every program's every burst (burst_program)
     kib: tuple[float, float] = TRAIN_KIB              # burst sizes per program (log-uniform), KiB
     gap_us: tuple[float, float] = TRAIN_GAP_US        # compute gaps (log-uniform, a quarter 0), us
-    family: str = "random"                            # "random": train_family(seed, ...); "probe": probe_family
+    family: str = "random"                            # "random": train_family(seed, ...); "probe": probe_family;
+                                                      # "probe_size": probe_size_family
                                                       # (designed: a lead burst, then 2 KiB probes; seed, count,
                                                       # kib and gap_us unused)
     preload: bool = True                              # the kernel reads every burst's parameters before the first
@@ -340,6 +341,8 @@ class TrainGrid:
     def trains(self) -> list[BurstTrain]:
         if self.family == "probe":
             fam = probe_family(self.n_bursts, store_bytes=self.store_bytes)
+        elif self.family == "probe_size":
+            fam = probe_size_family(self.n_bursts, store_bytes=self.store_bytes)
         else:
             fam = train_family(self.seed, self.count, self.n_bursts, self.kib, self.gap_us, self.store_bytes)
         return [BurstTrain(name, t, p, sizes, gaps, self.store_bytes)

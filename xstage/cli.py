@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compute gaps, low,high us (log-uniform; a quarter of them 0)")
     tr.add_argument("--repeats", type=int, default=t.repeats, help="timed repeats per train")
     tr.add_argument("--family", choices=TRAIN_FAMILIES, default=t.family,
-                    help="random: the seeded family; probe: designed trains (a lead burst, then 2 KiB probes)")
+                    help="random: the seeded family; probe: designed trains (a lead burst, then 2 KiB probes); "
+                         "probe_size: a lead burst, then probes of 2-32 KiB (one size per train)")
     tr.add_argument("--per-program", action="store_true",
                     help="also record every program's every burst and its SM (burst_program, beside burst_train)")
     tr.add_argument("--no-preload", dest="preload", action="store_false",

@@ -316,6 +316,35 @@ def train_stamps(load_probe: int = 0) -> int:
     return 3 if load_probe else 2
 
 
+PROBE_SIZE_LEAD_KIB = (32, 128)          # probe_size family: the lead burst per program (KiB)
+PROBE_SIZE_KIB = (2, 4, 8, 16, 32)       # probe_size family: the probes' size per program (KiB), one size per train
+PROBE_SIZE_GAP_US = 0.5                  # probe_size family: compute gap between the lead and the first probe (us)
+
+
+def probe_size_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_SIZE_LEAD_KIB, probe_kib=PROBE_SIZE_KIB,
+                      gap_us: float = PROBE_SIZE_GAP_US, store_bytes: int = 16
+                      ) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """Designed trains (issue 11, session 22): the probe family with the probe's size as the variable. One lead
+    burst of A KiB per program, a gap of ``gap_us``, then n_bursts - 1 probes of S KiB PROBE_SPACING_US apart, for
+    every A in ``lead_kib`` x S in ``probe_kib``. Run S20-2 found 2 KiB probes (one 16-byte store per thread) after a
+    contended lead cost ~60 ns with the clean kernel, where the stage model makes them wait microseconds: how the
+    first probe's cost grows with its size says how much a program may issue past a full stage without waiting.
+    Names "sS-pA" (S KiB probes, A KiB lead)."""
+    if n_bursts < 2:
+        raise ValueError(f"a probe train needs a lead burst and at least one probe, got n_bursts={n_bursts}")
+    step = train_step_bytes(store_bytes)
+    out = []
+    for a in lead_kib:
+        lead = int(round(a * 1024 / step)) * step
+        for sz in probe_kib:
+            probe = int(round(sz * 1024 / step)) * step
+            if lead <= 0 or probe <= 0:
+                raise ValueError(f"probe_size family: bursts must be at least {step} B, got lead {a}, probe {sz} KiB")
+            gaps = (int(round(gap_us * 1000)),) + (int(PROBE_SPACING_US * 1000),) * (n_bursts - 1)
+            out.append((f"s{sz:g}-p{a:g}", (lead,) + (probe,) * (n_bursts - 1), gaps))
+    return out
+
+
 def train_buffers(tr: BurstTrain, device, load_probe: int = 0) -> dict[str, torch.Tensor]:
     """Per-burst sizes, block offsets and gaps for the kernel, timestamps ts[P, B, stamps], calibration cal[P, 2],
     the SM of every program sm[P], and the load probe's words probe[P, B, 16] (distinct values, each (program,
