@@ -1770,7 +1770,8 @@ def load_probe_table(pp: pd.DataFrame, prm, link: str = "host") -> pd.DataFrame:
 
 def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFrame:
     """The probe trains (``remote_store.probe_family``: a lead burst of A KiB per program, a gap g, then 2 KiB probes
-    3 us apart) from their per-program record ``pp`` (schema burst_program): per (lead KiB, gap, programs), medians
+    3 us apart; or ``probe_size_family``: probes of S KiB) from their per-program record ``pp`` (schema
+    burst_program): per (lead KiB, gap, probe KiB, programs), medians
     over repeats of the per-run statistics: the lead burst's median program and its ratio to the fastest program's
     (``lead_ns``, ``lead_spread``), the first probe's median / p10 / p90 program (``probe1_ns``, ``probe1_p10_ns``,
     ``probe1_p90_ns``), the share of programs whose first probe took over 1 us (``probe1_slow``), the probes' total
@@ -1784,8 +1785,9 @@ def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFram
     pp = pp[pp.target == LINK_TARGET[link]]
     if pp.empty:
         raise ValueError(f"no per-program rows for the {link} link")
-    if (pp.burst.max() < 1) or not pp.train.str.match(r"^p[0-9.]+-g[0-9.]+$").all():
-        raise ValueError("probe_summary reads the probe family's record (trains named pA-gG with >= 2 bursts)")
+    if (pp.burst.max() < 1) or not pp.train.str.match(r"^(p[0-9.]+-g[0-9.]+|s[0-9.]+-p[0-9.]+)$").all():
+        raise ValueError("probe_summary reads a probe family's record (trains named pA-gG or sS-pA with >= 2 "
+                         "bursts)")
     rows = []
     for (tr, P, rep), g in pp.groupby(["train", "programs", "repeat"], sort=False):
         g = g.sort_values(["program", "burst"])
@@ -1799,6 +1801,7 @@ def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFram
         rho = spearmanr(x, y).statistic if P > 2 and x.nunique() > 1 and y.nunique() > 1 else np.nan
         rows.append({"train": tr, "programs": int(P), "repeat": int(rep),
                      "lead_kib": float(lead.burst_bytes.iloc[0]) / KIB, "gap_us": float(lead.gap_ns.iloc[0]) / 1e3,
+                     "probe_kib": float(p1.burst_bytes.iloc[0]) / KIB,
                      "lead_ns": float(lead.issue_ns.median()),
                      "lead_spread": float(lead.issue_ns.median() / max(lead.issue_ns.min(), 1e-9)),
                      "probe1_ns": float(p1.issue_ns.median()),
@@ -1808,7 +1811,7 @@ def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFram
                      "probes_ns": float(probes.median()), "spearman": float(rho),
                      "end_over_start_spread": e_spread / s_spread if s_spread > 0 else np.nan})
     r = pd.DataFrame(rows)
-    out = (r.groupby(["lead_kib", "gap_us", "programs", "train"], as_index=False)
+    out = (r.groupby(["lead_kib", "gap_us", "probe_kib", "programs", "train"], as_index=False)
            .median(numeric_only=True).drop(columns="repeat"))
     if prm is not None:
         from .model import predict_train
@@ -1822,7 +1825,7 @@ def probe_summary(pp: pd.DataFrame, link: str = "host", prm=None) -> pd.DataFram
             ml.append(float(pr[0]))
             m1.append(float(pr[1]))
         out = out.assign(model_lead_ns=ml, model_probe1_ns=m1)
-    return out.sort_values(["programs", "lead_kib", "gap_us"]).reset_index(drop=True)
+    return out.sort_values(["programs", "lead_kib", "gap_us", "probe_kib"]).reset_index(drop=True)
 
 
 def program_favour(pp: pd.DataFrame, link: str = "host") -> tuple[pd.DataFrame, pd.DataFrame]:
