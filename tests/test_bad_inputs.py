@@ -9,6 +9,7 @@ check_parameters) on a namespace as papermill leaves it; API rows call xstage fu
 from __future__ import annotations
 
 import gzip
+import lzma
 import json
 import re
 import shutil
@@ -71,11 +72,11 @@ def _at(df: pd.DataFrame, col: str, value, row: int = 3) -> pd.DataFrame:
     return df
 
 
-def _gzip(folder: Path, schema: data.Schema, cut: int | None = None, garbage: bool = False) -> None:
+def _gzip(folder: Path, schema: data.Schema, cut: int | None = None, garbage: bool = False, xz: bool = False) -> None:
     csv = data.paths(folder, schema)[0]
-    packed = gzip.compress(csv.read_bytes())
+    packed = lzma.compress(csv.read_bytes()) if xz else gzip.compress(csv.read_bytes())
     csv.unlink()
-    gz = csv.with_suffix(".csv.gz")
+    gz = csv.with_suffix(".csv.xz" if xz else ".csv.gz")
     gz.write_bytes(b"this is not gzip at all\n" * 10 if garbage else packed[:cut] if cut else packed)
 
 
@@ -131,6 +132,8 @@ DATA_CASES = [
      r"duplicate row\(s\) \(same shape/S/H/D/P/method/repeat\)"),
     ("gzip-truncated", BW, lambda f: _gzip(f, BW, cut=2000), r"bandwidth.csv.gz is a truncated gzip file"),
     ("gzip-garbage", BW, lambda f: _gzip(f, BW, garbage=True), r"bandwidth.csv.gz is not a valid gzip file"),
+    ("xz-truncated", BW, lambda f: _gzip(f, BW, cut=200, xz=True), r"bandwidth.csv.xz is a truncated xz file"),
+    ("xz-garbage", BW, lambda f: _gzip(f, BW, garbage=True, xz=True), r"bandwidth.csv.xz is not a valid xz file"),
     ("csv-empty", BW, lambda f: _edit_bytes(f, BW, lambda b: b""), r"is not a readable CSV"),
     ("csv-binary", BW, lambda f: _edit_bytes(f, BW, lambda b: b"\xff\xfe\x00\x81garbage\x00\n" * 5),
      r"is not a readable CSV|lacks columns"),
@@ -398,7 +401,7 @@ API_CASES = [
     ("png-scale-text", lambda mp: (_env(mp, XSTAGE_PNG_SCALE="big"), report.print_scale()),
      r"XSTAGE_PNG_SCALE must be a number"),
     ("resume-compressed", lambda mp: data.start_file(data.machine_dir("h200x2"), data.BURST_GAP, {}),
-     r"is compressed: gunzip it to resume"),
+     r"is compressed: decompress it to resume"),
 ]
 
 

@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import tempfile
 import zlib
@@ -324,13 +325,19 @@ REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count",
 
 
 def paths(folder: Path | str, schema: Schema) -> tuple[Path, Path]:
-    """The study's CSV (a sweep writes plain ``.csv``; recorded files may be committed gzip-compressed as
-    ``.csv.gz``, which loading reads too) and its JSON sidecar."""
+    """The study's CSV (a sweep writes plain ``.csv``; recorded files may be committed compressed as ``.csv.gz`` or
+    ``.csv.xz`` (COMPRESSED_SUFFIXES, in that order of preference), which loading reads too) and its JSON sidecar."""
     folder = Path(folder)
     csv = folder / f"{schema.name}.csv"
-    if not csv.exists() and csv.with_suffix(".csv.gz").exists():
-        csv = csv.with_suffix(".csv.gz")
+    if not csv.exists():
+        for suffix in COMPRESSED_SUFFIXES:
+            if csv.with_suffix(".csv" + suffix).exists():
+                return csv.with_suffix(".csv" + suffix), folder / f"{schema.name}.json"
     return csv, folder / f"{schema.name}.json"
+
+
+COMPRESSED_SUFFIXES = (".gz", ".xz")   # committed records: gzip, or xz (a third smaller: the tracked tree must stay
+                                       # under the 64 MiB the device tool carries)
 
 
 def machine_dir(machine: str) -> Path:
@@ -371,7 +378,8 @@ def integrity(raw: bytes) -> dict:
 
 
 def read_bytes(csv: Path) -> bytes:
-    """The CSV's bytes, ``.csv.gz`` decompressed; a missing, unreadable or corrupt file is a DataError naming it."""
+    """The CSV's bytes, ``.csv.gz`` / ``.csv.xz`` decompressed; a missing, unreadable or corrupt file is a
+    DataError naming it."""
     if not csv.is_file():
         raise DataError(f"missing data file {csv}")
     try:
@@ -385,6 +393,14 @@ def read_bytes(csv: Path) -> bytes:
             raise DataError(f"{csv} is a truncated gzip file ({e})") from e
         except (gzip.BadGzipFile, zlib.error, OSError) as e:
             raise DataError(f"{csv} is not a valid gzip file ({type(e).__name__}: {e})") from e
+    elif csv.suffix == ".xz":
+        try:
+            raw = lzma.decompress(raw, format=lzma.FORMAT_XZ)
+        except EOFError as e:
+            raise DataError(f"{csv} is a truncated xz file ({e})") from e
+        except lzma.LZMAError as e:
+            what = "a truncated" if "ended before the end-of-stream" in str(e) else "not a valid"
+            raise DataError(f"{csv} is {what} xz file ({e})") from e
     return raw
 
 
@@ -453,8 +469,8 @@ def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
     Continuing keeps the first run's provenance and appends this run's to ``meta['runs']``.
     """
     csv, side = paths(folder, schema)
-    if csv.suffix == ".gz":
-        raise DataError(f"{csv} is compressed: gunzip it to resume or extend that sweep, or record elsewhere")
+    if csv.suffix in COMPRESSED_SUFFIXES:
+        raise DataError(f"{csv} is compressed: decompress it to resume or extend that sweep, or record elsewhere")
     meta = {**meta, "schema": schema.name, "schema_version": schema.version}
     if csv.exists() and side.exists():
         old = read_meta(side, schema)
