@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--link", choices=("nvlink", "host"), default=None,
                     help="nvlink: the remote target; host: pinned host memory (default: the one recorded)")
     fi.add_argument("--write", action="store_true",
-                    help="write the fit to <data>/stage_fit_<link>.json (what load_params and notebooks read)")
+                    help="write the fit to <data>/stage_fit_<link>.json.gz (what load_params and notebooks read)")
     fi.add_argument("--drop-legacy-reads", action="store_true",
                     help="leave out the train bursts whose times hold the legacy kernel's parameter read (bursts 4, "
                          "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
