@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave out the train bursts whose times hold the legacy kernel's parameter read (bursts 4, "
                          "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
-                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped"),
+                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share"),
                     default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "

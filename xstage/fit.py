@@ -223,12 +223,12 @@ STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_
                 "base_capacity_kib", "spread", "stalled_fraction", "overhead_ns", "span_overhead_ns"]
 STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
                "capacity_per_program_kib": "KiB/program", "base_capacity_kib": "KiB", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
-               "span_overhead_ns": "ns"}
+               "span_overhead_ns": "ns", "pool_share_exponent": "1"}
 # (low, high) of each parameter; log-spaced except the fractions (logit)
 STAGE_BOUNDS = {"issue_ns_per_kib": (0.5, 500.0), "drain_gbps": (1.0, 5000.0), "capacity_kib": (16.0, 1e6),
                 "capacity_per_program_kib": (0.5, 1e5), "base_capacity_kib": (1.0, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
                 "overhead_ns": (1.0, 1e4),
-                "span_overhead_ns": (1.0, 1e4)}
+                "span_overhead_ns": (1.0, 1e4), "pool_share_exponent": (1e-3, 0.999)}
 STAGE_FIT_FILE = "stage_fit_{link}.json"          # the full model; other rungs: stage_fit_{link}_{rung}.json
 STAGE_FIT_VERSION = 1
 # the ladder: what each rung frees (the rest fixed: c_p -> no limit, spread -> 0, stalled_fraction -> 1)
@@ -246,7 +246,8 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "gpc_uneven": tuple(STAGE_PARAMS),
          "gpc_drain": tuple(STAGE_PARAMS),
          "slots_issuing": tuple(STAGE_PARAMS),
-         "capped": tuple(STAGE_PARAMS)}
+         "capped": tuple(STAGE_PARAMS),
+         "pool_share": (*STAGE_PARAMS, "pool_share_exponent")}   # the one rung with a parameter of its own
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
@@ -257,10 +258,11 @@ RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("
                     ("gpc_uneven", "host"): "gpc_uneven", ("gpc_uneven", "nvlink"): "gpc_uneven",
                     ("gpc_drain", "host"): "gpc_drain", ("gpc_drain", "nvlink"): "gpc_drain",
                     ("slots_issuing", "host"): "slots_issuing", ("slots_issuing", "nvlink"): "slots_issuing",
-                    ("capped", "host"): "capped", ("capped", "nvlink"): "capped"}
+                    ("capped", "host"): "capped", ("capped", "nvlink"): "capped",
+                    ("pool_share", "host"): "pool_share", ("pool_share", "nvlink"): "pool_share"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
 RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
-              "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage"}
+              "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage", "pool_share": "stage"}
 # rung "processes": the full model fitted to the train records of other calls and processes as well (under the
 # machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
 # (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
@@ -414,7 +416,8 @@ def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
 STAGE_FIT_MIN_NS = 300.0                 # bursts measured shorter than this are the harness (timer reads, CTA
                                          # barriers) more than the link: left out of the fit (the scores count >= 1 us)
 STAGE_F_SCALE = 0.1                      # soft-L1 scale of the log residuals (errors beyond ~10 % count ~linearly)
-LOGIT = ("spread", "stalled_fraction")   # fitted in logit space (fractions); the rest in log space
+LOGIT = ("spread", "stalled_fraction", "pool_share_exponent")   # fitted in logit space (fractions); the rest in log
+                                                                # space
 
 
 def _to_x(name, v):
@@ -474,6 +477,11 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False)
 PRESCAN = {"spread": (0.3, 0.5, 0.7, 0.85), "stalled_fraction": (0.3, 0.55, 0.8)}   # the coarse start grid
 
 
+def _rung_params(rung: str) -> list[str]:
+    """STAGE_PARAMS and the rung's own parameters beyond them (RUNGS; "pool_share": pool_share_exponent)."""
+    return [*STAGE_PARAMS, *(k for k in RUNGS.get(rung, ()) if k not in STAGE_PARAMS)]
+
+
 @dataclass
 class StageFit:
     link: str
@@ -488,7 +496,7 @@ class StageFit:
     folder: str = ""
 
     def values(self) -> dict:
-        return {**{k: getattr(self.params, k) for k in STAGE_PARAMS if k != "span_overhead_ns"},
+        return {**{k: getattr(self.params, k) for k in _rung_params(self.rung) if k != "span_overhead_ns"},
                 "span_overhead_ns": self.span_overhead_ns}
 
 
@@ -517,6 +525,9 @@ def _initial(rung: str, link: str) -> dict:
         d["spread"] = 0.0
     if rung not in ("pool", "stage"):
         d["stalled_fraction"] = 1.0
+    if rung == "pool_share":
+        d["pool_share_exponent"] = 0.99   # near the screen's best (1, the top of its range; from 0.9 the fit stalled
+                                          # at a higher cost: helper notes, session 22)
     if rung == "fluid":
         from .model import NO_LIMIT_KIB
 
@@ -690,7 +701,7 @@ def stage_summary(res: StageFit) -> pd.DataFrame:
     """Parameters with 95 % intervals, then the held-out errors per kind of record."""
     v = res.values()
     rows = [dict(parameter=k, value=v[k], ci95_low=res.ci_low[k], ci95_high=res.ci_high[k], unit=STAGE_UNITS[k])
-            for k in STAGE_PARAMS]
+            for k in _rung_params(res.rung)]
     for kind, r in error_summary(res.heldout).iterrows():
         rows.append(dict(parameter=f"heldout_{kind}_median_abs_error", value=r.median_abs_error,
                          ci95_low=np.nan, ci95_high=r.p90_abs_error, unit="fraction (ci95_high: p90)"))

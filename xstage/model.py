@@ -315,7 +315,8 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")
+ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
+                "pool_share")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
                              # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
@@ -371,6 +372,12 @@ class StageParams:
                                      # overcommit the stage (P c_p > C(P) at large P), so while few programs issue
                                      # each takes up to c_p at once and once most do the stage is full and a new
                                      # burst waits for its weight's share of what drains (simulate_stage)
+                                     # "pool_share": "slots" (own slots, first-come shared part C_0, the stall)
+                                     # whose shared part holds at most phi-or-1 x C_0 / n^pool_share_exponent of
+                                     # each issuing program's stores beyond its slots, n the programs issuing now:
+                                     # one program issuing alone may fill it as in "slots", many share it
+                                     # (exponent 1: equal parts; 0: "slots" exactly) (simulate_stage)
+    pool_share_exponent: float = 0.0  # alpha of arbitration "pool_share" (0 <= alpha <= 1); 0 for every other
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -392,6 +399,11 @@ class StageParams:
                              f"chip (H200); sm_count is {self.sm_count}")
         if self.arbitration not in ARBITRATIONS:
             raise ValueError(f"arbitration must be one of {', '.join(ARBITRATIONS)}, got {self.arbitration!r}")
+        if not (np.isfinite(self.pool_share_exponent) and 0 <= self.pool_share_exponent <= 1):
+            raise ValueError(f"pool_share_exponent must be in [0, 1], got {self.pool_share_exponent}")
+        if self.pool_share_exponent != 0 and self.arbitration != "pool_share":
+            raise ValueError(f"pool_share_exponent {self.pool_share_exponent} needs arbitration 'pool_share', "
+                             f"got {self.arbitration!r}")
 
     def capacity_bytes(self, programs) -> np.ndarray:
         """C(P) in bytes."""
@@ -889,8 +901,8 @@ def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
     return dt, t, near, rem
 
 
-FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped")   # per
-                             # program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
+FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
+                      "pool_share")   # per program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
 READ_FENCE = True            # records with the legacy kernel's read simulate it (False: as before session 21)
 
 
@@ -980,7 +992,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
     private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing",
-                                  "capped")
+                                  "capped", "pool_share")
+    pool_cap = prm.arbitration == "pool_share" and prm.pool_share_exponent > 0   # (0: the "slots" loop as it is)
     issuing_share = prm.arbitration == "slots_issuing"
     capped = prm.arbitration == "capped"
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
@@ -1144,8 +1157,22 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             full = ~over & (Q >= Cs * (1 - 1e-9) - 1e-6)
             closed = (full | over)[:, None]
             F = (m * dr * beyond).sum(axis=1)                                      # bytes/ns leaving the pool
-            shared = _water_fill(np.where(issuing & beyond & full[:, None], wd, 0.0), m, F, r)
+            if pool_cap:
+                # pool_share: an issuing program holds at most Cs / n^alpha of the shared part (n: the programs
+                # issuing now): at that limit it keeps it full (its own drain rate), beyond it (n grew) it waits
+                n_iss = (m * issuing).sum(axis=1)
+                lim = a + (Cs / np.maximum(n_iss, 1.0) ** prm.pool_share_exponent)[:, None]
+                under = q < lim * (1 - 1e-9)
+                past = issuing & (q > lim * (1 + 1e-9))
+                at_lim = issuing & beyond & ~under & ~past
+                open_rate = np.where(past, 0.0, np.where(at_lim, np.minimum(r, dr), r))
+                shared = _water_fill(np.where(issuing & beyond & full[:, None] & (open_rate > 0), wd, 0.0), m, F,
+                                     open_rate)
+            else:
+                shared = _water_fill(np.where(issuing & beyond & full[:, None], wd, 0.0), m, F, r)
             rate = np.where(issuing, r, 0.0)                                       # below its slots, or pool open
+            if pool_cap:
+                rate = np.where(issuing, open_rate, 0.0)                           # pool_share: its limit
             rate = np.where(issuing & at & closed, np.minimum(r, dr), rate)        # keeps its own slots full
             rate = np.where(issuing & beyond & over[:, None], 0.0, rate)           # a stalled pool: wait
             rate = np.where(issuing & beyond & full[:, None], shared, rate)        # share what leaves the pool
@@ -1160,11 +1187,19 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
                 t_fill = np.where(~full & ~over & (Qdot > 0), (Cs - Q) / Qdot, np.inf)
                 t_unover = np.where(over & (Qdot < 0), (Q - Cs) / -Qdot, np.inf)
-            dt = np.minimum(np.minimum(t_evt, t_slot), np.minimum(t_leave, t_empty)).min(axis=1)
+                if pool_cap:   # an issuing program reaches its limit (from below, or from beyond as it drains)
+                    t_lim = np.where(issuing & ~below & under & (qdot > 0), (lim - q) / qdot,
+                                     np.where(past & (qdot < 0), (q - lim) / -qdot, np.inf))
+            dt = np.minimum(np.minimum(t_evt, t_slot), np.minimum(t_leave, t_empty))
+            if pool_cap:
+                dt = np.minimum(dt, t_lim)
+            dt = dt.min(axis=1)
             dt = np.minimum(dt, np.minimum(t_fill, t_unover))
             dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
             q = np.maximum(q + qdot * dt[:, None], 0.0)
             q = np.where((t_slot <= near) | (t_leave <= near), a, q)
+            if pool_cap:
+                q = np.where(t_lim <= near, lim, q)
             q = np.where(t_empty <= near, 0.0, q)
             filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
             Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
