@@ -201,3 +201,25 @@ def test_load_probe_table_waits_for_the_programs_own_stores():
     assert t.loc[(132, 2), "load_ns"] == 221.0 and t.loc[(132, 2), "issue_ns"] == 1002.5
     with pytest.raises(ValueError, match="no load-probe rows"):
         studies.load_probe_table(pd.DataFrame(rows).assign(load_ns=np.nan), prm)
+
+
+def test_heldout_on_record_scores_folds_on_the_clean_record():
+    """Held out by train on the clean kernel's record of the fitted trains, with folds given (no refit): one fold
+    holding every train with the written parameters gives the never-fitted score of that record (score_trains);
+    a fold that holds the synchronised rows only scores nothing."""
+    from xstage import fit, studies
+
+    H = data.machine_dir("h200x1")
+    f = fit.read_stage_fit(H, "host", "stage")
+    prm = model.params_from_dict(f["params"])
+    obs = fit.observations(H, "host")
+    trains = np.flatnonzero((obs.cfgs.kind == "train").to_numpy())
+    h, per = studies.heldout_on_record(folds=[{"params": prm, "span_overhead_ns": f["span_overhead_ns"],
+                                              "test": trains}])
+    _, want = studies.score_trains(H / studies.TRAIN_CLEAN, "host")
+    got = per.set_index("programs").loc["all"]
+    assert got.bursts == want.bursts.iloc[0]
+    assert abs(got.median_abs_error - want.median_abs_error.iloc[0]) < 0.01
+    sync = np.flatnonzero((obs.cfgs.kind == "sync").to_numpy())
+    with pytest.raises(ValueError, match="none of the fitted trains"):
+        studies.heldout_on_record(folds=[{"params": prm, "span_overhead_ns": 0.0, "test": sync}])
