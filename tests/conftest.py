@@ -66,3 +66,16 @@ def tiny_gemm_case(monkeypatch, cpu_timing):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(multi_processor_count=2))
     monkeypatch.setattr(MG, "default_tiles", lambda *a, **k: MP.INTERPRETER_TILES)
     return [MP.MoECase(MP.MoEShape("tiny", 64, 32, 4, 2), 12, "uniform", 1)]
+
+
+def random_stage_params(rng, **kw):
+    """StageParams drawn from wide ranges around the fitted host link's (arbitration "slots" unless ``kw`` says),
+    for property tests of the stage model's arbitrations."""
+    from xstage.model import StageParams
+
+    base = dict(issue_ns_per_kib=rng.uniform(5, 30), drain_gbps=rng.uniform(20, 100),
+                capacity_kib=rng.uniform(2000, 9000), capacity_per_program_kib=rng.uniform(10, 60),
+                spread=rng.uniform(0.1, 0.9), stalled_fraction=rng.uniform(0.3, 1.0),
+                base_capacity_kib=rng.uniform(100, 1000), overhead_ns=rng.uniform(0, 200), arbitration="slots")
+    base.update(kw)
+    return StageParams(**base)

@@ -9,18 +9,14 @@ import numpy as np
 import pytest
 
 from xstage import fit, model, studies
+from conftest import random_stage_params
 from xstage.model import KIB, StageParams, predict_train, simulate_stage
 
 RNG = np.random.default_rng(22)
 
 
 def random_params(**kw) -> StageParams:
-    base = dict(issue_ns_per_kib=RNG.uniform(5, 30), drain_gbps=RNG.uniform(20, 100),
-                capacity_kib=RNG.uniform(2000, 9000), capacity_per_program_kib=RNG.uniform(10, 60),
-                spread=RNG.uniform(0.1, 0.9), stalled_fraction=RNG.uniform(0.3, 1.0),
-                base_capacity_kib=RNG.uniform(100, 1000), overhead_ns=RNG.uniform(0, 200), arbitration="slots")
-    base.update(kw)
-    return StageParams(**base)
+    return random_stage_params(RNG, **kw)
 
 
 def random_trains(N, n=10):
