@@ -303,9 +303,15 @@ def probe_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_LEAD_KIB, gap_us=P
         if lead <= 0:
             raise ValueError(f"probe family: lead bursts must be at least {step} B, got {a} KiB")
         for g in gap_us:
-            gaps = (int(round(g * 1000)),) + (int(PROBE_SPACING_US * 1000),) * (n_bursts - 1)
-            out.append((f"p{a:g}-g{g:g}", (lead,) + (probe,) * (n_bursts - 1), gaps))
+            out.append((f"p{a:g}-g{g:g}", *_lead_then_probes(lead, probe, g, n_bursts)))
     return out
+
+
+def _lead_then_probes(lead: int, probe: int, gap_us: float, n_bursts: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(sizes, gaps) of a designed train: the lead burst, ``gap_us``, then n_bursts - 1 probes PROBE_SPACING_US
+    apart (both probe families)."""
+    gaps = (int(round(gap_us * 1000)),) + (int(PROBE_SPACING_US * 1000),) * (n_bursts - 1)
+    return (lead,) + (probe,) * (n_bursts - 1), gaps
 
 
 LOAD_PROBES = (0, 1, 2)   # burst_train_store_kernel's LOAD_PROBE: none, an L1-resident word, an L2 word (past L1)
@@ -340,8 +346,7 @@ def probe_size_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_SIZE_LEAD_KIB
             probe = int(round(sz * 1024 / step)) * step
             if lead <= 0 or probe <= 0:
                 raise ValueError(f"probe_size family: bursts must be at least {step} B, got lead {a}, probe {sz} KiB")
-            gaps = (int(round(gap_us * 1000)),) + (int(PROBE_SPACING_US * 1000),) * (n_bursts - 1)
-            out.append((f"s{sz:g}-p{a:g}", (lead,) + (probe,) * (n_bursts - 1), gaps))
+            out.append((f"s{sz:g}-p{a:g}", *_lead_then_probes(lead, probe, gap_us, n_bursts)))
     return out
 
 
