@@ -223,3 +223,36 @@ def test_heldout_on_record_scores_folds_on_the_clean_record():
     sync = np.flatnonzero((obs.cfgs.kind == "sync").to_numpy())
     with pytest.raises(ValueError, match="none of the fitted trains"):
         studies.heldout_on_record(folds=[{"params": prm, "span_overhead_ns": 0.0, "test": sync}])
+
+
+def test_a_clean_rung_fits_the_clean_record_of_the_trains_and_refuses_a_missing_one(tmp_path):
+    """Rungs "*_clean" (fit.RUNG_TRAINS): the trains come from the clean kernel's record (no burst fenced: its
+    kernel reads nothing between bursts), the regular sweeps are the folder's own; a subfolder without a
+    burst_train record, or without the link's trains, is a clear error."""
+    H = data.machine_dir("h200x1")
+    sub = fit.RUNG_TRAINS["gpc_drain_clean"]
+    clean = fit.observations(H, "host", trains=sub)
+    own = fit.observations(H, "host")
+    tr = (clean.cfgs.kind == "train").to_numpy()
+    rec, _ = data.load(H / sub, data.BURST_TRAIN)
+    host = rec[rec.target == "host"]
+    assert tr.sum() == host.groupby(["train", "programs"]).ngroups
+    assert set(clean.cfgs.train[tr]) == set(host.train)
+    assert not clean.read_fence.any()
+    assert clean.sources["burst_train"]["file"].startswith(sub + "/")
+    reg = ~tr
+    assert (clean.cfgs[reg].reset_index(drop=True)).equals(own.cfgs[(own.cfgs.kind != "train").to_numpy()]
+                                                            .reset_index(drop=True))
+    med = host.groupby(["train", "programs", "burst"]).issue_ns.median()
+    i = int(np.flatnonzero(tr)[0])
+    t, p = clean.cfgs.train[i], int(clean.cfgs.programs[i])
+    np.testing.assert_allclose(clean.measured[i, :clean.cfgs.n_bursts[i]], med.loc[(t, p)].to_numpy())
+    with pytest.raises(ValueError, match="no burst_train record"):
+        fit.observations(H, "host", trains="no_such_record")
+    local, meta = data.load(H, data.BURST_TRAIN)   # a record of the local target only
+    csv = data.start_file(tmp_path, data.BURST_TRAIN, {k: v for k, v in meta.items()
+                                                            if k not in ("runs", "csv_rows", "csv_sha256")})
+    data.append_rows(csv, data.BURST_TRAIN, local[local.target == "local"].head(24))
+    with pytest.raises(ValueError, match="no host trains"):
+        fit.observations(H, "host", trains=str(tmp_path))
+    assert fit.RUNG_ARBITRATION[("gpc_drain_clean", "host")] == fit.RUNG_ARBITRATION[("gpc_drain", "host")]

@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave out the train bursts whose times hold the legacy kernel's parameter read (bursts 4, "
                          "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
-                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share"),
+                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share",
+                                        "stage_clean", "gpc_drain_clean"),
                     default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
@@ -277,7 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "slots_issuing (a candidate: stage whose shared part is split equally among the programs "
                          "issuing now), "
                          "capped (a candidate: one stage C(P) that each program may fill up to its own cap c_p, the "
-                         "caps overcommitting it; the stores of programs not issuing drain first)")
+                         "caps overcommitting it; the stores of programs not issuing drain first), "
+                         "pool_share (a candidate: an issuing program's room beyond its own slots capped at its share "
+                         "of C_0), stage_clean / gpc_drain_clean (stage / gpc_drain fitted to the trains as the clean "
+                         "kernel recorded them, host: fit.RUNG_TRAINS)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

@@ -247,7 +247,9 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "gpc_drain": tuple(STAGE_PARAMS),
          "slots_issuing": tuple(STAGE_PARAMS),
          "capped": tuple(STAGE_PARAMS),
-         "pool_share": (*STAGE_PARAMS, "pool_share_exponent")}   # the one rung with a parameter of its own
+         "pool_share": (*STAGE_PARAMS, "pool_share_exponent"),   # the one rung with a parameter of its own
+         "stage_clean": tuple(STAGE_PARAMS),
+         "gpc_drain_clean": tuple(STAGE_PARAMS)}
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
@@ -259,10 +261,12 @@ RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("
                     ("gpc_drain", "host"): "gpc_drain", ("gpc_drain", "nvlink"): "gpc_drain",
                     ("slots_issuing", "host"): "slots_issuing", ("slots_issuing", "nvlink"): "slots_issuing",
                     ("capped", "host"): "capped", ("capped", "nvlink"): "capped",
-                    ("pool_share", "host"): "pool_share", ("pool_share", "nvlink"): "pool_share"}
+                    ("pool_share", "host"): "pool_share", ("pool_share", "nvlink"): "pool_share",
+                    ("stage_clean", "host"): "slots", ("gpc_drain_clean", "host"): "gpc_drain"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
 RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
-              "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage", "pool_share": "stage"}
+              "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage", "pool_share": "stage",
+              "stage_clean": "stage", "gpc_drain_clean": "gpc_drain"}
 # rung "processes": the full model fitted to the train records of other calls and processes as well (under the
 # machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
 # (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
@@ -270,6 +274,11 @@ RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "
 # train_programs_new_p (other program counts) and independent (other sizes and gaps) stay never fitted.
 RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_processes_p0", "train_processes_p1",
                               "train_processes_p2")}
+# rungs "*_clean" (session 23): the fitted trains as the clean kernel recorded them (run S20-2, the train parameters
+# read before the first burst: no read wait behind the stores inside any timed burst), in place of the machine
+# folder's own burst_train, whose every burst carries the legacy read (session 22). Same model as the rung named
+# before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
+RUNG_TRAINS = {"stage_clean": "train_s20_preload", "gpc_drain_clean": "train_s20_preload"}
 
 
 @dataclass
@@ -319,15 +328,17 @@ def _without_read_waits(t: pd.DataFrame, meta: dict) -> pd.DataFrame:
     return t.assign(issue_ns=t.issue_ns.where(~t.burst.isin(bad))) if bad else t
 
 
-def observations(folder, link: str, store_bytes: int = 16, records=(), drop_legacy_reads: bool = False
-                 ) -> Observations:
+def observations(folder, link: str, store_bytes: int = 16, records=(), drop_legacy_reads: bool = False,
+                 trains: str | None = None) -> Observations:
     """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train,
     and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
     train recorded in several calls falls in one held-out fold). ``drop_legacy_reads``: the train bursts of
     :func:`xstage.data.legacy_read_bursts` unmeasured (session 20's refit without them was not adopted: the
     written fits keep every burst). Measured or not, those bursts are marked in ``read_fence`` (session 21): the
     fit simulates them with the legacy kernel's read wait (:func:`xstage.model.simulate_stage`'s ``read_fence``)
-    where the arbitration has one (:func:`xstage.model.models_read_fence`)."""
+    where the arbitration has one (:func:`xstage.model.models_read_fence`). ``trains``: a subfolder whose
+    burst_train record stands in for the folder's own (e.g. the same trains recorded with the clean kernel,
+    :data:`RUNG_TRAINS`)."""
     from pathlib import Path
 
     from .data import BURST_GAP, BURST_TRAIN, legacy_read_bursts, load, paths
@@ -371,11 +382,17 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         t = t[~t.sync.astype(bool)]
         t["train"] = "free:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
         add("free", "free_running", t, "issue_ns", "gap_ns")
-    if paths(folder, BURST_TRAIN)[0].is_file():
-        df, meta = load(folder, BURST_TRAIN)
+    tr_dir = folder / trains if trains else folder
+    if trains and not paths(tr_dir, BURST_TRAIN)[0].is_file():
+        raise ValueError(f"{tr_dir}: no burst_train record to fit in place of {folder.name}'s own")
+    if paths(tr_dir, BURST_TRAIN)[0].is_file():
+        df, meta = load(tr_dir, BURST_TRAIN)
         sel = df[(df.target == target) & (df.store_bytes == store_bytes)]
+        if trains and sel.empty:
+            raise ValueError(f"{tr_dir}: no {link} trains (target {target!r}) in its burst_train record")
         if len(sel):
-            sources["burst_train"] = dict(file=paths(folder, BURST_TRAIN)[0].name, sha256=meta.get("csv_sha256"))
+            name = paths(tr_dir, BURST_TRAIN)[0].name
+            sources["burst_train"] = dict(file=f"{trains}/{name}" if trains else name, sha256=meta.get("csv_sha256"))
             add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
     for sub in records:
         rec = folder / sub
@@ -627,7 +644,8 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
 def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5, drop_legacy_reads: bool = False) -> StageFit:
     """Fit a rung to a machine folder's records of ``link``; a drain measured directly there is fixed.
     ``drop_legacy_reads``: see :func:`observations`."""
-    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), drop_legacy_reads=drop_legacy_reads)
+    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), drop_legacy_reads=drop_legacy_reads,
+                       trains=RUNG_TRAINS.get(rung))
     d = measured_drain(folder, link)
     measured = {}
     if d is not None:
@@ -683,7 +701,7 @@ def fold_params(folder, link: str, rung: str = "stage", k_folds: int = 5) -> tup
     records, the drain measured directly fixed). Returns the observations and the folds. Minutes for the full model
     (its 5 folds reproduce the written held-out table to its 0.1 ns rounding)."""
     f = read_stage_fit(folder, link, rung)
-    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()))
+    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), trains=RUNG_TRAINS.get(rung))
     d = measured_drain(folder, link)
     measured = {} if d is None else {"drain_gbps": (d["drain_gbps"], d["low"], d["high"])}
     values = {**f["params"], "span_overhead_ns": f["span_overhead_ns"]}
