@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
                                         "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share",
-                                        "stage_clean", "gpc_drain_clean"),
+                                        "stage_clean", "gpc_drain_clean", "free_store"),
                     default="stage",
                     help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
@@ -281,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "caps overcommitting it; the stores of programs not issuing drain first), "
                          "pool_share (a candidate: an issuing program's room beyond its own slots capped at its share "
                          "of C_0), stage_clean / gpc_drain_clean (stage / gpc_drain fitted to the trains as the clean "
-                         "kernel recorded them, host: fit.RUNG_TRAINS)")
+                         "kernel recorded them, host: fit.RUNG_TRAINS), free_store (a candidate: gpc_drain_clean whose "
+                         "programs' first f KiB of every burst enter the stage at once, f fitted)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

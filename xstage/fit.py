@@ -223,12 +223,12 @@ STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_
                 "base_capacity_kib", "spread", "stalled_fraction", "overhead_ns", "span_overhead_ns"]
 STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
                "capacity_per_program_kib": "KiB/program", "base_capacity_kib": "KiB", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
-               "span_overhead_ns": "ns", "pool_share_exponent": "1"}
+               "span_overhead_ns": "ns", "pool_share_exponent": "1", "free_kib": "KiB/program"}
 # (low, high) of each parameter; log-spaced except the fractions (logit)
 STAGE_BOUNDS = {"issue_ns_per_kib": (0.5, 500.0), "drain_gbps": (1.0, 5000.0), "capacity_kib": (16.0, 1e6),
                 "capacity_per_program_kib": (0.5, 1e5), "base_capacity_kib": (1.0, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
                 "overhead_ns": (1.0, 1e4),
-                "span_overhead_ns": (1.0, 1e4), "pool_share_exponent": (1e-3, 0.999)}
+                "span_overhead_ns": (1.0, 1e4), "pool_share_exponent": (1e-3, 0.999), "free_kib": (0.01, 256.0)}
 STAGE_FIT_FILE = "stage_fit_{link}.json"          # the full model; other rungs: stage_fit_{link}_{rung}.json
 STAGE_FIT_VERSION = 1
 # the ladder: what each rung frees (the rest fixed: c_p -> no limit, spread -> 0, stalled_fraction -> 1)
@@ -249,7 +249,8 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "capped": tuple(STAGE_PARAMS),
          "pool_share": (*STAGE_PARAMS, "pool_share_exponent"),   # the one rung with a parameter of its own
          "stage_clean": tuple(STAGE_PARAMS),
-         "gpc_drain_clean": tuple(STAGE_PARAMS)}
+         "gpc_drain_clean": tuple(STAGE_PARAMS),
+         "free_store": (*STAGE_PARAMS, "free_kib")}   # gpc_drain_clean + the first f KiB of a burst free
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
@@ -262,11 +263,12 @@ RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("
                     ("slots_issuing", "host"): "slots_issuing", ("slots_issuing", "nvlink"): "slots_issuing",
                     ("capped", "host"): "capped", ("capped", "nvlink"): "capped",
                     ("pool_share", "host"): "pool_share", ("pool_share", "nvlink"): "pool_share",
-                    ("stage_clean", "host"): "slots", ("gpc_drain_clean", "host"): "gpc_drain"}
+                    ("stage_clean", "host"): "slots", ("gpc_drain_clean", "host"): "gpc_drain",
+                    ("free_store", "host"): "gpc_drain"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
 RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
               "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage", "pool_share": "stage",
-              "stage_clean": "stage", "gpc_drain_clean": "gpc_drain"}
+              "stage_clean": "stage", "gpc_drain_clean": "gpc_drain", "free_store": "gpc_drain_clean"}
 # rung "processes": the full model fitted to the train records of other calls and processes as well (under the
 # machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
 # (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
@@ -278,7 +280,12 @@ RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_proce
 # read before the first burst: no read wait behind the stores inside any timed burst), in place of the machine
 # folder's own burst_train, whose every burst carries the legacy read (session 22). Same model as the rung named
 # before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
-RUNG_TRAINS = {"stage_clean": "train_s20_preload", "gpc_drain_clean": "train_s20_preload"}
+RUNG_TRAINS = {"stage_clean": "train_s20_preload", "gpc_drain_clean": "train_s20_preload",
+               "free_store": "train_s20_preload"}
+# parameters a rung holds fixed beyond STAGE_PARAMS: free_store's bound F on what free entries may hold beyond a
+# program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB; the
+# clean trains score alike for F = 8-128 KiB at f = 2, lab notebook, session 23), not fitted
+RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}}
 
 
 @dataclass
@@ -545,6 +552,8 @@ def _initial(rung: str, link: str) -> dict:
     if rung == "pool_share":
         d["pool_share_exponent"] = 0.99   # near the screen's best (1, the top of its range; from 0.9 the fit stalled
                                           # at a higher cost: helper notes, session 22)
+    if rung == "free_store":
+        d["free_kib"] = 2.0   # S20-2's clean probes: a 2 KiB burst (one 16-byte store per thread) issues freely
     if rung == "fluid":
         from .model import NO_LIMIT_KIB
 
@@ -590,7 +599,8 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
     measured = measured or {}
     free = [k for k in RUNGS[rung] if k not in measured]
-    init = {**_initial(rung, link), **(start or {}), **{k: v[0] for k, v in measured.items()}}
+    init = {**_initial(rung, link), **(start or {}), **RUNG_FIXED.get(rung, {}),
+            **{k: v[0] for k, v in measured.items()}}
     fixed = {k: v for k, v in init.items() if k not in free}
     fixed["arbitration"] = RUNG_ARBITRATION.get((rung, link), "pool")
     x0 = np.array([_to_x(k, init[k]) for k in free])
@@ -678,7 +688,7 @@ def refit_folds(obs: Observations, values: dict, link: str, rung: str = "stage",
     measured = measured or {}
     free = [k for k in RUNGS[rung] if k not in measured]
     values = {**values, **{k: v[0] for k, v in measured.items()}}
-    fixed = {k: values[k] for k in STAGE_PARAMS if k not in free}
+    fixed = {**{k: values[k] for k in STAGE_PARAMS if k not in free}, **RUNG_FIXED.get(rung, {})}
     fixed["arbitration"] = RUNG_ARBITRATION.get((rung, link), "pool")
     x = np.array([_to_x(k, values[k]) for k in free])
     names = obs.cfgs.train.unique()

@@ -378,6 +378,16 @@ class StageParams:
                                      # one program issuing alone may fill it as in "slots", many share it
                                      # (exponent 1: equal parts; 0: "slots" exactly) (simulate_stage)
     pool_share_exponent: float = 0.0  # alpha of arbitration "pool_share" (0 <= alpha <= 1); 0 for every other
+    free_kib: float = 0.0            # f: the first f KiB of every burst of a program enter the stage at once,
+                                     # whatever the stage's state, while the program holds less than its own slots
+                                     # + free_cap_kib (beyond its slots they count in the pool, which may go over
+                                     # and then waits to drain as after a stall). Measured (session 23): a clean
+                                     # 2 KiB burst, one 16-byte store per thread of the benchmark's program, issues
+                                     # in ~60 ns after a contended lead and at every busy share, where the stage
+                                     # models without f wait microseconds. Needs own slots (FENCE_ARBITRATIONS)
+    free_cap_kib: float = 0.0        # F >= f: how far beyond its own slots a program's free entries may take it (a
+                                     # bound, so that a train of small bursts cannot issue faster than the drain:
+                                     # eleven 2 KiB probes issue freely after a contended lead, F >= 22 KiB)
 
     def __post_init__(self):
         for name in ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib"):
@@ -401,6 +411,13 @@ class StageParams:
             raise ValueError(f"arbitration must be one of {', '.join(ARBITRATIONS)}, got {self.arbitration!r}")
         if not (np.isfinite(self.pool_share_exponent) and 0 <= self.pool_share_exponent <= 1):
             raise ValueError(f"pool_share_exponent must be in [0, 1], got {self.pool_share_exponent}")
+        if not (np.isfinite(self.free_kib) and self.free_kib >= 0):
+            raise ValueError(f"free_kib must be >= 0 and finite, got {self.free_kib}")
+        if not (np.isfinite(self.free_cap_kib) and self.free_cap_kib >= self.free_kib):
+            raise ValueError(f"free_cap_kib must be finite and >= free_kib ({self.free_kib}), got {self.free_cap_kib}")
+        if self.free_kib != 0 and self.arbitration not in FENCE_ARBITRATIONS:
+            raise ValueError(f"free_kib {self.free_kib} needs every program's own stores: arbitration one of "
+                             f"{', '.join(FENCE_ARBITRATIONS)}, got {self.arbitration!r}")
         if self.pool_share_exponent != 0 and self.arbitration != "pool_share":
             raise ValueError(f"pool_share_exponent {self.pool_share_exponent} needs arbitration 'pool_share', "
                              f"got {self.arbitration!r}")
@@ -746,6 +763,7 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=N
     mws = m * ws
     w = ws                                         # own slots by the spread's weight alone
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
+    free_b, free_cap = KIB * prm.free_kib, KIB * prm.free_cap_kib
     C = prm.capacity_bytes(P)
     C0 = np.full(N, KIB * prm.base_capacity_kib)
     a = (C - C0)[:, None] * w / np.maximum((M * w).sum(axis=1), 1e-300)[:, None]
@@ -802,6 +820,10 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=N
                 f0 = fi[s_]
                 phf[f0] = 1
                 remf[f0] = bf[ii[s_] * n + kc[s_]]
+                if free_b:                                     # its first f bytes enter the stage at once
+                    take = np.clip(np.minimum(free_b, a.ravel()[f0] + free_cap - qf[f0]), 0.0, remf[f0])
+                    remf[f0] -= take
+                    qf[f0] += take
                 s_ = ph == 1                                   # end of the burst
                 if s_.any():
                     f1, i1, k1 = fi[s_], ii[s_], kk[s_]
@@ -832,6 +854,8 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=N
                 flat_cls = np.arange(len(keep))[:, None] * (Kc + 1) + cls
                 bf, gf = b.ravel(), g.ravel()
             Nn = len(t)
+            if free_b:                                         # q moved at a burst's start too
+                Q = (M * np.maximum(q - a, 0.0)).sum(axis=1)
             # (no unit: m = a = q = 0 and phase 4, so it neither holds, nor is below or beyond its slots)
             issuing = phase == 1
             holding = (q > 0) | issuing
@@ -1035,6 +1059,11 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 to_issue = (to_issue & ~fenced) | freed
             phase = np.where(to_issue, 1, phase)
             rem = np.where(to_issue, bb, rem)
+            if prm.free_kib and to_issue.any():   # its first f bytes enter the stage at once (own stores: q [N, G])
+                take = np.where(to_issue, np.clip(np.minimum(KIB * prm.free_kib, a + KIB * prm.free_cap_kib - q),
+                                                  0.0, rem), 0.0)
+                rem = rem - take
+                q = q + take
             if to_end.any():
                 ii, jj = np.nonzero(to_end)
                 end[ii, jj, k[ii, jj]] = t[ii]

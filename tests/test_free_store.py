@@ -1,0 +1,93 @@
+"""The stage model's free entry (session 23; StageParams.free_kib / free_cap_kib, rung "free_store"): the first f KiB
+of each burst of a program enter the stage at once, whatever the stage's state, while the program holds less than
+its own slots + F. Measured on clean records (S20-2): a 2 KiB burst issues in ~60 ns right after a contended lead.
+What must hold: such a burst costs the overhead alone where the model without f waits microseconds; a train of small
+bursts cannot issue more than the stage + F per program beyond what the drain has taken; f = 0 is the model
+without it; the fast path equals the general loop; bad values are refused."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from xstage import model
+from xstage.model import KIB, StageParams, predict_train, simulate_stage
+
+
+def _prm(arbitration="gpc_drain", **kw):
+    return StageParams(issue_ns_per_kib=17.2, drain_gbps=51.2, capacity_kib=5900.0, capacity_per_program_kib=38.0,
+                       spread=0.59, overhead_ns=11.5, stalled_fraction=0.68, base_capacity_kib=830.0, link="test",
+                       arbitration=arbitration, **kw)
+
+
+LEAD = np.array([128 * KIB] + [2 * KIB] * 11, float)
+LEAD_GAPS = np.array([500.0] + [3000.0] * 11)
+
+
+@pytest.mark.parametrize("arbitration", ["gpc_drain", "slots"])
+@pytest.mark.parametrize("P", [132, 264])
+def test_a_burst_within_f_after_a_contended_lead_costs_the_overhead_alone(arbitration, P):
+    without = predict_train(_prm(arbitration), P, LEAD, LEAD_GAPS)
+    with_f = predict_train(_prm(arbitration, free_kib=2.0, free_cap_kib=32.0), P, LEAD, LEAD_GAPS)
+    assert without[0] > 100_000 and with_f[0] > 100_000                 # the lead is contended in both
+    assert (without[1:4] > 1000).all()                                  # without f the probes wait microseconds
+    np.testing.assert_allclose(with_f[1:], _prm().overhead_ns, rtol=1e-9)   # with f: the overhead only
+    # a burst larger than f still waits for what is beyond f
+    big = LEAD.copy()
+    big[1:] = 8 * KIB
+    assert predict_train(_prm(arbitration, free_kib=2.0, free_cap_kib=32.0), P, big, LEAD_GAPS)[1] > 1000
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_small_bursts_back_to_back_cannot_beat_the_drain(monkeypatch, fast):
+    """100 bursts of 2 KiB with no gap at P = 264: without the bound F every one would be free and the whole train
+    would issue in 100 overheads. With it, the last program ends no earlier than the bytes the stage, its slots and
+    the programs' F cannot hold, drained at D."""
+    monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
+    prm = _prm(free_kib=2.0, free_cap_kib=32.0)
+    P, n = 264, 100
+    b, g = np.full(n, 2.0 * KIB), np.zeros(n)
+    st, en, m = simulate_stage(prm, [P], b[None], g[None], [False])
+    total = P * n * 2 * KIB
+    held = prm.capacity_bytes(P) + P * prm.free_cap_kib * KIB
+    assert np.nanmax(en[0, :, -1]) >= (total - held) / prm.drain_gbps
+    assert np.nanmax(en[0, :, -1]) > 100 * n * prm.overhead_ns            # far from the unbounded 1.2 us
+
+
+def test_f_zero_is_the_model_without_it():
+    rng = np.random.default_rng(3)
+    b = rng.choice([2, 4, 16, 64, 320], 12) * KIB * 1.0
+    g = rng.uniform(0, 40_000, 12)
+    for P in (16, 132):
+        a = predict_train(_prm(), P, b, g)
+        z = predict_train(_prm(free_kib=0.0, free_cap_kib=32.0), P, b, g)
+        np.testing.assert_array_equal(a, z)
+        assert not np.allclose(predict_train(_prm(free_kib=4.0, free_cap_kib=32.0), P, b, g), a)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_fast_path_equals_the_general_loop_with_free_entries(monkeypatch, seed):
+    rng = np.random.default_rng(seed)
+    f = float(rng.uniform(0.5, 8))
+    prm = _prm(free_kib=f, free_cap_kib=f * float(rng.uniform(1, 20)))
+    P = rng.choice([16, 66, 132, 264], 6)
+    b = (rng.integers(1, 80, (6, 10)) * 1024).astype(float)
+    g = rng.choice([0, 500, 3000, 30_000], (6, 10)).astype(float)
+    sync = rng.uniform(size=6) < 0.3
+    out = []
+    for fast in (True, False):
+        monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
+        out.append(simulate_stage(prm, P, b, g, sync))
+    (s1, e1, _), (s2, e2, _) = out
+    ok = np.isfinite(e2)
+    assert np.array_equal(ok, np.isfinite(e1))
+    np.testing.assert_allclose(e1[ok], e2[ok], rtol=1e-9)
+
+
+def test_bad_free_entries_are_refused():
+    with pytest.raises(ValueError, match="free_kib must be >= 0"):
+        _prm(free_kib=-1.0, free_cap_kib=32.0)
+    with pytest.raises(ValueError, match="free_cap_kib must be finite and >= free_kib"):
+        _prm(free_kib=4.0, free_cap_kib=2.0)
+    with pytest.raises(ValueError, match="needs every program's own stores"):
+        _prm("pool", free_kib=2.0, free_cap_kib=32.0)
+    assert replace(_prm(), free_kib=2.0, free_cap_kib=2.0).free_kib == 2.0
