@@ -1475,7 +1475,12 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
 
 TRAIN_SMALL = "train_small_s18"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
                                   # after the full model and every candidate rung were written
-SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p", TRAIN_SMALL)   # never fitted
+# the held-out families re-recorded with the clean kernel (stage trains-clean of scripts/device_session.sh, run S22-1:
+# the same seeds, sizes, gaps and program counts, and seed 22, never recorded before), scored where recorded
+CLEAN_SCORED_RECORDS = ("independent_clean", "train_programs_p_clean", "train_programs_new_p_clean",
+                        "train_small_clean", "train_seed22_clean")
+SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p", TRAIN_SMALL,
+                        *CLEAN_SCORED_RECORDS)   # never fitted (those present)
 
 
 def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0, prm=None) -> pd.DataFrame:
@@ -2005,7 +2010,7 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
 
 
 CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
-                   "pool_share", "stage_clean", "gpc_drain_clean")   # fits written beside the full model
+                   "pool_share", "stage_clean", "gpc_drain_clean", "free_store")   # fits written beside the full model
 # (data/h200x1/stage_fit_host_<rung>.json.gz), not adopted; the "*_clean" rungs (session 23) fit the trains as the
 # clean kernel recorded them (fit.RUNG_TRAINS), so their held-out trains are clean trains
 # (a rung whose fit is not written is left out; gpc_drain's fit is written since session 16: 20 min on one core with
@@ -2018,7 +2023,7 @@ def stage_candidates(link: str = "host") -> pd.DataFrame:
     """The full model beside every candidate rung whose fit is written (:data:`CANDIDATE_RUNGS`): per rung, the
     held-out-by-train median |error| of its fit (trains, free-running, synchronised) and its median |error| on each
     never-fitted train record (:data:`SCORED_TRAIN_RECORDS`, bursts >= 1 us)."""
-    from .fit import read_stage_fit, stage_fit_name
+    from .fit import RUNG_TRAINS, read_stage_fit, stage_fit_name
     from .model import fit_file, params_from_dict
 
     folder = data.machine_dir(LINK_MACHINES[link])
@@ -2027,7 +2032,8 @@ def stage_candidates(link: str = "host") -> pd.DataFrame:
         if not fit_file(folder / stage_fit_name(link, rung)).is_file():
             continue
         f = read_stage_fit(folder, link, rung)
-        row = {"rung": rung, "arbitration": f["params"].get("arbitration", "pool")}
+        row = {"rung": rung, "arbitration": f["params"].get("arbitration", "pool"),
+               "fitted_trains": RUNG_TRAINS.get(rung, "burst_train")}   # clean or legacy: the held-out trains too
         row.update({f"heldout_{k}": v["median_abs_error"] for k, v in f["heldout"].items()})
         sc = scores_by_programs(link, prm=params_from_dict(f["params"]))
         row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
