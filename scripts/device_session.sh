@@ -90,6 +90,7 @@ for s in "$@"; do
        --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50 \
        --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_small_s18/$f.csv" ] && \
        gzip -f "$SCRATCH/train_small_s18/$f.csv"; done ;;
+    # (CLEAN_SUFFIX=_r2: the same records again, in another process, into <name>_r2: the clean records' floor)
     # every train record re-recorded with the clean kernel (session 22: the legacy kernel's per-burst reads waited
     # behind the stores at every burst, run S20-2), burst_train only (per-program rows would outgrow the 64 MiB the
     # device tool carries): the fitted seed-0 family with its local control, the four
@@ -101,7 +102,7 @@ for s in "$@"; do
                 "train_programs_new_p_clean|--targets host --programs 24,40,80,120,160,200 --seed 11 --count 6" \
                 "train_small_clean|--targets host --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50" \
                 "train_seed22_clean|--targets host --seed 22"; do
-         sub=${v%%|*}; stage "$sub" "$secs" $PY -m xstage sweep trains --out "$SCRATCH/$sub" --repeats 3 \
+         sub=${v%%|*}${CLEAN_SUFFIX:-}; stage "$sub" "$secs" $PY -m xstage sweep trains --out "$SCRATCH/$sub" --repeats 3 \
            ${v#*|}
          for f in burst_program burst_train; do [ -e "$SCRATCH/$sub/$f.csv" ] && gzip -f "$SCRATCH/$sub/$f.csv"; done
        done ;;
