@@ -1479,16 +1479,17 @@ TRAIN_SMALL = "train_small_s18"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.
 # the same seeds, sizes, gaps and program counts, and seed 22, never recorded before), scored where recorded
 CLEAN_SCORED_RECORDS = ("independent_clean", "train_programs_p_clean", "train_programs_new_p_clean",
                         "train_small_clean", "train_seed22_clean")
-SCORED_TRAIN_RECORDS = ("independent", "train_programs_p", "train_programs_new_p", TRAIN_SMALL,
-                        *CLEAN_SCORED_RECORDS)   # never fitted (those present)
+LEGACY_SCORED_RECORDS = ("independent", "train_programs_p", "train_programs_new_p", TRAIN_SMALL)   # legacy kernel
+SCORED_TRAIN_RECORDS = (*LEGACY_SCORED_RECORDS, *CLEAN_SCORED_RECORDS)   # never fitted (those present)
 
 
-def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0, prm=None) -> pd.DataFrame:
+def scores_by_programs(link: str = "host", machine: str = "h200x1", min_ns: float = 1000.0, prm=None,
+                       records=SCORED_TRAIN_RECORDS) -> pd.DataFrame:
     """The fitted model on every never-fitted train record of ``machine`` (:data:`SCORED_TRAIN_RECORDS`), per
     record and program count: bursts >= ``min_ns``, median / p90 |error| and the median signed error (> 0: the
     model is too slow), plus each record's row over all its program counts (programs = 0)."""
     rows = []
-    for sub in SCORED_TRAIN_RECORDS:
+    for sub in records:
         folder = data.machine_dir(machine) / sub
         if not data.paths(folder, data.BURST_TRAIN)[0].is_file():
             continue
@@ -2019,10 +2020,11 @@ CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drai
 # records simulate the fence for every rung whose arbitration has it (model.FENCE_ARBITRATIONS)
 
 
-def stage_candidates(link: str = "host") -> pd.DataFrame:
+def stage_candidates(link: str = "host", records=LEGACY_SCORED_RECORDS) -> pd.DataFrame:
     """The full model beside every candidate rung whose fit is written (:data:`CANDIDATE_RUNGS`): per rung, the
     held-out-by-train median |error| of its fit (trains, free-running, synchronised) and its median |error| on each
-    never-fitted train record (:data:`SCORED_TRAIN_RECORDS`, bursts >= 1 us)."""
+    never-fitted train record of ``records`` (:data:`LEGACY_SCORED_RECORDS` by default, or the clean re-records
+    :data:`CLEAN_SCORED_RECORDS`; bursts >= 1 us). Minutes: every rung predicts every record."""
     from .fit import RUNG_TRAINS, read_stage_fit, stage_fit_name
     from .model import fit_file, params_from_dict
 
@@ -2035,7 +2037,7 @@ def stage_candidates(link: str = "host") -> pd.DataFrame:
         row = {"rung": rung, "arbitration": f["params"].get("arbitration", "pool"),
                "fitted_trains": RUNG_TRAINS.get(rung, "burst_train")}   # clean or legacy: the held-out trains too
         row.update({f"heldout_{k}": v["median_abs_error"] for k, v in f["heldout"].items()})
-        sc = scores_by_programs(link, prm=params_from_dict(f["params"]))
+        sc = scores_by_programs(link, prm=params_from_dict(f["params"]), records=records)
         row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
         rows.append(row)
     return pd.DataFrame(rows)
@@ -2065,7 +2067,7 @@ def stage_rescored(arbitration: str, link: str = "host", base_rung: str = "stage
     row = {"rung": f"{arbitration} @ {base_rung}", "arbitration": arbitration}
     row.update({f"heldout_{k}": v for k, v in error_summary(h, min_ns).median_abs_error.items()})
     prm = replace(StageParams(**read_stage_fit(folder, link, base_rung)["params"]), arbitration=arbitration)
-    sc = scores_by_programs(link, min_ns=min_ns, prm=prm)
+    sc = scores_by_programs(link, min_ns=min_ns, prm=prm, records=LEGACY_SCORED_RECORDS)
     row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
     big = h[h.measured_ns >= min_ns]
     per_p = big.assign(a=big.rel_error.abs()).groupby(["kind", "programs"]).a.median().unstack(0)
@@ -2228,7 +2230,7 @@ def readme_stage_markdown() -> str:
                         f"bursts > 320 KiB: {sc.median_abs_error_above_320kib[0]:.1%}) | notebook 02 |")
         newp = data.machine_dir(machine) / "train_programs_new_p"
         if link == "host" and data.paths(newp, data.BURST_TRAIN)[0].is_file():
-            sc = scores_by_programs(link, machine)
+            sc = scores_by_programs(link, machine, records=("train_programs_new_p",))
             sc = sc[sc.record == "train_programs_new_p"]
             per = ", ".join(f"P={r.programs}: {r.median_abs_error:.0%}" for r in sc.itertuples() if r.programs)
             allp = sc[sc.programs == 0].iloc[0]
