@@ -280,8 +280,8 @@ RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_proce
 # read before the first burst: no read wait behind the stores inside any timed burst), in place of the machine
 # folder's own burst_train, whose every burst carries the legacy read (session 22). Same model as the rung named
 # before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
-RUNG_TRAINS = {"stage_clean": "train_s20_preload", "gpc_drain_clean": "train_s20_preload",
-               "free_store": "train_s20_preload"}
+TRAIN_CLEAN = "train_s20_preload"   # session 22 (S20-2): the fitted seed-0 family recorded with the clean kernel
+RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free_store": TRAIN_CLEAN}
 # parameters a rung holds fixed beyond STAGE_PARAMS: free_store's bound F on what free entries may hold beyond a
 # program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB; the
 # clean trains score alike for F = 8-128 KiB at f = 2, lab notebook, session 23), not fitted

@@ -2074,7 +2074,7 @@ def stage_rescored(arbitration: str, link: str = "host", base_rung: str = "stage
     return pd.DataFrame([row]), per_p.rename_axis(columns=None).reset_index()
 
 
-TRAIN_CLEAN = "train_s20_preload"   # session 22 (S20-2): the fitted seed-0 family recorded with the clean kernel
+from .fit import TRAIN_CLEAN  # noqa: E402  (one name for the clean record of the fitted trains)
 
 
 def heldout_on_record(rung: str = "stage", link: str = "host", sub: str = TRAIN_CLEAN, folds=None,
@@ -2231,7 +2231,6 @@ def readme_stage_markdown() -> str:
         newp = data.machine_dir(machine) / "train_programs_new_p"
         if link == "host" and data.paths(newp, data.BURST_TRAIN)[0].is_file():
             sc = scores_by_programs(link, machine, records=("train_programs_new_p",))
-            sc = sc[sc.record == "train_programs_new_p"]
             per = ", ".join(f"P={r.programs}: {r.median_abs_error:.0%}" for r in sc.itertuples() if r.programs)
             allp = sc[sc.programs == 0].iloc[0]
             rows.append(f"| {name} | trains at program counts never recorded elsewhere (data/{machine}/"
