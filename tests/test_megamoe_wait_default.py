@@ -5,7 +5,8 @@ import pytest
 
 from xstage import data
 from xstage import moe_plan as MP
-from xstage.model import BurstGapParams, load_params
+from xstage import fit
+from xstage.model import BurstGapParams, params_from_dict
 
 
 def test_dynamic_default_is_the_walk_and_records_name_theirs():
@@ -27,13 +28,15 @@ QWEN_HOT = "qwen3_235b_T8192_hot"
 def _lists(wait):
     """fp8 Qwen3 T8192 hot, rank 0 of 2 (BM 128 in tiles versions 4 and 5): each list's compute-only time over
     Expert-Wave's under ``wait`` (the rate calibrated on the recorded Expert-Wave time), and model_guided's choice
-    for the host link (its fitted stage model) with that wait model."""
+    for the host link (the stage model those records were made with) with that wait model."""
     c = MP.cases_by_name([QWEN_HOT])[0]
     s, tiles, n = c.shape, MP.gpu_tiles("fp8", 128), 132
     ew, remote = MP._recorded_task_list(c, 2, 0, tiles, n, "expert_wave", "swizzle=8")
     rate = MP.calibrate_rate(ew, s.hidden, s.intermediate, tiles, n, 3.54, "dynamic", wait=wait)
-    # the stall model those records chose with (issuers; the default since session 15 is round_shared)
-    cost = MP.CostModel(load_params(data.machine_dir("h200x1"), "host"), rate, n, 2, "dynamic", wait, stall="issuers")
+    # the host model and the stall model those records chose with: rung stage (the host link's full model through
+    # session 23; free_store since) and issuers (the default since session 15 is round_shared)
+    host = params_from_dict(fit.read_stage_fit(data.machine_dir("h200x1"), "host", "stage")["params"])
+    cost = MP.CostModel(host, rate, n, 2, "dynamic", wait, stall="issuers")
     none = np.zeros_like(remote)
     t = {}
     for par in ("swizzle=8", "lag=66,group=2,swizzle=8", "lag=132,group=2,swizzle=8"):

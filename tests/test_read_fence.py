@@ -60,7 +60,8 @@ def test_an_all_false_fence_is_no_fence_and_sync_rows_never_fence():
     first = np.nanmin(s0[:2, :, 4], axis=1)[:, None, None]          # until the first program reaches a fence
     before = e0[:2, :, :4] <= first
     assert before.sum() > 20 and np.array_equal(e0[:2, :, :4][before], e1[:2, :, :4][before])
-    assert (np.nanmedian(e1[:2, :, 4] - s1[:2, :, 4]) >= np.nanmedian(e0[:2, :, 4] - s0[:2, :, 4]))
+    # (to rounding: the same wait measured from another start time differs in its last bits)
+    assert (np.nanmedian(e1[:2, :, 4] - s1[:2, :, 4]) >= np.nanmedian(e0[:2, :, 4] - s0[:2, :, 4]) * (1 - 1e-12))
 
 
 def test_bad_fences_are_refused():
@@ -216,7 +217,7 @@ def test_heldout_on_record_scores_folds_on_the_clean_record():
     trains = np.flatnonzero((obs.cfgs.kind == "train").to_numpy())
     h, per = studies.heldout_on_record(folds=[{"params": prm, "span_overhead_ns": f["span_overhead_ns"],
                                               "test": trains}])
-    _, want = studies.score_trains(H / studies.TRAIN_CLEAN, "host")
+    _, want = studies.score_trains(H / studies.TRAIN_CLEAN, "host", prm=prm)
     got = per.set_index("programs").loc["all"]
     assert got.bursts == want.bursts.iloc[0]
     assert abs(got.median_abs_error - want.median_abs_error.iloc[0]) < 0.01

@@ -256,18 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--link", choices=("nvlink", "host"), default=None,
                     help="nvlink: the remote target; host: pinned host memory (default: the one recorded)")
     fi.add_argument("--write", action="store_true",
-                    help="write the fit to <data>/stage_fit_<link>.json.gz (what load_params and notebooks read)")
+                    help="write the fit to <data>/stage_fit_<link>[_<rung>].json.gz (the full model's: what load_params and "
+                         "notebooks read)")
     fi.add_argument("--drop-legacy-reads", action="store_true",
                     help="leave out the train bursts whose times hold the legacy kernel's parameter read (bursts 4, "
                          "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
                                         "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share",
                                         "stage_clean", "gpc_drain_clean", "free_store"),
-                    default="stage",
-                    help="the ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
+                    default=None,
+                    help="default: the link's full model (xstage.fit.FULL_RUNG: NVLink stage, host free_store), "
+                         "written as stage_fit_<link>.json.gz; every other rung as stage_fit_<link>_<rung>.json.gz. "
+                         "The ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
                          "pool (+ the stall: a filled stage keeps part of its capacity until it empties), "
-                         "stage (the full model: every program's own store slots beside a shared part), "
+                         "stage (every program's own store slots beside a shared part; NVLink's full model, and the "
+                         "host link's until session 24), "
                          "tpc (a candidate: stage with drain shares by placement, each TPC an equal share), "
                          "processes (a candidate: stage fitted to other calls' and processes' records too), "
                          "gpc (a candidate: stage with drain shares by GPC, each occupied GPC an equal share), "
@@ -281,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "caps overcommitting it; the stores of programs not issuing drain first), "
                          "pool_share (a candidate: an issuing program's room beyond its own slots capped at its share "
                          "of C_0), stage_clean / gpc_drain_clean (stage / gpc_drain fitted to the trains as the clean "
-                         "kernel recorded them, host: fit.RUNG_TRAINS), free_store (a candidate: gpc_drain_clean whose "
-                         "programs' first f KiB of every burst enter the stage at once, f fitted)")
+                         "kernel recorded them, host: fit.RUNG_TRAINS), free_store (the host link's full model since "
+                         "session 24: gpc_drain_clean whose programs' first f KiB of every burst enter the stage at "
+                         "once, f fitted)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

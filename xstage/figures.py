@@ -1462,12 +1462,14 @@ def program_favour(per_sm: pd.DataFrame, favoured: float = 1.2, link: str = "hos
 def stage_parity(fits: dict) -> go.Figure:
     """Held-out prediction vs measurement for every (observation, burst) of each link's full stage model, one
     panel per link, coloured by kind of record. Traces: per (link, kind)."""
-    links = [l for l in ("nvlink", "host") if (l, "stage") in fits]
+    from .fit import full_rung
+
+    links = [l for l in ("nvlink", "host") if (l, full_rung(l)) in fits]
     fig = make_subplots(rows=1, cols=len(links), subplot_titles=[_LINK_NAME[l] for l in links],
                         horizontal_spacing=0.1)
     shown = set()
     for c, link in enumerate(links, 1):
-        t = fits[(link, "stage")]["heldout_table"]
+        t = fits[(link, full_rung(link))]["heldout_table"]
         for kind in ("sync", "free", "train"):
             g = t[t.kind == kind]
             if g.empty:

@@ -223,7 +223,8 @@ STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_
                 "base_capacity_kib", "spread", "stalled_fraction", "overhead_ns", "span_overhead_ns"]
 STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
                "capacity_per_program_kib": "KiB/program", "base_capacity_kib": "KiB", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
-               "span_overhead_ns": "ns", "pool_share_exponent": "1", "free_kib": "KiB/program"}
+               "span_overhead_ns": "ns", "pool_share_exponent": "1", "free_kib": "KiB/program",
+               "free_cap_kib": "KiB/program"}
 # (low, high) of each parameter; log-spaced except the fractions (logit)
 STAGE_BOUNDS = {"issue_ns_per_kib": (0.5, 500.0), "drain_gbps": (1.0, 5000.0), "capacity_kib": (16.0, 1e6),
                 "capacity_per_program_kib": (0.5, 1e5), "base_capacity_kib": (1.0, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
@@ -286,6 +287,18 @@ RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free
 # program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB; the
 # clean trains score alike for F = 8-128 KiB at f = 2, lab notebook, session 23), not fitted
 RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}}
+# the full model of each link: the fit written as stage_fit_<link>.json, what xstage.model.load_params, the notebooks,
+# the README and MegaMoE's cost model read. NVLink: rung "stage" (every program's own slots beside a shared part).
+# The host link since session 24: rung "free_store" (the per-GPC drain with free entries, fitted on the clean trains),
+# by the rule written before the switch (lab notebook, session 23: its folds held out by train <= 10 % on clean
+# trains, 9.6 %, and better than rung "stage" on every clean never-fitted train record). Rung "stage" of the host
+# link (the full model of sessions 6-23) is written beside it as stage_fit_host_stage.json.
+FULL_RUNG = {"nvlink": "stage", "host": "free_store"}
+
+
+def full_rung(link: str, rung: str | None = None) -> str:
+    """``rung``, or where it is None the link's full model (:data:`FULL_RUNG`)."""
+    return FULL_RUNG.get(link, "stage") if rung is None else rung
 
 
 @dataclass
@@ -590,11 +603,13 @@ def measured_drain(folder, link: str) -> dict | None:
 DRAIN_RECORD = "drain_programs"
 
 
-def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 5, seed: int = 0,
+def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: int = 5, seed: int = 0,
               max_nfev: int = 40, measured: dict | None = None, start: dict | None = None) -> StageFit:
     """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors.
     ``measured``: {parameter: (value, low, high)} measured directly (e.g. :func:`measured_drain`): fixed, with
-    that interval. ``start``: starting values (e.g. the rung below's fit) instead of the link's read-off ones."""
+    that interval. ``start``: starting values (e.g. the rung below's fit) instead of the link's read-off ones.
+    ``rung`` None: the link's full model (:data:`FULL_RUNG`)."""
+    rung = full_rung(link, rung)
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
     measured = measured or {}
@@ -651,9 +666,11 @@ def fit_stage(obs: Observations, link: str, rung: str = "stage", k_folds: int = 
     return StageFit(link, rung, prm, so, lo, hi, table, heldout, obs.sources)
 
 
-def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5, drop_legacy_reads: bool = False) -> StageFit:
-    """Fit a rung to a machine folder's records of ``link``; a drain measured directly there is fixed.
-    ``drop_legacy_reads``: see :func:`observations`."""
+def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5, drop_legacy_reads: bool = False
+             ) -> StageFit:
+    """Fit a rung (None: the link's full model, :data:`FULL_RUNG`) to a machine folder's records of ``link``; a
+    drain measured directly there is fixed. ``drop_legacy_reads``: see :func:`observations`."""
+    rung = full_rung(link, rung)
     obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), drop_legacy_reads=drop_legacy_reads,
                        trains=RUNG_TRAINS.get(rung))
     d = measured_drain(folder, link)
@@ -678,13 +695,14 @@ def fit_link(folder, link: str, rung: str = "stage", k_folds: int = 5, drop_lega
     return res
 
 
-def refit_folds(obs: Observations, values: dict, link: str, rung: str = "stage", measured: dict | None = None,
+def refit_folds(obs: Observations, values: dict, link: str, rung: str | None = None, measured: dict | None = None,
                 k_folds: int = 5, seed: int = 0, max_nfev: int = 40) -> list[dict]:
     """The held-out folds of a fit refitted as :func:`fit_stage` fits them: the same fold assignment (by train name,
     ``seed``), the same start (``values``: the fit's parameters and span_overhead_ns, e.g. StageFit.values()), the
     same evaluations (``max_nfev`` as the fit was given) and ``measured`` fixed. Per fold {"params": StageParams,
     "span_overhead_ns", "test": indices of the held-out configurations}: what scores another arbitration held out
-    by train without refitting it (studies.stage_rescored)."""
+    by train without refitting it (studies.stage_rescored). ``rung`` None: the link's full model."""
+    rung = full_rung(link, rung)
     measured = measured or {}
     free = [k for k in RUNGS[rung] if k not in measured]
     values = {**values, **{k: v[0] for k, v in measured.items()}}
@@ -706,10 +724,11 @@ def refit_folds(obs: Observations, values: dict, link: str, rung: str = "stage",
     return out
 
 
-def fold_params(folder, link: str, rung: str = "stage", k_folds: int = 5) -> tuple[Observations, list[dict]]:
-    """:func:`refit_folds` of a written fit (:func:`read_stage_fit` of ``rung``, made by :func:`fit_link`: its
-    records, the drain measured directly fixed). Returns the observations and the folds. Minutes for the full model
-    (its 5 folds reproduce the written held-out table to its 0.1 ns rounding)."""
+def fold_params(folder, link: str, rung: str | None = None, k_folds: int = 5) -> tuple[Observations, list[dict]]:
+    """:func:`refit_folds` of a written fit (:func:`read_stage_fit` of ``rung``, None: the full model; made by
+    :func:`fit_link`: its records, the drain measured directly fixed). Returns the observations and the folds.
+    Minutes for the full model (its 5 folds reproduce the written held-out table to its 0.1 ns rounding)."""
+    rung = full_rung(link, rung)
     f = read_stage_fit(folder, link, rung)
     obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), trains=RUNG_TRAINS.get(rung))
     d = measured_drain(folder, link)
@@ -736,12 +755,17 @@ def stage_summary(res: StageFit) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def stage_fit_name(link: str, rung: str = "stage") -> str:
-    return STAGE_FIT_FILE.format(link=link) if rung == "stage" else f"stage_fit_{link}_{rung.replace('(P)', '_p')}.json"
+def stage_fit_name(link: str, rung: str | None = None) -> str:
+    """The file of ``rung``'s fit of ``link``: stage_fit_<link>.json for the link's full model (:data:`FULL_RUNG`;
+    ``rung`` None), stage_fit_<link>_<rung>.json for every other rung."""
+    rung = full_rung(link, rung)
+    return (STAGE_FIT_FILE.format(link=link) if rung == full_rung(link)
+            else f"stage_fit_{link}_{rung.replace('(P)', '_p')}.json")
 
 
-def read_stage_fit(folder, link: str, rung: str = "stage") -> dict:
-    """A written fit (:func:`write_stage_fit`) with its tables as DataFrames; ValueError when absent/stale."""
+def read_stage_fit(folder, link: str, rung: str | None = None) -> dict:
+    """A written fit (:func:`write_stage_fit`; ``rung`` None: the link's full model) with its tables as DataFrames;
+    ValueError when absent, stale, or of another rung than its name says."""
     from pathlib import Path
 
     from .model import read_fit
@@ -749,6 +773,10 @@ def read_stage_fit(folder, link: str, rung: str = "stage") -> dict:
     obj = read_fit(Path(folder) / stage_fit_name(link, rung), link)
     if obj.get("kind") != "stage_fit" or obj.get("version") != STAGE_FIT_VERSION:
         raise ValueError(f"{folder}/{stage_fit_name(link, rung)} is not a v{STAGE_FIT_VERSION} stage fit")
+    if obj.get("rung", "stage") != full_rung(link, rung):
+        raise ValueError(f"{folder}/{stage_fit_name(link, rung)} holds rung {obj.get('rung')!r}, not "
+                         f"{full_rung(link, rung)!r}: refit (xstage fit --data {folder} --link {link} --rung "
+                         f"{full_rung(link, rung)} --write)")
     obj["table"] = pd.DataFrame(obj["table"])
     obj["heldout_table"] = pd.DataFrame(obj["heldout_table"])
     for t in (obj["table"], obj["heldout_table"]):

@@ -1349,7 +1349,8 @@ def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> di
 # pair, the host link (pinned host memory over PCIe) on one H200.
 LINK_MACHINES = {"nvlink": "h200x2", "host": "h200x1"}
 LINK_TARGET = {"nvlink": "remote", "host": "host"}
-RUNG_ORDER = ("fluid", "capacity(P)", "shares", "pool", "stage")
+RUNG_ORDER = ("fluid", "capacity(P)", "shares", "pool", "stage", "free_store")   # the ladder; each link's full model
+# is fit.FULL_RUNG's (NVLink: stage; the host link since session 24: free_store, the rung after stage)
 
 
 def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
@@ -1364,8 +1365,9 @@ def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.Da
 
 def stage_fits(links=("nvlink", "host"), rungs=RUNG_ORDER) -> dict:
     """The written fits (data/<machine>/stage_fit_<link>[_<rung>].json) of every link and rung that exists:
-    {(link, rung): fit dict with its tables}. A missing rung is left out; a missing full fit is an error."""
-    from .fit import read_stage_fit
+    {(link, rung): fit dict with its tables}. A missing rung is left out; a missing full fit (fit.FULL_RUNG) is an
+    error."""
+    from .fit import full_rung, read_stage_fit
 
     out = {}
     for link in links:
@@ -1373,7 +1375,7 @@ def stage_fits(links=("nvlink", "host"), rungs=RUNG_ORDER) -> dict:
             try:
                 out[(link, rung)] = read_stage_fit(data.machine_dir(LINK_MACHINES[link]), link, rung)
             except ValueError:
-                if rung == "stage":
+                if rung == full_rung(link):
                     raise
     return out
 
@@ -1393,15 +1395,16 @@ def stage_errors(fits: dict, min_ns: float = 1000.0) -> pd.DataFrame:
 
 
 def stage_params(fits: dict) -> pd.DataFrame:
-    """The full model's parameters per link with their 95 % intervals."""
-    from .fit import STAGE_PARAMS, STAGE_UNITS
+    """The full model's parameters per link (fit.FULL_RUNG) with their 95 % intervals: the stage parameters, then
+    the rung's own (host: free entries f, fitted, and their bound F, fixed: equal ends)."""
+    from .fit import RUNG_FIXED, STAGE_UNITS, _rung_params, full_rung
 
     rows = []
     for (link, rung), f in fits.items():
-        if rung != "stage":
+        if rung != full_rung(link):
             continue
         vals = {**f["params"], "span_overhead_ns": f["span_overhead_ns"]}
-        for k in STAGE_PARAMS:
+        for k in (*_rung_params(rung), *RUNG_FIXED.get(rung, {})):
             rows.append(dict(link=link, parameter=k, value=vals[k], ci95_low=f["ci95_low"][k],
                              ci95_high=f["ci95_high"][k], unit=STAGE_UNITS[k]))
     return pd.DataFrame(rows)
@@ -2025,16 +2028,16 @@ def stage_candidates(link: str = "host", records=LEGACY_SCORED_RECORDS) -> pd.Da
     held-out-by-train median |error| of its fit (trains, free-running, synchronised) and its median |error| on each
     never-fitted train record of ``records`` (:data:`LEGACY_SCORED_RECORDS` by default, or the clean re-records
     :data:`CLEAN_SCORED_RECORDS`; bursts >= 1 us). Minutes: every rung predicts every record."""
-    from .fit import RUNG_TRAINS, read_stage_fit, stage_fit_name
+    from .fit import RUNG_TRAINS, full_rung, read_stage_fit, stage_fit_name
     from .model import fit_file, params_from_dict
 
     folder = data.machine_dir(LINK_MACHINES[link])
     rows = []
-    for rung in ("stage", *CANDIDATE_RUNGS):
+    for rung in dict.fromkeys((full_rung(link), "stage", *CANDIDATE_RUNGS)):
         if not fit_file(folder / stage_fit_name(link, rung)).is_file():
             continue
         f = read_stage_fit(folder, link, rung)
-        row = {"rung": rung, "arbitration": f["params"].get("arbitration", "pool"),
+        row = {"rung": rung, "full": rung == full_rung(link), "arbitration": f["params"].get("arbitration", "pool"),
                "fitted_trains": RUNG_TRAINS.get(rung, "burst_train")}   # clean or legacy: the held-out trains too
         row.update({f"heldout_{k}": v["median_abs_error"] for k, v in f["heldout"].items()})
         sc = scores_by_programs(link, prm=params_from_dict(f["params"]), records=records)
@@ -2192,10 +2195,13 @@ def readme_stage_markdown() -> str:
     """The README's table of the link measurements and the stage model, derived from the recorded data and the
     written fits (the same functions the notebooks use): peak bandwidth per link, the parameters with 95 %
     intervals, held-out errors per kind of record, and the onset measured / predicted."""
+    from .fit import RUNG_TRAINS, full_rung
+
     fits = stage_fits()
     rows = ["| link (machine) | quantity | value | from |", "| --- | --- | --- | --- |"]
     for link, machine in LINK_MACHINES.items():
         target = LINK_TARGET[link]
+        full = fits[(link, full_rung(link))]
         name = f"{'NVLink peer' if link == 'nvlink' else 'host link (PCIe)'} ({machine})"
         bw, _ = bandwidth_data("recorded", machine)
         best = bandwidth_summary(bw)
@@ -2208,17 +2214,23 @@ def readme_stage_markdown() -> str:
         fmt = {"issue_ns_per_kib": ("issue", "ns/KiB/program", ".3g"), "drain_gbps": ("drain D", "GB/s", ".4g"),
                "capacity_kib": ("C_max", "KiB", ".4g"), "capacity_per_program_kib": ("c_p", "KiB/program", ".3g"),
                "base_capacity_kib": ("C_0", "KiB", ".3g"),
-               "spread": ("arbitration spread", "", ".3f"), "stalled_fraction": ("stall phi", "", ".3f")}
-        vals = "; ".join(f"{lab} {p.value[k]:{f}}{(' ' + u) if u else ''} ({p.ci95_low[k]:{f}}-{p.ci95_high[k]:{f}})"
-                         for k, (lab, u, f) in fmt.items())
-        arb = fits[(link, "stage")]["params"].get("arbitration", "pool")
-        rows.append(f"| {name} | stage model (95 % CI; the stage shared as {_ARB_LABEL[arb]}) | {vals} | `xstage fit "
-                    f"--data data/{machine} --link {link} --write` |")
-        e = stage_errors({(link, "stage"): fits[(link, "stage")]})
+               "spread": ("arbitration spread", "", ".3f"), "stalled_fraction": ("stall phi", "", ".3f"),
+               "free_kib": ("free entries f", "KiB/program", ".3g"), "free_cap_kib": ("their bound F (fixed)",
+                                                                                    "KiB/program", ".3g")}
+        vals = "; ".join(f"{lab} {p.value[k]:{f}}{(' ' + u) if u else ''} "
+                         f"({p.ci95_low[k]:{f}}-{p.ci95_high[k]:{f}})" if p.ci95_low[k] < p.ci95_high[k] else
+                         f"{lab} {p.value[k]:{f}}{(' ' + u) if u else ''}"
+                         for k, (lab, u, f) in fmt.items() if k in p.index)
+        arb = full["params"].get("arbitration", "pool")
+        trains = RUNG_TRAINS.get(full_rung(link))
+        fitted = f"; its trains as the clean kernel recorded them, data/{machine}/{trains}/" if trains else ""
+        rows.append(f"| {name} | stage model, rung {full_rung(link)} (95 % CI; the stage shared as {_ARB_LABEL[arb]}"
+                    f"{fitted}) | {vals} | `xstage fit --data data/{machine} --link {link} --write` |")
+        e = stage_errors({(link, full_rung(link)): full})
         errs = "; ".join(f"{_KIND_LABEL[r.kind]} {r.median_abs_error:.1%} (p90 {r.p90_abs_error:.0%})"
                          for r in e.itertuples())
         rows.append(f"| {name} | held-out (by train) median \\|error\\|, bursts >= 1 us | {errs} | notebook 02 |")
-        on = onset_model_vs_measured(fits[(link, "stage")])
+        on = onset_model_vs_measured(full)
         ons = ", ".join(f"P={int(r.programs)}: {r.measured_onset_kib:g} / {r.model_onset_kib:g}" for r in on.itertuples()
                         if r.programs >= 16)
         rows.append(f"| {name} | onset of backpressure, KiB per program, measured / model | {ons} | notebook 02 |")
@@ -2236,6 +2248,12 @@ def readme_stage_markdown() -> str:
             rows.append(f"| {name} | trains at program counts never recorded elsewhere (data/{machine}/"
                         f"train_programs_new_p/, never fitted) | median \\|error\\| {allp.median_abs_error:.1%} (p90 "
                         f"{allp.p90_abs_error:.0%}); {per} | notebook 02 |")
+        clean = scores_by_programs(link, machine, records=CLEAN_SCORED_RECORDS) if link == "host" else None
+        if clean is not None and len(clean):
+            per = ", ".join(f"{r.record} {r.median_abs_error:.1%} (p90 {r.p90_abs_error:.0%})"
+                            for r in clean[clean.programs == 0].itertuples())
+            rows.append(f"| {name} | never-fitted train records made with the clean kernel (data/{machine}/<record>/: "
+                        f"no parameter read inside a timed burst) | median \\|error\\|: {per} | notebook 02 |")
         if data.paths(data.machine_dir(machine) / TRAIN_PROGRAMS, data.BURST_PROGRAM)[0].is_file():
             _, fav = program_favour(train_programs_data(machine)[0], link)
             favs = ", ".join(f"P={r.programs}: {r.favoured_share:.0%} (up to {r.favour_max:.2f}x; persists "
@@ -2248,7 +2266,8 @@ def readme_stage_markdown() -> str:
 
 
 _KIND_LABEL = {"sync": "synchronised", "free": "free-running regular", "train": "irregular trains"}
-_ARB_LABEL = {"pool": "one pool", "slots": "per-program slots beside a shared C_0"}
+_ARB_LABEL = {"pool": "one pool", "slots": "per-program slots beside a shared C_0",
+              "gpc_drain": "per-program slots beside a shared C_0, the drain shared equally per GPC holding stores"}
 
 
 # ----------------------------------------------------------------- MegaMoE on one GPU: GEMMs and order cost
