@@ -239,9 +239,10 @@ HOST_KERNEL_DRAIN_GBPS = 44.0
 
 
 def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, wait: str | None = None,
-                 stall: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 stall: str | None = None, prm=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The cost model (``moe_plan.repredict``) on a recorded host-link sweep (schema ``megamoe``) with the stage
-    parameters it recorded (its sidecar's ``prm``), the drain rate replaced by ``drain_gbps`` when given (the
+    parameters it recorded (its sidecar's ``prm``; or ``prm``, e.g. the host link's full model now,
+    ``xstage.model.load_params``), the drain rate replaced by ``drain_gbps`` when given (the
     combine's measured rate), wait model ``wait`` and stall model ``stall`` (None: the record's own,
     moe_plan.record_wait / record_stall). Returns (per configuration and schedule: measured and
     predicted speedup over Expert-Wave and the model's error; per dtype and schedule: configurations, the share
@@ -252,9 +253,10 @@ def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, 
     from .studies import MODEL_TOLERANCE, repredicted_speedups
 
     p = meta.get("params", {})
-    if "prm" not in p:
-        raise ValueError("the record's sidecar holds no prm (the parameters the sweep predicted with)")
-    prm = params_from_dict(p["prm"])
+    if prm is None:
+        if "prm" not in p:
+            raise ValueError("the record's sidecar holds no prm (the parameters the sweep predicted with)")
+        prm = params_from_dict(p["prm"])
     if drain_gbps is not None:
         if not (np.isfinite(drain_gbps) and drain_gbps > 0):
             raise ValueError(f"drain_gbps must be positive, got {drain_gbps}")
