@@ -91,3 +91,44 @@ def test_bad_free_entries_are_refused():
     with pytest.raises(ValueError, match="needs every program's own stores"):
         _prm("pool", free_kib=2.0, free_cap_kib=32.0)
     assert replace(_prm(), free_kib=2.0, free_cap_kib=2.0).free_kib == 2.0
+
+
+def _random_free(rng, arbitration="gpc_drain", **kw):
+    """Random parameters with free entries (the host link's full model's form since session 24: rung free_store)."""
+    f = rng.uniform(0.5, 4.0)
+    d = dict(issue_ns_per_kib=rng.uniform(5, 60), drain_gbps=rng.uniform(20, 400), capacity_kib=rng.uniform(500, 20000),
+             capacity_per_program_kib=rng.uniform(2, 60), spread=rng.uniform(0.1, 0.9), overhead_ns=rng.uniform(0, 300),
+             stalled_fraction=rng.uniform(0.1, 1.0), base_capacity_kib=rng.uniform(0, 2000), link="test",
+             arbitration=arbitration, free_kib=f, free_cap_kib=rng.uniform(f, 64.0))
+    return StageParams(**{**d, **kw})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_full_models_laws_hold_with_free_entries(seed):
+    """The laws the issue asks of the model, for the full model's form (per-GPC drain, own slots, free entries): equal
+    shares and a synchronous start keep every program identical; a program alone issues at its rate beyond its free
+    f; a long gap makes every burst cost like the first; the bytes issued by T never exceed what the stage and the
+    programs' free bounds hold plus D * T."""
+    rng = np.random.default_rng(100 + seed)
+    b = (rng.integers(1, 160, 8) * 2048).astype(float)
+    g = rng.choice([0, 500, 3000, 30_000, 100_000], 8).astype(float)
+    prm = _random_free(rng, spread=0.0)
+    start, end, _ = simulate_stage(prm, [128], b[None], g[None], [False])      # 16 programs in each of the 8 GPCs
+    assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
+    assert np.allclose(end[0], end[0, :1], rtol=1e-9, atol=1e-6)
+    alone = _random_free(rng, drain_gbps=500.0, issue_ns_per_kib=25.0)         # r = 41 GB/s < D: never stalls
+    want = alone.overhead_ns + np.maximum(b - KIB * alone.free_kib, 0) * alone.issue_ns_per_kib / KIB
+    np.testing.assert_allclose(predict_train(alone, 1, b, g), want, rtol=1e-9)
+    same = np.full(6, rng.integers(8, 320) * 2048.0)
+    for p, sync in ((_random_free(rng), True), (_random_free(rng, spread=0.0), False)):
+        t = predict_train(p, 128, same, np.full(6, 1e9), sync=sync)
+        assert np.allclose(t, t[0], rtol=1e-6), (sync, t)
+    p = _random_free(rng)
+    P = int(rng.choice([16, 66, 132, 264]))
+    start, end, m = simulate_stage(p, [P], b[None], g[None], [False])
+    done = sorted((end[0, j, k], m[0, j] * b[k]) for j in range(end.shape[1]) for k in range(len(b))
+                  if np.isfinite(end[0, j, k]))
+    t = np.array([x[0] for x in done])
+    issued = np.cumsum([x[1] for x in done])
+    held = p.capacity_bytes(P) + P * KIB * p.free_cap_kib
+    assert np.all(issued <= held + p.drain_gbps * t + 1e-6 * issued)
