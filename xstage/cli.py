@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
                                         "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share",
-                                        "stage_clean", "gpc_drain_clean", "free_store"),
+                                        "stage_clean", "gpc_drain_clean", "free_store", "free_store_f2"),
                     default=None,
                     help="default: the link's full model (xstage.fit.FULL_RUNG: NVLink stage, host free_store), "
                          "written as stage_fit_<link>.json.gz; every other rung as stage_fit_<link>_<rung>.json.gz. "
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "of C_0), stage_clean / gpc_drain_clean (stage / gpc_drain fitted to the trains as the clean "
                          "kernel recorded them, host: fit.RUNG_TRAINS), free_store (the host link's full model since "
                          "session 24: gpc_drain_clean whose programs' first f KiB of every burst enter the stage at "
-                         "once, f fitted)")
+                         "once, f fitted), free_store_f2 (a candidate: free_store with f held at 2 KiB)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")

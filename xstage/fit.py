@@ -251,7 +251,8 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "pool_share": (*STAGE_PARAMS, "pool_share_exponent"),   # the one rung with a parameter of its own
          "stage_clean": tuple(STAGE_PARAMS),
          "gpc_drain_clean": tuple(STAGE_PARAMS),
-         "free_store": (*STAGE_PARAMS, "free_kib")}   # gpc_drain_clean + the first f KiB of a burst free
+         "free_store": (*STAGE_PARAMS, "free_kib"),   # gpc_drain_clean + the first f KiB of a burst free
+         "free_store_f2": tuple(STAGE_PARAMS)}        # free_store with f held at 2 KiB (RUNG_FIXED)
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
 # one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
@@ -265,11 +266,12 @@ RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("
                     ("capped", "host"): "capped", ("capped", "nvlink"): "capped",
                     ("pool_share", "host"): "pool_share", ("pool_share", "nvlink"): "pool_share",
                     ("stage_clean", "host"): "slots", ("gpc_drain_clean", "host"): "gpc_drain",
-                    ("free_store", "host"): "gpc_drain"}
+                    ("free_store", "host"): "gpc_drain", ("free_store_f2", "host"): "gpc_drain"}
 # the rung a candidate starts from (its parameters read the same way); others start from "pool"
 RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
               "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage", "pool_share": "stage",
-              "stage_clean": "stage", "gpc_drain_clean": "gpc_drain", "free_store": "gpc_drain_clean"}
+              "stage_clean": "stage", "gpc_drain_clean": "gpc_drain", "free_store": "gpc_drain_clean",
+              "free_store_f2": "free_store"}
 # rung "processes": the full model fitted to the train records of other calls and processes as well (under the
 # machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
 # (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
@@ -282,11 +284,14 @@ RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_proce
 # folder's own burst_train, whose every burst carries the legacy read (session 22). Same model as the rung named
 # before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
 TRAIN_CLEAN = "train_s20_preload"   # session 22 (S20-2): the fitted seed-0 family recorded with the clean kernel
-RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free_store": TRAIN_CLEAN}
+RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free_store": TRAIN_CLEAN,
+               "free_store_f2": TRAIN_CLEAN}
 # parameters a rung holds fixed beyond STAGE_PARAMS: free_store's bound F on what free entries may hold beyond a
 # program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB; the
 # clean trains score alike for F = 8-128 KiB at f = 2, lab notebook, session 23), not fitted
-RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}}
+# free_store_f2 (session 24): f held at 2 KiB, what the clean probes say (a 2 KiB probe passes a contended stage in
+# ~60 ns at every P: notebook 02, s24-full-host), where the trains' fit put it at 1.60 KiB
+RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}, "free_store_f2": {"free_kib": 2.0, "free_cap_kib": 32.0}}
 # the full model of each link: the fit written as stage_fit_<link>.json, what xstage.model.load_params, the notebooks,
 # the README and MegaMoE's cost model read. NVLink: rung "stage" (every program's own slots beside a shared part).
 # The host link since session 24: rung "free_store" (the per-GPC drain with free entries, fitted on the clean trains),
