@@ -69,4 +69,4 @@ def test_the_f2_candidate_holds_f_at_2_kib():
     f = fit.read_stage_fit(H, "host", "free_store_f2")
     assert f["params"]["free_kib"] == 2.0 and f["ci95_low"]["free_kib"] == f["ci95_high"]["free_kib"] == 2.0
     assert f["params"]["arbitration"] == "gpc_drain" and f["rung"] == "free_store_f2"
-    assert "free_store_f2" in studies.CANDIDATE_RUNGS and fit.full_rung("host") != "free_store_f2"
+    assert fit.full_rung("host") != "free_store_f2"
