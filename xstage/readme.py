@@ -173,13 +173,16 @@ def _host_sweep_cell(record: str) -> str | None:
         f"{x.within} within ±10 %)" for x in g.itertuples()) for dt, g in hs.groupby("dtype", sort=False))
 
 
-def _rescore_cell(record: str | None = None) -> str:
-    """A one-GPU host-link record's speedups within ±10 % per stall model (studies.megamoe_stall_rescore)."""
-    r = studies.megamoe_stall_rescore(*(() if record is None else (record,)))
-    tot = r.groupby("stall", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
-                                             worst=("worst_abs_error", "max"))
-    return ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (worst \\|error\\| {x.worst:.0%})"
-                     for st, x in tot.iterrows())
+def _rescore_cell(record: str | None = None, r=None, by: str = "stall", median: bool = False) -> str:
+    """A one-GPU host-link record's speedups within ±10 % per stall model (studies.megamoe_stall_rescore), or of the
+    given table ``r`` per ``by``; ``median``: the median |error| too."""
+    if r is None:
+        r = studies.megamoe_stall_rescore(*(() if record is None else (record,)))
+    tot = r.groupby(by, sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
+                                        med=("median_abs_error", "median"), worst=("worst_abs_error", "max"))
+    return ", ".join(f"{st} **{int(x.within)}** of {int(x.configs)} (" + (f"median \\|error\\| {x.med:.1%}, worst "
+                                                                       if median else "worst \\|error\\| ")
+                     + f"{x.worst:.0%})" for st, x in tot.iterrows())
 
 
 def _one_gpu_megamoe_round8_rows() -> list[str]:
@@ -356,15 +359,11 @@ def _one_gpu_megamoe_round14_rows() -> list[str]:
     rows.append(f"| MegaMoE, round 14, the host-link model held out (round_shared chosen before this record): "
                 f"speedups within ±10 % per stall model | {_rescore_cell(rec)} | "
                 f"`studies.megamoe_stall_rescore(\"{rec}\")`, notebook 03 |")
-    fm = studies.megamoe_host_full_model(rec)
-    tot = fm.groupby("model", sort=False).agg(within=("within", "sum"), configs=("configs", "sum"),
-                                              med=("median_abs_error", "median"), worst=("worst_abs_error", "max"))
     rows.append(f"| MegaMoE, round 14 re-predicted with the host link's full model now (rung "
                 f"{full_rung('host')}, session 24) beside the parameters the sweep recorded (rung stage), "
-                f"stall model round_shared: speedups within ±10 % | " + ", ".join(
-                    f"{m} **{int(x.within)}** of {int(x.configs)} (median \\|error\\| {x.med:.1%}, worst "
-                    f"{x.worst:.0%})" for m, x in tot.iterrows()) + f" | `studies.megamoe_host_full_model(\"{rec}\")`, "
-                f"notebook 03 |")
+                f"stall model round_shared: speedups within ±10 % | "
+                f"{_rescore_cell(r=studies.megamoe_host_full_model(rec), by='model', median=True)} | "
+                f"`studies.megamoe_host_full_model(\"{rec}\")`, notebook 03 |")
     try:
         d = studies.megamoe_run_drift(studies.megamoe_timed_runs(rec))
     except studies.NoRecordedData:

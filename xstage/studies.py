@@ -2775,41 +2775,43 @@ def megamoe_pair_processes(machine: str = "h200x1", sub: str = MEGAMOE_PAIR_PROC
     return pd.DataFrame(out)
 
 
-def megamoe_stall_rescore(record: str = MEGAMOE_ROUND12_HOST, stalls=MEGAMOE_STALL_MODELS_SCORED, prm=None
+def megamoe_stall_rescore(record: str = MEGAMOE_ROUND12_HOST, stalls=MEGAMOE_STALL_MODELS_SCORED, prms=None
                           ) -> pd.DataFrame:
     """A recorded one-GPU host-link sweep (data/h200x1/<record>) rescored under each stall model
-    (moe_round6.host_rescore: the record's stage parameters, or ``prm``, and its wait model): per stall model, dtype
-    and schedule the configurations, the share and count within +-10 % (MODEL_TOLERANCE), the median and worst
-    |error|. :class:`NoRecordedData` without the record."""
+    (moe_round6.host_rescore: the record's wait model, and its stage parameters or each of ``prms``, {name:
+    StageParams, a function returning one (called once the record is read), or None for the record's own}, default
+    {"recorded": None}): per model, stall model, dtype and
+    schedule the configurations, the share and count within +-10 % (MODEL_TOLERANCE), the median and worst |error|.
+    A stall model None is the record's own (named in the table). :class:`NoRecordedData` without the record."""
+    from .moe_plan import record_stall
     from .moe_round6 import host_rescore
 
     df, meta = megamoe_world_data("one-gpu", "host", record=record)
     out = []
-    for st in stalls:
-        sp, summ = host_rescore(df, meta, stall=st, prm=prm)
-        worst = sp.groupby(["dtype", "schedule"], sort=False).model_error.apply(lambda e: float(e.abs().max()))
-        summ = summ.assign(stall=st, within=(summ.within_10pct * summ.configs).round().astype(int),
-                           worst_abs_error=worst.reindex(pd.MultiIndex.from_frame(summ[["dtype", "schedule"]]))
-                           .to_numpy())
-        out.append(summ)
-    cols = ["stall", "dtype", "schedule", "configs", "within", "within_10pct", "median_abs_error", "worst_abs_error"]
+    for name, prm in (prms or {"recorded": None}).items():
+        prm = prm() if callable(prm) else prm
+        for st in stalls:
+            sp, summ = host_rescore(df, meta, stall=st, prm=prm)
+            worst = sp.groupby(["dtype", "schedule"], sort=False).model_error.apply(lambda e: float(e.abs().max()))
+            summ = summ.assign(model=name, stall=st or record_stall(meta), within=(summ.within_10pct * summ.configs).round().astype(int),
+                               worst_abs_error=worst.reindex(pd.MultiIndex.from_frame(summ[["dtype", "schedule"]]))
+                               .to_numpy())
+            out.append(summ)
+    cols = ["model", "stall", "dtype", "schedule", "configs", "within", "within_10pct", "median_abs_error",
+            "worst_abs_error"]
     return pd.concat(out, ignore_index=True)[cols]
 
 
 def megamoe_host_full_model(record: str = MEGAMOE_ROUND14_HOST) -> pd.DataFrame:
     """A recorded one-GPU host-link sweep re-predicted with the host link's full model now (xstage.model.load_params;
     rung free_store since session 24, fit.FULL_RUNG) beside the stage parameters the sweep recorded, both under the
-    record's own stall and wait models (:func:`megamoe_stall_rescore`'s columns, ``model``: "recorded" / "full").
+    record's own stall and wait models (:func:`megamoe_stall_rescore`, ``model``: "recorded" / "full").
     The cost model reads the stage's capacities, stall and drain; free entries (f = 1.6 KiB per burst) are no part
     of it: a combine burst is a tile's rows, hundreds of KiB."""
     from .model import load_params
-    from .moe_plan import record_stall
 
-    _, meta = megamoe_world_data("one-gpu", "host", record=record)
-    st = (record_stall(meta),)
-    full = load_params(data.machine_dir(LINK_MACHINES["host"]), "host")
-    return pd.concat([megamoe_stall_rescore(record, st).assign(model="recorded"),
-                      megamoe_stall_rescore(record, st, prm=full).assign(model="full")], ignore_index=True)
+    full = lambda: load_params(data.machine_dir(LINK_MACHINES["host"]), "host")   # noqa: E731 (once the record is read)
+    return megamoe_stall_rescore(record, (None,), {"recorded": None, "full": full})
 
 
 def megamoe_pairs_line(df: pd.DataFrame, what: str = "host-link sweep") -> str:
