@@ -250,6 +250,25 @@ if AVAILABLE:
                             k_ready, v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M,
                             STAGES, NC)
 
+    # FA3 / FA4's warp-scheduler barriers (session 25, ``GluonConfig.named_pp``, label -nb): the consumers' turns in
+    # hardware named barriers (``bar.sync`` / ``bar.arrive``, 128 threads that wait + 128 that arrive), where -pp's
+    # turns are mbarriers (a try_wait spin in shared memory). Gluon 3.6 has no named-barrier op, so one PTX line per
+    # thread through inline asm over a [128] tensor of one element per thread (the partition's 4 warps). Ids from
+    # NB_BASE: Triton's warp specialisation takes 0 (the default partition), 1 (its start barrier) and one per
+    # worker partition from 2 (at most 2 .. 4 here); tests/test_attention_gluon.py checks the PTX's ids.
+    NB_BASE = gl.constexpr(8)
+
+    @gluon.jit
+    def _named_barrier(bar_id, ARRIVE: gl.constexpr):
+        one: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4], order=[0])
+        ids = gl.full([128], bar_id, gl.int32, layout=one)
+        if ARRIVE:
+            gl.inline_asm_elementwise("bar.arrive $1, 256;\n\tmov.u32 $0, 0;", "=r,r", [ids], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("bar.sync $1, 256;\n\tmov.u32 $0, 0;", "=r,r", [ids], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
     @gluon.jit
     def _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, acc, p_op,
                   m_i, l_i, zero_s, S, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
@@ -263,7 +282,14 @@ if AVAILABLE:
         slot = g % STAGES
         prev = (g - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-        if PINGPONG:   # FA3's ping-pong: the consumers issue their two GEMMs in turn (0, 1, .., NC - 1, 0, ..)
+        if PINGPONG == 2:   # -nb: FA4's order (its mma_one_n_block_intrawg_overlap): K ready, my turn, S_j, V ready,
+            # P_{j-1} V_{j-1}, the next consumer's turn
+            _named_barrier(NB_BASE + half, False)
+            s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
+            _named_barrier(NB_BASE + (half + 1) % NC, True)
+        elif PINGPONG:   # FA3's ping-pong: the consumers issue their two GEMMs in turn (0, 1, .., NC - 1, 0, ..)
             mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
             # consumer 0's first turn passes a fresh barrier (parity 1); every other turn waits for the
             # previous consumer's arrival after its issue
@@ -390,6 +416,9 @@ if AVAILABLE:
                      EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
                      NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False, out_table=None, rows_per_rank=0,
                      out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
+        if PINGPONG == 2:
+            if half == 0:   # consumer 0 takes the first turn (FA4's mma_init): its own barrier already holds 128
+                _named_barrier(NB_BASE, True)
         if PERSISTENT:
             it = 0
             for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
@@ -417,7 +446,8 @@ if AVAILABLE:
         """Warp-specialised: NC = BLOCK_M / 64 consumer warpgroups (2 or 3) of 64 rows each: the default partition
         (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
         loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
-        GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers).
+        GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers); PINGPONG 2
+        (-nb, session 25): the same turns in hardware named barriers NB_BASE .. NB_BASE + NC - 1, as FA4 does.
         FUSED: the Ulysses post-attention all-to-all in the epilogue (out_table: *int64 [P] every rank's out
         [Sl, H, D] base address; rows_per_rank Sl; out_row_stride H * D; out_head0 rank * Hl); o_desc unused.
         PERSISTENT (session 9): a grid of at most one CTA per SM, each walking tiles program_id, + num_programs,

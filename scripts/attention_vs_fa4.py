@@ -3,7 +3,7 @@ round 3): every variant checked (float32, the fused layer bit for bit), every sh
 float32 on sampled rows, then timed round-robin.
 
     [STUDY=gluon] OUT=... python3 scripts/attention_vs_fa4.py [deadline_s] [repeats] [launches]
-Records into $OUT/h200x1/attention_vs_fa4/ (copy into data/h200x1/attention_vs_fa4/); with STUDY=gluon (issue 14,
+Records into $OUT/$MACHINE/attention_vs_fa4/ (MACHINE defaults to h200x1; copy into data/h200x1/attention_vs_fa4/); with STUDY=gluon (issue 14,
 round 4) the Gluon rungs beside the Triton base rung (xstage.ulysses_ladder.FA4_GLUON_VARIANTS) into
 $OUT/h200x1/attention_vs_fa4_gluon/. Needs the extra fa4 for the
 FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ulysses_ladder.run_attention_vs_fa4.
@@ -11,7 +11,7 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS
+from xstage.ulysses_gluon import NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS
 from xstage.ulysses import UlyssesShape
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_SHAPES, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
@@ -44,12 +44,20 @@ STUDIES = {"": ("attention_vs_fa4", FA4_VARIANTS), "gluon": ("attention_vs_fa4_g
 STUDIES["gluon_shape"] = ("attention_gluon_shape",
                           {128: tuple(c for c in GLUON_NEXT[128] if c.label == "gluon-ws-128x128s2r232-ml")
                            + PERSISTENT_RUNGS[128][:1]})
+# gluon_nb (session 25): the ping-pong's turns in named barriers (-nb, FA4's warp-scheduler barriers) beside the same
+# turns in mbarriers (-pp), the fastest rungs without turns (ws -ml one CTA per tile and persistent; D = 64: 192 rows
+# -pp one CTA per tile and persistent) and the Triton base rungs; 8192 x 24 again last, as in gluon_lp
+_NB_BASE = _PE_BASE | {"gluon-ws-128x128s2r232-ml-pp"}
+STUDIES["gluon_nb"] = ("attention_vs_fa4_gluon_nb",
+                       {D: tuple(c for c in cs if c.label in _NB_BASE) + PERSISTENT_RUNGS[D][:1] + NAMED_RUNGS[D]
+                        for D, cs in GLUON_NEXT.items()})
 SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192, 24, 128),),
           "gluon_shape": (UlyssesShape("s8192_h24", 8_192, 24, 128), UlyssesShape("s8192_h48", 8_192, 48, 128),
                           UlyssesShape("s16384_h12", 16_384, 12, 128), UlyssesShape("s16384_h24", 16_384, 24, 128),
                           UlyssesShape("s32768_h6", 32_768, 6, 128), UlyssesShape("s32760_h6", 32_760, 6, 128),
                           UlyssesShape("s32640_h6", 32_640, 6, 128), UlyssesShape("s32768_h12", 32_768, 12, 128),
                           UlyssesShape("s8192_h24_again", 8_192, 24, 128))}
+SHAPES["gluon_nb"] = SHAPES["gluon_lp"]
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None
@@ -61,7 +69,8 @@ if __name__ == "__main__":
     record, variants = STUDIES[study]
     skip = {v for v in os.environ.get("SKIP_VARIANTS", "").split(",") if v}    # labels left out (a failed first look)
     variants = {D: tuple(c for c in cs if c.label not in skip) for D, cs in variants.items()}
-    out = os.path.join(os.environ["OUT"], "h200x1", record)
+    # the machine's folder: h200x1 unless MACHINE names another (session 25: an H100 is lent as well)
+    out = os.path.join(os.environ["OUT"], os.environ.get("MACHINE", "h200x1"), record)
     prefix = (f"STUDY={study} " if study else "") + (f"SKIP_VARIANTS={','.join(sorted(skip))} " if skip else "")
     csv = run_attention_vs_fa4(out, variants=variants, shapes=SHAPES.get(study), repeats=repeats, warmup=3,
                                launches=launches, deadline_s=deadline,

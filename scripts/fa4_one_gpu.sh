@@ -16,6 +16,10 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ...):
 #   72.3 MB of xz, three parts of 24,115,134 B (split -b 24115134); no separate wheel needed.
 #   (pip install --target of several wheels sharing nvidia_cutlass_dsl/ keeps them all: list every one.)
+#   Session 25 rebuilt it (the same 8 wheels): pip install --no-deps --no-compile --target <site> ..., then
+#   tar -C <site> --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -9: 67.4 MB, 2 parts of 33,710,204 B. The
+#   tracked tree is ~51 MB now (data/ ~47 MB), so those calls ran with data/ out of the index (git rm -r --cached
+#   data, /data/ in .git/info/exclude; restored with git reset -- data after): 4 MB of tree + a part per call.
 # Records: $OUT/h200x1/ulysses_fa_<link>/ (copy into data/h200x1/); logs: $OUT/logs/.
 set -u
 . "$(dirname "$0")/fa4_env.sh"     # SITE, PARTS, SHA, PYTHONPATH, NCCL / symmetric-memory settings

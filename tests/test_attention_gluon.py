@@ -223,6 +223,51 @@ def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
             assert (w1, wgmma) == rows[D, bm, pe, 0, 1], (D, bm, pe, lp)
 
 
+NAMED_COMPILE_CHECK = r"""
+import re
+from dataclasses import replace
+from xstage.ulysses_gluon import NAMED_RUNGS, compile_sm90, ptx_facts
+from xstage.kernels.attention_gluon import NB_BASE
+for D, cs in NAMED_RUNGS.items():
+    for c in cs:
+        for nb in (True, False):
+            for even in (True, False):
+                ptx = compile_sm90(replace(c, named_pp=nb), D, even_n=even).asm["ptx"]
+                f = ptx_facts(ptx)
+                syncs = len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx))
+                arrives = len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx))
+                fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
+                print("nb", D, c.block_m, int(c.persistent), int(nb), int(even), f["wait_group_1"], f["wgmma"],
+                      syncs, arrives, max(fixed), int(NB_BASE))
+"""
+
+
+def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers():
+    """The ping-pong's turns in named barriers (session 25, ``named_pp``, -nb): each consumer waits for its turn
+    with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
+    before its first tile: it takes the first turn), NC of each; the -pp kernel (mbarrier turns) has none; the same
+    overlapped waits and wgmma count as -pp; and Triton's own barriers (immediate ids) stay under NB_BASE, so the
+    turns cannot meet them. On every NAMED_RUNGS config, S % 128 == 0 and not."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", NAMED_COMPILE_CHECK], env=e, capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
+            if ln.startswith("nb ")}
+    assert len(rows) == 16, out.stdout
+    for (D, bm, pe, nb, even), (w1, wgmma, syncs, arrives, top, base) in rows.items():
+        nc = bm // 64
+        assert (syncs, arrives) == ((nc, nc + 1) if nb else (0, 0)), (D, bm, pe, nb, even, syncs, arrives)
+        assert top < base, (D, bm, pe, nb, top)
+        assert (w1, wgmma) == rows[D, bm, pe, 0, even][:2], (D, bm, pe, even)
+
+
 def _bf16(*shape, device="cpu"):
     g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
     return torch.randn(*shape, generator=g, device=device).bfloat16()
@@ -260,6 +305,7 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(128, 128, 4, 3, ws=True, persistent=True), 128, "shared memory for Q, the output"),
     (GluonConfig(128, 128, 8, 2, mask_last=True, peel_last=True), 128, "peel_last is a loop of the warp-specialised"),
     (GluonConfig(128, 128, 4, 2, ws=True, peel_last=True), 128, "needs mask_last=True"),
+    (GluonConfig(128, 128, 4, 2, ws=True, named_pp=True), 128, "needs pingpong=True"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
@@ -516,6 +562,44 @@ def test_peeled_last_block_matches_float32_and_the_branch_bit_for_bit(D, cfg, S,
 ], ids=lambda x: getattr(x, "label", str(x)))
 def test_peeled_last_block_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     """The fused Ulysses epilogue with the peeled last block, bit for bit against the same kernel alone + the
+    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
+    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.NAMED_RUNGS.items() for c in cs],
+                         ids=lambda x: getattr(x, "label", str(x)))
+@pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
+def test_named_barrier_pingpong_matches_float32_and_the_mbarrier_turns_bit_for_bit(D, cfg, S, H):
+    """The named-barrier turns (session 25, -nb) against float32 (one key block: no turn at all; two blocks;
+    several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with mbarrier turns (-pp: the same
+    arithmetic, only the order of the issues is kept differently), out and lse NaN-poisoned first."""
+    from dataclasses import replace
+
+    from xstage.numeric import check_bit_identical
+
+    _check_float32(D, cfg, S, H)
+    q, k, v = (_bf16(S, H, D, device="cuda") for _ in range(3))
+    outs = []
+    for c in (cfg, replace(cfg, named_pp=False)):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((H, S), float("nan"), device="cuda")
+        G.attention_forward(q, k, v, config=c, out=out, lse=lse)
+        outs.append((out, lse))
+    check_bit_identical(outs[0][0], outs[1][0], f"{cfg.label} out S={S}")
+    check_bit_identical(outs[0][1], outs[1][1], f"{cfg.label} lse S={S}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("D, cfg, S, H, P", [
+    (128, G.NAMED_RUNGS[128][0], 3000, 4, 2),        # one CTA per tile, Sl = 1500: tiles straddle
+    (128, G.NAMED_RUNGS[128][1], 12000, 8, 2),       # persistent: 376 tiles, turns carried across tiles
+    (64, G.NAMED_RUNGS[64][0], 3000, 4, 2),          # 192 rows, three consumers in turn
+    (64, G.NAMED_RUNGS[64][1], 12000, 16, 4),        # persistent, Sl = 3000
+], ids=lambda x: getattr(x, "label", str(x)))
+def test_named_barrier_pingpong_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
+    """The fused Ulysses epilogue with the named-barrier turns, bit for bit against the same kernel alone + the
     post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
     test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 

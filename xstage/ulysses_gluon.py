@@ -36,7 +36,9 @@ class GluonConfig:
     BLOCK_N keys per block, STAGES K/V ring slots. ``ws``: the warp-specialised kernel (a loader warp and two
     consumer warpgroups of num_warps = 4 warps, 64 rows each, sharing the K/V ring; BLOCK_M 128, or 192: three
     consumers, D = 64 only, as FA4 tiles D = 64), its consumers' registers raised to ``regs`` (setmaxnreg);
-    ``pingpong`` (ws only): the consumers issue their GEMMs in turn (FA3's ping-pong, ordered by mbarriers)."""
+    ``pingpong`` (ws only): the consumers issue their GEMMs in turn (FA3's ping-pong, ordered by mbarriers);
+    ``named_pp`` (with pingpong): the turns in hardware named barriers (bar.sync / bar.arrive), as FA4's Hopper kernel
+    orders them (its warp-scheduler barriers)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -49,11 +51,12 @@ class GluonConfig:
     pingpong: bool = False    # ws: the consumers' GEMMs issued in turn (session 8)
     persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer (session 9)
     peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop (session 10)
+    named_pp: bool = False    # ws, with pingpong: the turns in named barriers, not mbarriers (session 25)
 
     @property
     def label(self) -> str:
-        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-pe" if self.persistent else "") \
-            + ("-lp" if self.peel_last else "")
+        ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-nb" if self.named_pp else "") \
+            + ("-pe" if self.persistent else "") + ("-lp" if self.peel_last else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
@@ -83,6 +86,9 @@ class GluonConfig:
         elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
+        if self.named_pp and not self.pingpong:
+            raise ValueError("Gluon attention: named_pp puts the ping-pong's turns in named barriers; it needs "
+                             "pingpong=True")
         if self.peel_last and not self.mask_last:
             raise ValueError("Gluon attention: peel_last peels the masked last key block out of the loop; it needs "
                              "mask_last=True")
@@ -135,6 +141,16 @@ PEEL_RUNGS = {
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, peel_last=True)),
 }
 
+# session 25 (issue 14 item 3): the ping-pong's turns in hardware named barriers (``named_pp``, label -nb), FA4's
+# Hopper schedule (its warp-scheduler barriers; -pp's mbarrier turns lost 3-4 % at D = 128 in call U3), one CTA per
+# tile (as FA4 runs) and persistent
+NAMED_RUNGS = {
+    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, named_pp=True),
+          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, named_pp=True, persistent=True)),
+    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True),
+         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
+                     persistent=True)),
+}
 
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -244,7 +260,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     grid = (-(-S // config.block_m) * Hl,)
     if config.persistent:   # at most one CTA per SM (the ws tiles take more than half an SM's shared memory)
         grid = (min(grid[0], _sm_count(q.device)),)
-    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": config.pingpong}) \
+    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": pingpong_arg(config)}) \
         if config.ws else \
         (gluon_attention_kernel, {})
     ws_args = ()
@@ -266,6 +282,12 @@ def mask_last_arg(config: GluonConfig):
     """The kernels' MASK_LAST constexpr: False (every key block masked when S % BLOCK_N != 0), True (the last block
     only, a branch in the loop), 2 (ws, peel_last: the last block peeled out of the loop)."""
     return 2 if config.peel_last else config.mask_last
+
+
+def pingpong_arg(config: GluonConfig):
+    """The ws kernel's PINGPONG constexpr: False (no turns), True (-pp: turns in mbarriers), 2 (-nb: turns in named
+    barriers)."""
+    return 2 if config.named_pp else config.pingpong
 
 
 _SMS: dict = {}
@@ -401,7 +423,7 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     const["MASK_LAST"] = mask_last_arg(config)
     if config.ws:
         sig["PINGPONG"] = "constexpr"
-        const["PINGPONG"] = config.pingpong
+        const["PINGPONG"] = pingpong_arg(config)
         sig["FUSED"] = "constexpr"
         const["FUSED"] = fused
         sig["PERSISTENT"] = "constexpr"
