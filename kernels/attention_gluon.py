@@ -213,7 +213,8 @@ if AVAILABLE:
     @gluon.jit
     def _ws_loader_tile(it, tile, q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_m, n_blocks, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                        BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr):
+                        BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
+                        REVERSE: gl.constexpr = False):
         """The loader's work for this CTA's it-th tile: its Q (once every consumer is past the last tile's S
         GEMMs: ``q_empty``), then its K/V blocks into the ring; ring phases count blocks over the CTA's tiles."""
         h, off_m, col = _ws_tile(tile, n_m, HEAD_DIM, BLOCK_M)
@@ -228,27 +229,31 @@ if AVAILABLE:
             phase = ((g // STAGES) & 1) ^ 1          # a fresh barrier passes parity 1: the ring's first fill
             mbarrier.wait(k_empty.index(slot), phase)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [j * BLOCK_N, col], k_ready.index(slot), k_ring.index(slot))
+            if REVERSE:   # -rv: the key blocks last to first, the masked block (if any) first
+                row = (n_blocks - 1 - j) * BLOCK_N
+            else:
+                row = j * BLOCK_N
+            _tma_load(k_desc, [row, col], k_ready.index(slot), k_ring.index(slot))
             mbarrier.wait(v_empty.index(slot), phase)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [j * BLOCK_N, col], v_ready.index(slot), v_ring.index(slot))
+            _tma_load(v_desc, [row, col], v_ready.index(slot), v_ring.index(slot))
 
     @gluon.jit
     def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                    n_m, n_tiles, n_blocks, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr = 2,
-                   PERSISTENT: gl.constexpr = False):
+                   PERSISTENT: gl.constexpr = False, REVERSE: gl.constexpr = False):
         if PERSISTENT:   # this CTA's tiles: program_id, + num_programs, ...
             it = 0
             for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
                 _ws_loader_tile(it, tile, q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                 v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
-                                NC)
+                                NC, REVERSE)
                 it += 1
         else:
             _ws_loader_tile(0, gl.program_id(0), q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty,
                             k_ready, v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M,
-                            STAGES, NC)
+                            STAGES, NC, REVERSE)
 
     # FA3 / FA4's warp-scheduler barriers (session 25, ``GluonConfig.named_pp``, label -nb): the consumers' turns in
     # hardware named barriers (``bar.sync`` / ``bar.arrive``, 128 threads that wait + 128 that arrive), where -pp's
@@ -344,9 +349,21 @@ if AVAILABLE:
         s_tok = warpgroup_mma(q, k_ring.index(base % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(base % STAGES), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
+        if MASK_LAST == 3:
+            # -rv (session 25, FA4's order): the loader brings the key blocks last to first, so the only block with
+            # keys past S is this first one, outside the overlapped loop (masked here, whatever MASK_LAST's branch
+            # would do); every block of the loop is full and runs the unmasked step of S % BLOCK_N == 0
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, (n_blocks - 1) * BLOCK_N, S, qk_scale, s_layout, BLOCK_N,
+                                               EVEN_N, False)
+        else:
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        if MASK_LAST == 2 and not EVEN_N:
+        if MASK_LAST == 3:
+            for j in range(1, n_blocks):
+                acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
+                                                v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
+                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG)
+        elif MASK_LAST == 2 and not EVEN_N:
             # the last key block peeled (session 10, ``-lp``): the loop runs the unmasked step (the same code as
             # S % BLOCK_N == 0), the block holding the keys past S runs once after it, masked (none when
             # n_blocks == 1: block 0 above was the last, masked there). Same arithmetic as MASK_LAST = True, whose
@@ -498,7 +515,7 @@ if AVAILABLE:
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                                   k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
-                                  NC, PERSISTENT))], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+                                  NC, PERSISTENT, MASK_LAST == 3))], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
@@ -510,4 +527,4 @@ if AVAILABLE:
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                                   k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
-                                  NC, PERSISTENT))], [4, 1], [CONSUMER_REGS, 24])
+                                  NC, PERSISTENT, MASK_LAST == 3))], [4, 1], [CONSUMER_REGS, 24])

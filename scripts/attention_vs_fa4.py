@@ -11,7 +11,7 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS
+from xstage.ulysses_gluon import NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS, REVERSE_RUNGS
 from xstage.ulysses import UlyssesShape
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_SHAPES, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
@@ -51,13 +51,19 @@ _NB_BASE = _PE_BASE | {"gluon-ws-128x128s2r232-ml-pp"}
 STUDIES["gluon_nb"] = ("attention_vs_fa4_gluon_nb",
                        {D: tuple(c for c in cs if c.label in _NB_BASE) + PERSISTENT_RUNGS[D][:1] + NAMED_RUNGS[D]
                         for D, cs in GLUON_NEXT.items()})
+# gluon_rv (session 25): the key blocks last to first (-rv, FA4's order: the masked block first, outside the loop)
+# beside the same rungs in order (call N2's fastest: ws -ml, -ml-pe; D = 64: 192 -ml-pp and -ml-pp-nb)
+_RV_BASE = {"128x128w8s3-tma-pers", "128x128w4s3-tma", "gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"}
+STUDIES["gluon_rv"] = ("attention_vs_fa4_gluon_rv",
+                       {D: tuple(c for c in cs if c.label in _RV_BASE) + PERSISTENT_RUNGS[D][:1] * (D == 128)
+                        + NAMED_RUNGS[D][:1] * (D == 64) + REVERSE_RUNGS[D] for D, cs in GLUON_NEXT.items()})
 SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192, 24, 128),),
           "gluon_shape": (UlyssesShape("s8192_h24", 8_192, 24, 128), UlyssesShape("s8192_h48", 8_192, 48, 128),
                           UlyssesShape("s16384_h12", 16_384, 12, 128), UlyssesShape("s16384_h24", 16_384, 24, 128),
                           UlyssesShape("s32768_h6", 32_768, 6, 128), UlyssesShape("s32760_h6", 32_760, 6, 128),
                           UlyssesShape("s32640_h6", 32_640, 6, 128), UlyssesShape("s32768_h12", 32_768, 12, 128),
                           UlyssesShape("s8192_h24_again", 8_192, 24, 128))}
-SHAPES["gluon_nb"] = SHAPES["gluon_lp"]
+SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_lp"]
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

@@ -268,6 +268,49 @@ def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barri
         assert (w1, wgmma) == rows[D, bm, pe, 0, even][:2], (D, bm, pe, even)
 
 
+REVERSE_COMPILE_CHECK = r"""
+import re
+from dataclasses import replace
+from xstage.ulysses_gluon import REVERSE_RUNGS, compile_sm90, ptx_facts
+for D, cs in REVERSE_RUNGS.items():
+    for c in cs:
+        for rv in (True, False):
+            for even in (True, False):
+                ptx = compile_sm90(replace(c, reverse_kv=rv), D, even_n=even).asm["ptx"]
+                f = ptx_facts(ptx)
+                print("rv", D, c.block_m, int(c.persistent), int(c.named_pp), int(rv), int(even), f["wait_group_1"],
+                      f["wgmma"], len(re.findall(r"\bselp\.", ptx)))
+"""
+
+
+def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop():
+    """The key blocks last to first (session 25, ``reverse_kv``, -rv): where S % BLOCK_N != 0 the masked block is
+    each consumer's first, outside the overlapped loop, so the PTX's selects are those of one masked block per
+    consumer (64 x NC), at most half of -ml's (the first block's and the loop branch's); where
+    S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On every REVERSE_RUNGS
+    config."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", REVERSE_COMPILE_CHECK], env=e, capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {tuple(map(int, ln.split()[1:7])): tuple(map(int, ln.split()[7:])) for ln in out.stdout.splitlines()
+            if ln.startswith("rv ")}
+    assert len(rows) == 16, out.stdout
+    for (D, bm, pe, nb, rv, even), (w1, wgmma, selp) in rows.items():
+        nc = bm // 64
+        assert w1 == nc and (w1, wgmma) == rows[D, bm, pe, nb, 0, even][:2], (D, bm, pe, nb, rv, even)
+        if even or rv:
+            assert selp == (0 if even else 64 * nc), (D, bm, pe, nb, rv, even, selp)
+        else:   # -ml: the first block's and the loop's (the persistent grid adds a few of its own)
+            assert selp >= 2 * 64 * nc, (D, bm, pe, nb, rv, even, selp)
+
+
 def _bf16(*shape, device="cpu"):
     g = torch.Generator(device=device).manual_seed(random.randrange(2**30))
     return torch.randn(*shape, generator=g, device=device).bfloat16()
@@ -306,6 +349,9 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(128, 128, 8, 2, mask_last=True, peel_last=True), 128, "peel_last is a loop of the warp-specialised"),
     (GluonConfig(128, 128, 4, 2, ws=True, peel_last=True), 128, "needs mask_last=True"),
     (GluonConfig(128, 128, 4, 2, ws=True, named_pp=True), 128, "needs pingpong=True"),
+    (GluonConfig(128, 128, 8, 2, mask_last=True, reverse_kv=True), 128, "reverse_kv .* is a loop of the warp-spec"),
+    (GluonConfig(128, 128, 4, 2, ws=True, reverse_kv=True), 128, "with mask_last=True and without peel_last"),
+    (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True, reverse_kv=True), 128, "without peel_last"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
@@ -600,6 +646,29 @@ def test_named_barrier_pingpong_matches_float32_and_the_mbarrier_turns_bit_for_b
 ], ids=lambda x: getattr(x, "label", str(x)))
 def test_named_barrier_pingpong_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     """The fused Ulysses epilogue with the named-barrier turns, bit for bit against the same kernel alone + the
+    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
+    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.REVERSE_RUNGS.items() for c in cs],
+                         ids=lambda x: getattr(x, "label", str(x)))
+@pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2), (32760, 1)])
+def test_reversed_key_blocks_match_float32(D, cfg, S, H):
+    """The key blocks last to first (session 25, -rv) against float32, out and lse NaN-poisoned: one key block (the
+    masked block is the only one), two, several tiles per CTA, S % 128 == 0 (nothing masked) and Wan's S."""
+    _check_float32(D, cfg, S, H)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("D, cfg, S, H, P", [
+    (128, G.REVERSE_RUNGS[128][0], 3000, 4, 2),      # Sl = 1500: tiles straddle; 3000 % 128 = 56
+    (128, G.REVERSE_RUNGS[128][1], 12000, 8, 2),     # persistent: 376 tiles
+    (64, G.REVERSE_RUNGS[64][1], 3000, 4, 2),        # 192 rows, named-barrier turns
+], ids=lambda x: getattr(x, "label", str(x)))
+def test_reversed_key_blocks_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
+    """The fused Ulysses epilogue with the key blocks reversed, bit for bit against the same kernel alone + the
     post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
     test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 

@@ -736,7 +736,7 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
         if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
             ml = ("-ml" if c.get("mask_last") else "") + ("-pp" if c.get("pingpong") else "") + \
                 ("-nb" if c.get("named_pp") else "") + ("-pe" if c.get("persistent") else "") + \
-                ("-lp" if c.get("peel_last") else "")
+                ("-lp" if c.get("peel_last") else "") + ("-rv" if c.get("reverse_kv") else "")
             out.append(f"gluon-ws-{c['block_m']}x{c['block_n']}s{c['stages']}r{c['regs']}{ml}" if c.get("ws") else
                        f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}{ml}")
             continue

@@ -52,11 +52,12 @@ class GluonConfig:
     persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer (session 9)
     peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop (session 10)
     named_pp: bool = False    # ws, with pingpong: the turns in named barriers, not mbarriers (session 25)
+    reverse_kv: bool = False  # ws, with mask_last: the key blocks last to first, the masked one outside the loop (s. 25)
 
     @property
     def label(self) -> str:
         ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-nb" if self.named_pp else "") \
-            + ("-pe" if self.persistent else "") + ("-lp" if self.peel_last else "")
+            + ("-pe" if self.persistent else "") + ("-lp" if self.peel_last else "") + ("-rv" if self.reverse_kv else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
@@ -86,6 +87,9 @@ class GluonConfig:
         elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
+        if self.reverse_kv and (not self.ws or not self.mask_last or self.peel_last):
+            raise ValueError("Gluon attention: reverse_kv (the key blocks last to first) is a loop of the "
+                             "warp-specialised kernel (ws) with mask_last=True and without peel_last")
         if self.named_pp and not self.pingpong:
             raise ValueError("Gluon attention: named_pp puts the ping-pong's turns in named barriers; it needs "
                              "pingpong=True")
@@ -150,6 +154,17 @@ NAMED_RUNGS = {
     64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True),
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
                      persistent=True)),
+}
+# session 25 (issue 14 item 3): the key blocks last to first (``reverse_kv``, label -rv), FA4's order: the block with
+# the keys past S is then the first, which runs outside the overlapped loop anyway, and the loop is the unmasked one
+# with no second copy of the step (session 10's -lp peeled the block out after the loop: a second copy, never
+# faster). Call N2 (data/h100x1/attention_vs_fa4_gluon_nb): the masked shapes are the ones left under 0.95 of FA4.
+REVERSE_RUNGS = {
+    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, reverse_kv=True),
+          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, reverse_kv=True)),
+    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, reverse_kv=True),
+         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
+                     reverse_kv=True)),
 }
 
 _AVAILABLE: tuple[bool, str] | None = None
@@ -280,8 +295,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
 
 def mask_last_arg(config: GluonConfig):
     """The kernels' MASK_LAST constexpr: False (every key block masked when S % BLOCK_N != 0), True (the last block
-    only, a branch in the loop), 2 (ws, peel_last: the last block peeled out of the loop)."""
-    return 2 if config.peel_last else config.mask_last
+    only, a branch in the loop), 2 (ws, peel_last: the last block peeled out of the loop), 3 (ws, reverse_kv: the key
+    blocks last to first, so the masked block is the first, outside the overlapped loop)."""
+    return 3 if config.reverse_kv else 2 if config.peel_last else config.mask_last
 
 
 def pingpong_arg(config: GluonConfig):
