@@ -633,7 +633,13 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             # session 9: the persistent ws grid beside FA4 (same rounds)
                             "attention_vs_fa4_gluon_pe": "STUDY=gluon_pe scripts/attention_vs_fa4.sh",
                             # session 10 (call U10-3): the masked last key block peeled out of the loop (-lp)
-                            "attention_vs_fa4_gluon_lp": "STUDY=gluon_lp scripts/attention_vs_fa4.sh"}
+                            "attention_vs_fa4_gluon_lp": "STUDY=gluon_lp scripts/attention_vs_fa4.sh",
+                            # session 25 (an H100: MACHINE=h100x1): the ping-pong's turns in named barriers (-nb),
+                            # then the key blocks last to first (-rv)
+                            "attention_vs_fa4_gluon_nb": "MACHINE=h100x1 STUDY=gluon_nb scripts/attention_vs_fa4.sh",
+                            "attention_vs_fa4_gluon_rv": "MACHINE=h100x1 STUDY=gluon_rv scripts/attention_vs_fa4.sh"}
+# the records made on another one-GPU machine than notebook 04's one_gpu_machine (session 25: the H100 lent)
+ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1"}
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)",
