@@ -758,3 +758,30 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
         assert s.loc[shape, "best_over_fa"] < 0.95
     assert s.loc["s8192_h24", "best_over_fa"] < 0.95 and s.loc["s8192_h24_again", "best_over_fa"] < 0.95
     assert s.loc[["s16384_h24", "s32768_h12", "s49152_h12"], "met"].all()
+
+
+def test_recorded_named_barrier_study_replays_its_ratios():
+    """data/h100x1/attention_vs_fa4_gluon_nb (calls N1 / N2, session 25, one H100, commit 936ab2f): every variant
+    checked against float32 before timing, FA4 on every shape; each variant's ours / FA4 is the ratio of its own
+    block's medians; and what the record says: -nb beats -pp (mbarrier turns) in ratio on every D = 128 shape with
+    S >= 8K, while the shapes still under 0.95 of FA4 with every variant are the masked ones (S % 128 != 0)."""
+    from xstage import studies
+
+    df, m = studies.attention_ladder_data(studies.ATTENTION_LADDER_MACHINE["attention_vs_fa4_gluon_nb"],
+                                          "attention_vs_fa4_gluon_nb")
+    assert m["git_commit"].startswith("936ab2f") and "H100" in m["gpu_name"] and not m.get("failed")
+    assert all(c["rel_l2_vs_fp32"] < 1e-2 for checks in m["checks"].values() for c in checks.values())
+    assert {c.label for cs in G.NAMED_RUNGS.values() for c in cs} <= set(df.variant)
+    fa = df[df.method == "fa4"]
+    assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
+    t = studies.attention_ladder_table(df, m)
+    med = df.groupby(["shape", "variant", "method"]).ms.median()
+    for row in t.dropna(subset=["ours_over_fa"]).itertuples():
+        mine = "gluon" if row.variant.startswith("gluon-") else "triton"
+        assert row.ours_over_fa == pytest.approx(med[row.shape, row.variant, "fa4"] / med[row.shape, row.variant, mine])
+    r = t.set_index(["shape", "variant"]).ours_over_fa
+    for shape in ("s8192_h24", "s16384_h24", "s32768_h12", "s49152_h12", "s8192_h24_again"):
+        assert r[shape, "gluon-ws-128x128s2r232-ml-pp-nb"] > r[shape, "gluon-ws-128x128s2r232-ml-pp"], shape
+    best = t.groupby("shape").ours_over_fa.max()
+    assert (best[["wan21_1.3b_32760_p2", "cogvideox5b_17776_p2", "s30000_h20_d64"]] < 0.95).all()
+    assert (best[["s8192_h24", "s16384_h24", "s32768_h12", "s49152_h12"]] >= 0.95).all()
