@@ -393,11 +393,14 @@ def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barri
 # end-of-layer barrier; sender-visible: CUDA events around the kernel). Dropped with one line where
 # ``available()`` says no (recorded as absent in the sidecar's ``params.gluon``, never as a 0 time).
 SWEEP_METHODS = ("gluon", "gluon_serial", "gluon_fused")
-# the sweep's tile per head dim: the fastest fused-capable rung of the recorded ladder (data/h200x1/
-# attention_vs_fa4_gluon_lp, call U10-3: ws -ml 0.93-0.98 of FA4 at D = 128, 192 -ml-pp 0.93 at D = 64), both checked
-# bit for bit in the fused epilogue on one GPU (tests/test_attention_gluon.py)
-SWEEP_CONFIGS = {128: GluonConfig(128, 128, 4, 2, ws=True, mask_last=True),
-                 64: GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True)}
+# the sweep's tile per head dim: FA4's schedule, the fastest fused-capable rungs of the recorded ladders. Session 25
+# (data/h100x1/attention_vs_fa4_gluon_rv, call N4): ws -ml-rv 0.95-0.98 of FA4 at D = 128 and S >= 8K, Wan 0.97 (ws -ml
+# 0.91); 192 -ml-pp-nb-rv 0.94-0.96 at D = 64. Until session 24: ws -ml and 192 -ml-pp (data/h200x1/
+# attention_vs_fa4_gluon_lp, call U10-3), whose sweep records name them (params.gluon.configs). Both checked bit for
+# bit in the fused epilogue on one GPU (tests/test_attention_gluon.py, -k reversed).
+SWEEP_CONFIGS = {128: GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, reverse_kv=True),
+                 64: GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
+                                 reverse_kv=True)}
 
 
 def sweep_config(D: int) -> GluonConfig:
