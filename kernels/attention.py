@@ -181,6 +181,27 @@ Where S % 128 == 0 the -lp kernel is the -ml kernel (SASS byte-identical, Triton
 CPU machine), yet at 8192x24 it ran 4-5 % slower in its own block (0.94 -> 0.88 of FA4): the spread between
 blocks of one binary at 8192x24 is as large as the gap to the goal, and 8192x24 stays under 0.95 in every block,
 first or last (not the shape's position). Goal met on 3 of 7 shapes (16K, 32K, 48K at D = 128), as in session 9.
+Session 25, calls N2 and N4 (docs/lab-notebook.md; 2026-12-05, **one H100 80GB HBM3**, the kind lent then; records
+data/h100x1/attention_vs_fa4_gluon_nb/ and data/h100x1/attention_vs_fa4_gluon_rv/, ``MACHINE=h100x1
+STUDY=gluon_nb|gluon_rv scripts/attention_vs_fa4.sh``). Two pieces of FA4's Hopper schedule were added to the ws kernel:
+-nb puts the ping-pong's turns in hardware named barriers (``named_pp``), and -rv walks the key blocks last to first
+(``reverse_kv``), so the masked block is outside the loop. Ours / FA4 in the same block, TFLOP/s of N4 (N2 for -nb):
+  rung (D = 128)                        8192x24 (first / last)  16384x24    32768x12    49152x12    32760x6
+  z. gluon ws -ml                       638 (0.94) / 656 (0.95)  670 (0.97)  657 (0.98)  664 (0.96)  646 (0.91)
+  -  z, turns in mbarriers (-pp, N2)    671 (0.93) / 617 (0.92)  638 (0.92)  619 (0.93)  633 (0.91)  638 (0.90)
+  -  z, turns in named barriers (N2)    626 (0.93) / 605 (0.94)  648 (0.96)  641 (0.97)  636 (0.93)  643 (0.91)
+  rv. z, key blocks last to first       653 (0.96) / 609 (0.946)  672 (0.97)  648 (0.98)  660 (0.97)  685 (0.97)
+  -  rv on the persistent grid          673 (0.95) / 662 (0.96)  672 (0.96)  647 (0.96)  655 (0.95)  656 (0.92)
+  rung (D = 64)                         30000x20    17776x24
+  zz. gluon ws 192x128 -ml-pp           543 (0.94)  471 (0.92)
+  -  zz, turns in named barriers        542 (0.94)  473 (0.946)
+  -  zz, key blocks last to first       544 (0.95)  474 (0.94)
+  -  zz, named barriers and -rv         550 (0.96)  470 (0.94)
+-rv is the lever for the masked shapes at D = 128: Wan +6.5 % over z in the same blocks. At D = 64 it gives -1 .. +2 %.
+Named barriers recover most of what mbarrier turns lost, but turns are no faster than none at D = 128. Goal, by the
+summary's rule (the fastest variant by time): met on 6 of 7 shapes on this H100, all but CogVideoX (0.941; 0.946 the
+best rung). The sweep's tiles are now rv at D = 128 and zz with named barriers and -rv at D = 64
+(``ulysses_gluon.SWEEP_CONFIGS``).
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
