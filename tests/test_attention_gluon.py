@@ -22,6 +22,21 @@ from xstage.ulysses_gluon import GluonConfig
 on_gpu = torch.cuda.is_available() and not env.interpreted()
 
 
+def _compile_check(script: str, timeout: int):
+    """Run a compile-check script (sm_90a, no GPU) in a subprocess without the interpreter: its CompletedProcess;
+    skips where this Triton has no Gluon for Hopper or its CUDA backend is not usable."""
+    from xstage.kernels import attention_gluon
+
+    if not attention_gluon.AVAILABLE:
+        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
+    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=timeout)
+    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
+        pytest.skip("Triton's CUDA backend is not usable here")
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 def test_gluon_is_gpu_only_here():
     """The CPU side of the kernel's own check: under the interpreter it says so in one line; the run is the GPU
     test below."""
@@ -50,15 +65,7 @@ def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
     block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one per consumer warpgroup in the
     warp-specialised kernel), TMA loads, shared memory as sized; only the warp-specialised kernel moves registers
     between its partitions (setmaxnreg)."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", COMPILE_CHECK], env=e, capture_output=True, text=True, timeout=300)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(COMPILE_CHECK, timeout=300)
     lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
     assert len(lines) == 4, out.stdout
     for line, (D, label, bm, bn, st, w1, ws) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2, 1, False),
@@ -90,16 +97,7 @@ def test_session8_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
     """The ping-pong and three-consumer rungs (NEXT_RUNGS) compile for sm_90a: one ``wait_group 1`` per consumer
     warpgroup (3 at BLOCK_M 192), setmaxnreg raising the consumers to their registers (160 with three consumers,
     within 64K registers with the loader's warpgroup), and the ping-pong adds waits (the turn mbarriers)."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", NEXT_COMPILE_CHECK], env=e, capture_output=True, text=True,
-                         timeout=300)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(NEXT_COMPILE_CHECK, timeout=300)
     rows = {ln.split()[2]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("rung ")}
     assert set(rows) == {c.label for cs in G.NEXT_RUNGS.values() for c in cs}, out.stdout
     for label, (D, _, nc, w1, smr, waits, regs) in rows.items():
@@ -129,16 +127,7 @@ def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
     leaves by per-row global stores to the owners instead of the TMA store (none left), every one 16 bytes
     (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe,
     session 12); without FUSED the reverse."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", FUSED_COMPILE_CHECK], env=e, capture_output=True, text=True,
-                         timeout=300)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(FUSED_COMPILE_CHECK, timeout=300)
     rows = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("fused ")]
     assert len(rows) == 4, out.stdout
     for D, fused, w1, st, tma_st, v4 in rows:
@@ -164,16 +153,7 @@ def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
     """The persistent ws kernel (session 9) compiles for sm_90a: the same overlapped waits (one per consumer), a
     tile loop over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more
     shared memory than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", PERSISTENT_COMPILE_CHECK], env=e, capture_output=True, text=True,
-                         timeout=600)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(PERSISTENT_COMPILE_CHECK, timeout=600)
     rows = {tuple(map(int, ln.split()[1:5])): tuple(map(int, ln.split()[5:])) for ln in out.stdout.splitlines()
             if ln.startswith("pe ")}
     assert len(rows) == 8, out.stdout
@@ -203,16 +183,7 @@ def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
     overlapped step in two loops (the unmasked blocks, then the masked last one), so the PTX holds twice the
     overlapped waits of -ml (one loop with the mask's branch); where S % BLOCK_N == 0 it is -ml's kernel (same waits,
     same wgmma count). On both rungs of each head dim (one CTA per tile and persistent)."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", PEEL_COMPILE_CHECK], env=e, capture_output=True, text=True,
-                         timeout=900)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(PEEL_COMPILE_CHECK, timeout=900)
     rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
             if ln.startswith("lp ")}
     assert len(rows) == 16, out.stdout
@@ -248,16 +219,7 @@ def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barri
     before its first tile: it takes the first turn), NC of each; the -pp kernel (mbarrier turns) has none; the same
     overlapped waits and wgmma count as -pp; and Triton's own barriers (immediate ids) stay under NB_BASE, so the
     turns cannot meet them. On every NAMED_RUNGS config, S % 128 == 0 and not."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", NAMED_COMPILE_CHECK], env=e, capture_output=True, text=True,
-                         timeout=900)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(NAMED_COMPILE_CHECK, timeout=900)
     rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
             if ln.startswith("nb ")}
     assert len(rows) == 16, out.stdout
@@ -289,16 +251,7 @@ def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop():
     consumer (64 x NC), at most half of -ml's (the first block's and the loop branch's); where
     S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On every REVERSE_RUNGS
     config."""
-    from xstage.kernels import attention_gluon
-
-    if not attention_gluon.AVAILABLE:
-        pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
-    e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", REVERSE_COMPILE_CHECK], env=e, capture_output=True, text=True,
-                         timeout=900)
-    if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
-        pytest.skip("Triton's CUDA backend is not usable here")
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _compile_check(REVERSE_COMPILE_CHECK, timeout=900)
     rows = {tuple(map(int, ln.split()[1:7])): tuple(map(int, ln.split()[7:])) for ln in out.stdout.splitlines()
             if ln.startswith("rv ")}
     assert len(rows) == 16, out.stdout
@@ -584,14 +537,20 @@ def test_peeled_last_block_matches_float32_and_the_branch_bit_for_bit(D, cfg, S,
     """The peeled last key block (session 10) against float32 (one key block: nothing peeled; two blocks: the
     first loop empty; several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with the
     mask's branch in the loop (-ml: the same arithmetic in the same order), both outputs and lse NaN-poisoned."""
+    _check_float32(D, cfg, S, H)
+    _check_bit_identical_to(D, cfg, S, H, peel_last=False)
+
+
+def _check_bit_identical_to(D, cfg, S, H, **changes):
+    """``cfg`` and the same rung with ``changes`` on the same fresh inputs, out and lse NaN-poisoned first: bit for
+    bit alike."""
     from dataclasses import replace
 
     from xstage.numeric import check_bit_identical
 
-    _check_float32(D, cfg, S, H)
     q, k, v = (_bf16(S, H, D, device="cuda") for _ in range(3))
     outs = []
-    for c in (cfg, replace(cfg, peel_last=False)):
+    for c in (cfg, replace(cfg, **changes)):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((H, S), float("nan"), device="cuda")
         G.attention_forward(q, k, v, config=c, out=out, lse=lse)
@@ -620,20 +579,8 @@ def test_named_barrier_pingpong_matches_float32_and_the_mbarrier_turns_bit_for_b
     """The named-barrier turns (session 25, -nb) against float32 (one key block: no turn at all; two blocks;
     several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with mbarrier turns (-pp: the same
     arithmetic, only the order of the issues is kept differently), out and lse NaN-poisoned first."""
-    from dataclasses import replace
-
-    from xstage.numeric import check_bit_identical
-
     _check_float32(D, cfg, S, H)
-    q, k, v = (_bf16(S, H, D, device="cuda") for _ in range(3))
-    outs = []
-    for c in (cfg, replace(cfg, named_pp=False)):
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((H, S), float("nan"), device="cuda")
-        G.attention_forward(q, k, v, config=c, out=out, lse=lse)
-        outs.append((out, lse))
-    check_bit_identical(outs[0][0], outs[1][0], f"{cfg.label} out S={S}")
-    check_bit_identical(outs[0][1], outs[1][1], f"{cfg.label} lse S={S}")
+    _check_bit_identical_to(D, cfg, S, H, named_pp=False)
 
 
 @pytest.mark.gpu
@@ -760,18 +707,16 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
     assert s.loc[["s16384_h24", "s32768_h12", "s49152_h12"], "met"].all()
 
 
-def test_recorded_named_barrier_study_replays_its_ratios():
-    """data/h100x1/attention_vs_fa4_gluon_nb (calls N1 / N2, session 25, one H100, commit 936ab2f): every variant
-    checked against float32 before timing, FA4 on every shape; each variant's ours / FA4 is the ratio of its own
-    block's medians; and what the record says: -nb beats -pp (mbarrier turns) in ratio on every D = 128 shape with
-    S >= 8K, while the shapes still under 0.95 of FA4 with every variant are the masked ones (S % 128 != 0)."""
+def _replay_session25(record, commit, rungs):
+    """A session-25 record (an H100): its provenance, every variant checked against float32 before timing, FA4 on
+    every shape (never absent, never 0), and each variant's ours / FA4 the ratio of its own block's medians,
+    recomputed from the rows. -> studies.attention_ladder_table of the record."""
     from xstage import studies
 
-    df, m = studies.attention_ladder_data(studies.ATTENTION_LADDER_MACHINE["attention_vs_fa4_gluon_nb"],
-                                          "attention_vs_fa4_gluon_nb")
-    assert m["git_commit"].startswith("936ab2f") and "H100" in m["gpu_name"] and not m.get("failed")
+    df, m = studies.attention_ladder_data(studies.ATTENTION_LADDER_MACHINE[record], record)
+    assert m["git_commit"].startswith(commit) and "H100" in m["gpu_name"] and not m.get("failed")
     assert all(c["rel_l2_vs_fp32"] < 1e-2 for checks in m["checks"].values() for c in checks.values())
-    assert {c.label for cs in G.NAMED_RUNGS.values() for c in cs} <= set(df.variant)
+    assert {c.label for cs in rungs.values() for c in cs} <= set(df.variant)
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
     t = studies.attention_ladder_table(df, m)
@@ -779,6 +724,15 @@ def test_recorded_named_barrier_study_replays_its_ratios():
     for row in t.dropna(subset=["ours_over_fa"]).itertuples():
         mine = "gluon" if row.variant.startswith("gluon-") else "triton"
         assert row.ours_over_fa == pytest.approx(med[row.shape, row.variant, "fa4"] / med[row.shape, row.variant, mine])
+    return t
+
+
+def test_recorded_named_barrier_study_replays_its_ratios():
+    """data/h100x1/attention_vs_fa4_gluon_nb (calls N1 / N2, session 25, one H100, commit 936ab2f): every variant
+    checked against float32 before timing, FA4 on every shape; each variant's ours / FA4 is the ratio of its own
+    block's medians; and what the record says: -nb beats -pp (mbarrier turns) in ratio on every D = 128 shape with
+    S >= 8K, while the shapes still under 0.95 of FA4 with every variant are the masked ones (S % 128 != 0)."""
+    t = _replay_session25("attention_vs_fa4_gluon_nb", "936ab2f", G.NAMED_RUNGS)
     r = t.set_index(["shape", "variant"]).ours_over_fa
     for shape in ("s8192_h24", "s16384_h24", "s32768_h12", "s49152_h12", "s8192_h24_again"):
         assert r[shape, "gluon-ws-128x128s2r232-ml-pp-nb"] > r[shape, "gluon-ws-128x128s2r232-ml-pp"], shape
@@ -795,18 +749,7 @@ def test_recorded_reversed_key_study_replays_its_ratios_and_the_lever():
     reaches 0.95 of FA4 on every S >= 8K shape but CogVideoX (D = 64)."""
     from xstage import studies
 
-    record = "attention_vs_fa4_gluon_rv"
-    df, m = studies.attention_ladder_data(studies.ATTENTION_LADDER_MACHINE[record], record)
-    assert m["git_commit"].startswith("1e3d348") and "H100" in m["gpu_name"] and not m.get("failed")
-    assert all(c["rel_l2_vs_fp32"] < 1e-2 for checks in m["checks"].values() for c in checks.values())
-    assert {c.label for cs in G.REVERSE_RUNGS.values() for c in cs} <= set(df.variant)
-    fa = df[df.method == "fa4"]
-    assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
-    t = studies.attention_ladder_table(df, m)
-    med = df.groupby(["shape", "variant", "method"]).ms.median()
-    for row in t.dropna(subset=["ours_over_fa"]).itertuples():
-        mine = "gluon" if row.variant.startswith("gluon-") else "triton"
-        assert row.ours_over_fa == pytest.approx(med[row.shape, row.variant, "fa4"] / med[row.shape, row.variant, mine])
+    t = _replay_session25("attention_vs_fa4_gluon_rv", "1e3d348", G.REVERSE_RUNGS)
     r = t.set_index(["shape", "variant"]).ours_over_fa
     wan = "wan21_1.3b_32760_p2"
     assert r[wan, "gluon-ws-128x128s2r232-ml-rv"] >= 1.05 * r[wan, "gluon-ws-128x128s2r232-ml"]
