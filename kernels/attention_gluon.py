@@ -214,7 +214,7 @@ if AVAILABLE:
     def _ws_loader_tile(it, tile, q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                         k_empty, v_empty, n_m, n_blocks, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr,
-                        REVERSE: gl.constexpr = False):
+                        REVERSE: gl.constexpr = False, JOINT: gl.constexpr = False):
         """The loader's work for this CTA's it-th tile: its Q (once every consumer is past the last tile's S
         GEMMs: ``q_empty``), then its K/V blocks into the ring; ring phases count blocks over the CTA's tiles."""
         h, off_m, col = _ws_tile(tile, n_m, HEAD_DIM, BLOCK_M)
@@ -227,14 +227,18 @@ if AVAILABLE:
             g = base + j
             slot = g % STAGES
             phase = ((g // STAGES) & 1) ^ 1          # a fresh barrier passes parity 1: the ring's first fill
-            mbarrier.wait(k_empty.index(slot), phase)
+            if JOINT:   # -jr: one release per slot, after the P V that read its V (K's S GEMM came before it)
+                mbarrier.wait(v_empty.index(slot), phase)
+            else:
+                mbarrier.wait(k_empty.index(slot), phase)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             if REVERSE:   # -rv: the key blocks last to first, the masked block (if any) first
                 row = (n_blocks - 1 - j) * BLOCK_N
             else:
                 row = j * BLOCK_N
             _tma_load(k_desc, [row, col], k_ready.index(slot), k_ring.index(slot))
-            mbarrier.wait(v_empty.index(slot), phase)
+            if not JOINT:
+                mbarrier.wait(v_empty.index(slot), phase)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
             _tma_load(v_desc, [row, col], v_ready.index(slot), v_ring.index(slot))
 
@@ -242,18 +246,18 @@ if AVAILABLE:
     def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
                    n_m, n_tiles, n_blocks, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    HALF_M: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr = 2,
-                   PERSISTENT: gl.constexpr = False, REVERSE: gl.constexpr = False):
+                   PERSISTENT: gl.constexpr = False, REVERSE: gl.constexpr = False, JOINT: gl.constexpr = False):
         if PERSISTENT:   # this CTA's tiles: program_id, + num_programs, ...
             it = 0
             for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
                 _ws_loader_tile(it, tile, q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                 v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
-                                NC, REVERSE)
+                                NC, REVERSE, JOINT)
                 it += 1
         else:
             _ws_loader_tile(0, gl.program_id(0), q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty,
                             k_ready, v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M,
-                            STAGES, NC, REVERSE)
+                            STAGES, NC, REVERSE, JOINT)
 
     # FA3 / FA4's warp-scheduler barriers (session 25, ``GluonConfig.named_pp``, label -nb): the consumers' turns in
     # hardware named barriers (``bar.sync`` / ``bar.arrive``, 128 threads that wait + 128 that arrive), where -pp's
@@ -278,7 +282,7 @@ if AVAILABLE:
     def _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, acc, p_op,
                   m_i, l_i, zero_s, S, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
                   p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-                  MASK_LAST: gl.constexpr, NC: gl.constexpr, PINGPONG: gl.constexpr):
+                  MASK_LAST: gl.constexpr, NC: gl.constexpr, PINGPONG: gl.constexpr, JOINT: gl.constexpr = False):
         """One key block j >= 1 of a consumer's tile (the overlapped step: S_j and P_{j-1} V_{j-1} in flight,
         softmax(S_j) under the second): -> (acc, p_op, m_i, l_i)."""
         dtype: gl.constexpr = p_op.dtype
@@ -308,7 +312,8 @@ if AVAILABLE:
             mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)
+        if not JOINT:
+            mbarrier.arrive(k_empty.index(slot), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, S, qk_scale, s_layout, BLOCK_N, EVEN_N,
                                            MASK_LAST)
         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
@@ -323,7 +328,7 @@ if AVAILABLE:
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
                           EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
                           NC: gl.constexpr, PINGPONG: gl.constexpr, out_table, rows_per_rank, out_row_stride,
-                          out_head0, FUSED: gl.constexpr):
+                          out_head0, FUSED: gl.constexpr, JOINT: gl.constexpr = False):
         """Consumer ``half``'s work for this CTA's it-th tile (ring, Q and turn phases count over the CTA's
         tiles). ``o_smem``: Q's buffer (one tile per CTA) or its own (persistent: the next tile's Q lands while
         this one's output is staged)."""
@@ -348,7 +353,8 @@ if AVAILABLE:
         mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
         s_tok = warpgroup_mma(q, k_ring.index(base % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(base % STAGES), count=1)
+        if not JOINT:
+            mbarrier.arrive(k_empty.index(base % STAGES), count=1)
         if MASK_LAST == 3:
             # -rv (session 25, FA4's order): the loader brings the key blocks last to first, so the only block with
             # keys past S is this first one, outside the overlapped loop (masked here, whatever MASK_LAST's branch
@@ -362,7 +368,7 @@ if AVAILABLE:
             for j in range(1, n_blocks):
                 acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
                                                 v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG)
+                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG, JOINT)
         elif MASK_LAST == 2 and not EVEN_N:
             # the last key block peeled (session 10, ``-lp``): the loop runs the unmasked step (the same code as
             # S % BLOCK_N == 0), the block holding the keys past S runs once after it, masked (none when
@@ -373,17 +379,17 @@ if AVAILABLE:
             for j in range(1, n_full):
                 acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
                                                 v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG)
+                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG, JOINT)
             for j in range(n_full, n_blocks):
                 acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
                                                 v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, False, False, NC, PINGPONG)
+                                                o_layout, p_layout, BLOCK_N, STAGES, False, False, NC, PINGPONG, JOINT)
         else:
             for j in range(1, n_blocks):
                 acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
                                                 v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
                                                 o_layout, p_layout, BLOCK_N, STAGES, EVEN_N, MASK_LAST, NC,
-                                                PINGPONG)
+                                                PINGPONG, JOINT)
         mbarrier.arrive(q_empty, count=1)       # every S GEMM of this tile has completed: Q's slot takes the next
         last = base + n_blocks - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
@@ -432,7 +438,8 @@ if AVAILABLE:
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
                      EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
                      NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False, out_table=None, rows_per_rank=0,
-                     out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
+                     out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
+                     JOINT: gl.constexpr = False):
         if PINGPONG == 2:
             if half == 0:   # consumer 0 takes the first turn (FA4's mma_init): its own barrier already holds 128
                 _named_barrier(NB_BASE, True)
@@ -442,13 +449,13 @@ if AVAILABLE:
                 _ws_consumer_tile(it, tile, half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty,
                                   k_ready, v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
                                   BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG,
-                                  out_table, rows_per_rank, out_row_stride, out_head0, FUSED)
+                                  out_table, rows_per_rank, out_row_stride, out_head0, FUSED, JOINT)
                 it += 1
         else:
             _ws_consumer_tile(0, gl.program_id(0), half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar,
                               q_empty, k_ready, v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM,
                               BLOCK_M, BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG,
-                              out_table, rows_per_rank, out_row_stride, out_head0, FUSED)
+                              out_table, rows_per_rank, out_row_stride, out_head0, FUSED, JOINT)
         if not FUSED:
             tma.store_wait(pendings=0)
 
@@ -459,7 +466,8 @@ if AVAILABLE:
                                   STAGES: gl.constexpr, EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr,
                                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
                                   MASK_LAST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
-                                  FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
+                                  FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
+                     JOINT: gl.constexpr = False):
         """Warp-specialised: NC = BLOCK_M / 64 consumer warpgroups (2 or 3) of 64 rows each: the default partition
         (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
         loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
@@ -504,27 +512,27 @@ if AVAILABLE:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
                                   BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
-                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_consumer, (1, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
                                   BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
-                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_consumer, (2, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
                                   BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
-                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                                   k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
-                                  NC, PERSISTENT, MASK_LAST == 3))], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+                                  NC, PERSISTENT, MASK_LAST == 3, JOINT))], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
                                   BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
-                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_consumer, (1, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
                                   BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
-                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT)),
+                                  rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                                   k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
-                                  NC, PERSISTENT, MASK_LAST == 3))], [4, 1], [CONSUMER_REGS, 24])
+                                  NC, PERSISTENT, MASK_LAST == 3, JOINT))], [4, 1], [CONSUMER_REGS, 24])

@@ -11,7 +11,8 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS, REVERSE_RUNGS
+from xstage.ulysses_gluon import (JOINT_RUNGS, NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS, REVERSE_RUNGS,
+                                   SWEEP_CONFIGS)
 from xstage.ulysses import UlyssesShape
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_SHAPES, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
@@ -57,13 +58,16 @@ _RV_BASE = {"128x128w8s3-tma-pers", "128x128w4s3-tma", "gluon-ws-128x128s2r232-m
 STUDIES["gluon_rv"] = ("attention_vs_fa4_gluon_rv",
                        {D: tuple(c for c in cs if c.label in _RV_BASE) + PERSISTENT_RUNGS[D][:1] * (D == 128)
                         + NAMED_RUNGS[D][:1] * (D == 64) + REVERSE_RUNGS[D] for D, cs in GLUON_NEXT.items()})
+# gluon_jr (session 25): one release per ring slot (-jr, three slots) beside the same rung releasing K and V apart
+# (three slots) and the sweep's tiles (two slots: ws -ml-rv; D = 64: 192 -ml-pp-nb-rv)
+STUDIES["gluon_jr"] = ("attention_vs_fa4_gluon_jr", {D: (SWEEP_CONFIGS[D],) + JOINT_RUNGS[D] for D in (128, 64)})
 SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192, 24, 128),),
           "gluon_shape": (UlyssesShape("s8192_h24", 8_192, 24, 128), UlyssesShape("s8192_h48", 8_192, 48, 128),
                           UlyssesShape("s16384_h12", 16_384, 12, 128), UlyssesShape("s16384_h24", 16_384, 24, 128),
                           UlyssesShape("s32768_h6", 32_768, 6, 128), UlyssesShape("s32760_h6", 32_760, 6, 128),
                           UlyssesShape("s32640_h6", 32_640, 6, 128), UlyssesShape("s32768_h12", 32_768, 12, 128),
                           UlyssesShape("s8192_h24_again", 8_192, 24, 128))}
-SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_lp"]
+SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_jr"] = SHAPES["gluon_lp"]
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

@@ -305,6 +305,7 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(128, 128, 8, 2, mask_last=True, reverse_kv=True), 128, "reverse_kv .* is a loop of the warp-spec"),
     (GluonConfig(128, 128, 4, 2, ws=True, reverse_kv=True), 128, "with mask_last=True and without peel_last"),
     (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True, reverse_kv=True), 128, "without peel_last"),
+    (GluonConfig(128, 128, 8, 2, joint_release=True), 128, "joint_release is a ring of the warp-specialised"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
@@ -705,6 +706,30 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
         assert s.loc[shape, "best_over_fa"] < 0.95
     assert s.loc["s8192_h24", "best_over_fa"] < 0.95 and s.loc["s8192_h24_again", "best_over_fa"] < 0.95
     assert s.loc[["s16384_h24", "s32768_h12", "s49152_h12"], "met"].all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.JOINT_RUNGS.items() for c in cs if c.joint_release],
+                         ids=lambda x: getattr(x, "label", str(x)))
+@pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2), (17776, 1)])
+def test_joint_release_matches_float32_and_the_separate_releases_bit_for_bit(D, cfg, S, H):
+    """One release per ring slot (session 25, -jr) against float32 (one key block, two, three ring slots reused many
+    times, S % 128 == 0, CogVideoX's S), and bit for bit against the same rung releasing K and V apart (only when
+    the loader may refill a slot changes)."""
+    _check_float32(D, cfg, S, H)
+    _check_bit_identical_to(D, cfg, S, H, joint_release=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("link", ["local", "host"])
+@pytest.mark.parametrize("D, cfg, S, H, P", [
+    (128, G.JOINT_RUNGS[128][1], 3000, 4, 2),        # Sl = 1500: tiles straddle
+    (64, G.JOINT_RUNGS[64][1], 12000, 16, 4),        # 192 rows, Sl = 3000
+], ids=lambda x: getattr(x, "label", str(x)))
+def test_joint_release_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
+    """The fused Ulysses epilogue with one release per slot, bit for bit against the same kernel alone + the
+    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
+    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 
 
 def _replay_session25(record, commit, rungs):

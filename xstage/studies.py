@@ -637,7 +637,8 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             # session 25 (an H100: MACHINE=h100x1): the ping-pong's turns in named barriers (-nb),
                             # then the key blocks last to first (-rv)
                             "attention_vs_fa4_gluon_nb": "MACHINE=h100x1 STUDY=gluon_nb scripts/attention_vs_fa4.sh",
-                            "attention_vs_fa4_gluon_rv": "MACHINE=h100x1 STUDY=gluon_rv scripts/attention_vs_fa4.sh"}
+                            "attention_vs_fa4_gluon_rv": "MACHINE=h100x1 STUDY=gluon_rv scripts/attention_vs_fa4.sh",
+                            "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh"}
 # the records made on another one-GPU machine than notebook 04's one_gpu_machine (session 25: the H100 lent)
 ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1"}
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
@@ -742,7 +743,8 @@ def _ladder_labels(cfgs: list[dict]) -> list[str]:
         if c.get("kernel") == "gluon":   # xstage.ulysses_gluon.GluonConfig.label
             ml = ("-ml" if c.get("mask_last") else "") + ("-pp" if c.get("pingpong") else "") + \
                 ("-nb" if c.get("named_pp") else "") + ("-pe" if c.get("persistent") else "") + \
-                ("-lp" if c.get("peel_last") else "") + ("-rv" if c.get("reverse_kv") else "")
+                ("-lp" if c.get("peel_last") else "") + ("-rv" if c.get("reverse_kv") else "") + \
+                ("-jr" if c.get("joint_release") else "")
             out.append(f"gluon-ws-{c['block_m']}x{c['block_n']}s{c['stages']}r{c['regs']}{ml}" if c.get("ws") else
                        f"gluon-{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['stages']}{ml}")
             continue

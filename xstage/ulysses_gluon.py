@@ -53,11 +53,13 @@ class GluonConfig:
     peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop (session 10)
     named_pp: bool = False    # ws, with pingpong: the turns in named barriers, not mbarriers (session 25)
     reverse_kv: bool = False  # ws, with mask_last: the key blocks last to first, the masked one outside the loop (s. 25)
+    joint_release: bool = False   # ws: one release per ring slot (after the P V that read its V), not K's and V's apart
 
     @property
     def label(self) -> str:
         ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-nb" if self.named_pp else "") \
-            + ("-pe" if self.persistent else "") + ("-lp" if self.peel_last else "") + ("-rv" if self.reverse_kv else "")
+            + ("-pe" if self.persistent else "") + ("-lp" if self.peel_last else "") + ("-rv" if self.reverse_kv else "") \
+            + ("-jr" if self.joint_release else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
@@ -90,6 +92,8 @@ class GluonConfig:
         if self.reverse_kv and (not self.ws or not self.mask_last or self.peel_last):
             raise ValueError("Gluon attention: reverse_kv (the key blocks last to first) is a loop of the "
                              "warp-specialised kernel (ws) with mask_last=True and without peel_last")
+        if self.joint_release and not self.ws:
+            raise ValueError("Gluon attention: joint_release is a ring of the warp-specialised kernel (ws)")
         if self.named_pp and not self.pingpong:
             raise ValueError("Gluon attention: named_pp puts the ping-pong's turns in named barriers; it needs "
                              "pingpong=True")
@@ -165,6 +169,19 @@ REVERSE_RUNGS = {
     64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, reverse_kv=True),
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
                      reverse_kv=True)),
+}
+# session 25 (issue 14 item 3): one release per ring slot (``joint_release``, label -jr). Each one-thread mbarrier arrive
+# costs the consumer warpgroup a 128-thread bar.sync first (Triton 3.6's SASS: three per block), where FA4's pipelines
+# release per warp with no warpgroup barrier. -jr drops K's release; the slot is freed when the P V that read its V is
+# done, one block later than K alone would be, so it runs with a third ring slot. D = 64 first (CogVideoX, 0.94-0.95 of
+# FA4 in call N4), where a block carries half the MMA work of D = 128 and the same per-block costs.
+JOINT_RUNGS = {
+    128: (GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True),
+          GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True, joint_release=True)),
+    64: (GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
+                     reverse_kv=True),
+         GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
+                     reverse_kv=True, joint_release=True)),
 }
 
 _AVAILABLE: tuple[bool, str] | None = None
@@ -275,7 +292,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     grid = (-(-S // config.block_m) * Hl,)
     if config.persistent:   # at most one CTA per SM (the ws tiles take more than half an SM's shared memory)
         grid = (min(grid[0], _sm_count(q.device)),)
-    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": pingpong_arg(config)}) \
+    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": pingpong_arg(config),
+                                               "JOINT": config.joint_release}) \
         if config.ws else \
         (gluon_attention_kernel, {})
     ws_args = ()
@@ -447,6 +465,8 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
         const["FUSED"] = fused
         sig["PERSISTENT"] = "constexpr"
         const["PERSISTENT"] = config.persistent
+        sig["JOINT"] = "constexpr"
+        const["JOINT"] = config.joint_release
     src = GluonASTSource(gluon_attention_ws_kernel if config.ws else gluon_attention_kernel, sig,
                          constexprs={(list(sig).index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config.num_warps))
