@@ -202,6 +202,10 @@ Named barriers recover most of what mbarrier turns lost, but turns are no faster
 summary's rule (the fastest variant by time): met on 6 of 7 shapes on this H100, all but CogVideoX (0.941; 0.946 the
 best rung). The sweep's tiles are now rv at D = 128 and zz with named barriers and -rv at D = 64
 (``ulysses_gluon.SWEEP_CONFIGS``).
+Built, not yet timed (no machine came for calls N5 / N6): -jr (``joint_release``, ``JOINT_RUNGS``, ``STUDY=gluon_jr``)
+releases each ring slot once, after the P V that read its V, with three slots. Each one-thread mbarrier arrive costs
+the consumer warpgroup a bar.sync (Triton 3.6 SASS), and FA4 releases per warp without one. -jr removes one of each
+per consumer per block.
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
