@@ -18,6 +18,8 @@
 # gluon_best; session 9: STUDY=gluon_pe (the persistent ws grid, into $OUT/h200x1/attention_vs_fa4_gluon_pe/);
 # session 10: STUDY=gluon_lp (the last key block peeled, -lp; 8192 x 24 timed first and last; into
 # $OUT/h200x1/attention_vs_fa4_gluon_lp/).
+# Session 25: STUDY=gluon_nb | gluon_rv | gluon_jr (named-barrier turns, the key blocks last to first, one release
+# per ring slot), MACHINE=h100x1 where the card is an H100 (records into $OUT/$MACHINE/...).
 # Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"
