@@ -45,8 +45,10 @@ never faster on the masked shapes (call U10-3: Wan -6 % / +0 % persistent, D = 6
 In the one-partition kernel every wait is on hardware that completes by itself (TMA byte counts, wgmma groups); no
 wait depends on another CTA. The warp-specialised kernel's waits depend on its other partitions' arrivals (ring
 slots, ping-pong turns) and are unbounded (Gluon 3.6's ``mbarrier.wait`` has no bound, and a try_wait loop in inline
-PTX would need the barrier's shared-memory address, which Gluon does not hand to ``inline_asm_elementwise``): it is
-kept off the default path (``xstage.ulysses_gluon.CONFIGS``) and every GPU call runs it under a process timeout. Gluon does not run under Triton's CPU interpreter: ``AVAILABLE`` is False there (and where this
+PTX would need the barrier's shared-memory address, which Gluon does not hand to ``inline_asm_elementwise``); so are
+the named-barrier turns of -nb (``bar.sync`` has no bound in hardware). It is kept off the default path
+(``xstage.ulysses_gluon.CONFIGS``; the Ulysses sweep's Gluon methods run it, ``SWEEP_CONFIGS``), and every GPU call
+runs it under a process timeout. Gluon does not run under Triton's CPU interpreter: ``AVAILABLE`` is False there (and where this
 Triton has no Gluon for Hopper), and the launcher says so in one line before any launch.
 """
 try:  # Gluon's Hopper language: Triton >= 3.5 (the GPU machine has 3.6)
