@@ -366,12 +366,7 @@ if AVAILABLE:
         else:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        if MASK_LAST == 3:
-            for j in range(1, n_blocks):
-                acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
-                                                v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG, JOINT)
-        elif MASK_LAST == 2 and not EVEN_N:
+        if MASK_LAST == 2 and not EVEN_N:
             # the last key block peeled (session 10, ``-lp``): the loop runs the unmasked step (the same code as
             # S % BLOCK_N == 0), the block holding the keys past S runs once after it, masked (none when
             # n_blocks == 1: block 0 above was the last, masked there). Same arithmetic as MASK_LAST = True, whose
@@ -387,10 +382,13 @@ if AVAILABLE:
                                                 v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
                                                 o_layout, p_layout, BLOCK_N, STAGES, False, False, NC, PINGPONG, JOINT)
         else:
+            # -rv: every block of the loop is full, so the loop runs the unmasked step
+            LOOP_EVEN: gl.constexpr = EVEN_N or MASK_LAST == 3
+            LOOP_MASK: gl.constexpr = False if MASK_LAST == 3 else MASK_LAST
             for j in range(1, n_blocks):
                 acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
                                                 v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, EVEN_N, MASK_LAST, NC,
+                                                o_layout, p_layout, BLOCK_N, STAGES, LOOP_EVEN, LOOP_MASK, NC,
                                                 PINGPONG, JOINT)
         mbarrier.arrive(q_empty, count=1)       # every S GEMM of this tile has completed: Q's slot takes the next
         last = base + n_blocks - 1

@@ -641,6 +641,13 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh"}
 # the records made on another one-GPU machine than notebook 04's one_gpu_machine (session 25: the H100 lent)
 ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1"}
+
+
+def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
+    """(machine folder, GPU for captions) of an attention ladder record: ``ATTENTION_LADDER_MACHINE``'s machine, else
+    ``default`` (notebook 04's one_gpu_machine)."""
+    machine = ATTENTION_LADDER_MACHINE.get(record, default)
+    return machine, "H100" if machine.startswith("h100") else "H200"
 # records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)",
