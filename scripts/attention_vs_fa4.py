@@ -11,8 +11,8 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import (JOINT_RUNGS, NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS, REVERSE_RUNGS,
-                                   SWEEP_CONFIGS)
+from xstage.ulysses_gluon import (FINAL_RUNGS, JOINT_RUNGS, NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS,
+                                   REVERSE_RUNGS, SWEEP_CONFIGS)
 from xstage.ulysses import UlyssesShape
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_SHAPES, FA4_VARIANTS, LAUNCHES,
                                    run_attention_vs_fa4)
@@ -67,7 +67,10 @@ SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192
                           UlyssesShape("s32768_h6", 32_768, 6, 128), UlyssesShape("s32760_h6", 32_760, 6, 128),
                           UlyssesShape("s32640_h6", 32_640, 6, 128), UlyssesShape("s32768_h12", 32_768, 12, 128),
                           UlyssesShape("s8192_h24_again", 8_192, 24, 128))}
-SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_jr"] = SHAPES["gluon_lp"]
+# gluon_final (session 26): the goal judged in one record, the best rungs of both head dims side by side
+# (ulysses_gluon.FINAL_RUNGS), run with REPEATS=30 (scripts/attention_vs_fa4.sh)
+STUDIES["gluon_final"] = ("attention_vs_fa4_gluon_final", FINAL_RUNGS)
+SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_jr"] = SHAPES["gluon_final"] = SHAPES["gluon_lp"]
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

@@ -20,6 +20,7 @@
 # $OUT/h200x1/attention_vs_fa4_gluon_lp/).
 # Session 25: STUDY=gluon_nb | gluon_rv | gluon_jr (named-barrier turns, the key blocks last to first, one release
 # per ring slot), MACHINE=h100x1 where the card is an H100 (records into $OUT/$MACHINE/...).
+# Session 26: STUDY=gluon_final with REPEATS=30 (repeats a block; default 10): the best rungs side by side.
 # Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"
@@ -40,7 +41,7 @@ for s in "$@"; do
       tail -n 15 "$OUT/logs/tests_gpu.log" ;;
     study:*)
       t0=$SECONDS; lim=${s#study:}
-      timeout --signal=INT --kill-after=15 "$lim" python3 scripts/attention_vs_fa4.py $((lim - 40)) 10 2 \
+      timeout --signal=INT --kill-after=15 "$lim" python3 scripts/attention_vs_fa4.py $((lim - 40)) "${REPEATS:-10}" 2 \
         >"$OUT/logs/attention_vs_fa4.log" 2>&1
       echo "== attention beside FA4: rc=$? in $((SECONDS - t0))s"
       grep "^ladder:" "$OUT/logs/attention_vs_fa4.log" | tail -n 80 ;;

@@ -638,9 +638,14 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             # then the key blocks last to first (-rv)
                             "attention_vs_fa4_gluon_nb": "MACHINE=h100x1 STUDY=gluon_nb scripts/attention_vs_fa4.sh",
                             "attention_vs_fa4_gluon_rv": "MACHINE=h100x1 STUDY=gluon_rv scripts/attention_vs_fa4.sh",
-                            "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh"}
-# the records made on another one-GPU machine than notebook 04's one_gpu_machine (session 25: the H100 lent)
-ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1"}
+                            # session 26 (an H100): one release per ring slot (-jr, call N6); the best rungs side by
+                            # side with 30 repeats a block (call N8)
+                            "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh",
+                            "attention_vs_fa4_gluon_final": "MACHINE=h100x1 STUDY=gluon_final REPEATS=30 "
+                                                            "scripts/attention_vs_fa4.sh"}
+# the records made on another one-GPU machine than notebook 04's one_gpu_machine (sessions 25-26: the H100 lent)
+ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1",
+                            "attention_vs_fa4_gluon_jr": "h100x1"}
 
 
 def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
@@ -681,7 +686,9 @@ def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.Dat
 
     flops = attention_flops(med.S.astype(float), med.H, med.D)
     # ours: our Triton kernel's rows, or the Gluon kernel's (method gluon: a variant has one of the two)
-    med["ours_ms"] = med["triton"].fillna(med["gluon"]) if "gluon" in med else med["triton"]
+    # (a record may hold only Gluon rungs: session 26's gluon_jr and gluon_final)
+    mine = [m for m in ("triton", "gluon") if m in med]
+    med["ours_ms"] = med[mine[0]].fillna(med[mine[-1]])
     med["cudnn_ms"] = med["cudnn"] if "cudnn" in med else np.nan
     med["ours_tflops"] = flops / med.ours_ms / 1e9
     med["cudnn_tflops"] = flops / med.cudnn_ms / 1e9
