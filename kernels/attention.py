@@ -202,10 +202,26 @@ Named barriers recover most of what mbarrier turns lost, but turns are no faster
 summary's rule (the fastest variant by time): met on 6 of 7 shapes on this H100, all but CogVideoX (0.941; 0.946 the
 best rung). The sweep's tiles are now rv at D = 128 and zz with named barriers and -rv at D = 64
 (``ulysses_gluon.SWEEP_CONFIGS``).
-Built, not yet timed (no machine came for calls N5 / N6): -jr (``joint_release``, ``JOINT_RUNGS``, ``STUDY=gluon_jr``)
-releases each ring slot once, after the P V that read its V, with three slots. Each one-thread mbarrier arrive costs
-the consumer warpgroup a bar.sync (Triton 3.6 SASS), and FA4 releases per warp without one. -jr removes one of each
-per consumer per block.
+Session 26, calls N5 / N6 (2026-12-06, another H100 80GB HBM3; data/h100x1/attention_vs_fa4_gluon_jr/, ``MACHINE=h100x1
+STUDY=gluon_jr scripts/attention_vs_fa4.sh``): -jr (``joint_release``, ``JOINT_RUNGS``) releases each ring slot once,
+after the P V that read its V, with three slots. Each one-thread mbarrier arrive costs the consumer warpgroup a bar.sync
+(Triton 3.6 SASS), and FA4 releases per warp without one; -jr removes one of each per consumer per block.
+  rung                                  8192x24 (first / last)  16384x24    32768x12    49152x12    32760x6
+  rv. (the sweep's tile, two slots)     641 (0.945) / 642 (0.94) 679 (0.97)  655 (0.945) 674 (0.97)  678 (0.96)
+  -  rv, three slots                    683 (0.94) / 636 (0.94)  662 (0.95)  656 (0.98)  660 (0.955) 678 (0.96)
+  -  rv, three slots, -jr               654 (0.94) / 663 (0.94)  680 (0.97)  648 (0.97)  657 (0.96)  682 (0.96)
+  rung (D = 64)                         30000x20    17776x24
+  zz with named barriers and -rv        551 (0.956) 490 (0.941)
+  -  three slots                        554 (0.958) 474 (0.952)
+  -  three slots, -jr                   547 (0.956) 476 (0.958)
+-jr is not a lever: our TFLOP/s move by less than FA4's own median moves between blocks of one shape (up to 7.5 % at
+8192x24: 678 / 729 / 693). The ratios rise on CogVideoX only because FA4 fell. Goal on this record by the summary's
+rule (the fastest variant by time): 5 of 7, 8192x24 (0.937 / 0.936) and CogVideoX (0.941) missing; by the best ratio
+only 8192x24 misses (0.945). The best-variant ratio moves +-1.5 % between records, so the goal sits inside the spread
+on two shapes. ``STUDY=gluon_final REPEATS=30`` (``ulysses_gluon.FINAL_RUNGS``: the best
+rungs side by side, 30 repeats a block) is built to settle it, not run yet. With the fused epilogue, -jr's third slot
+at D = 128 passes the shared-memory limit (245 888 B); call N5 found it, and it is now refused before launch
+(``GluonConfig.shared_bytes``).
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete
