@@ -381,7 +381,7 @@ WS = GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)
     (WS, 256, (2,), 0, 0, r"rank must be in \[0, P\)"),
     # session 26, call N5: -jr's third ring slot at D = 128 fits alone but not beside the stores' staging
     (GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True, joint_release=True), 256, (2,), 0, 2,
-     r"fused epilogue of .*-jr at D = 128 needs 245760 B"),
+     r"-jr at D = 128: 245760 B of shared memory for Q, the fused epilogue's staging"),
 ])
 def test_fused_bad_input_one_line_before_any_launch(monkeypatch, cfg, S, table, rank, P, match):
     from xstage.kernels import attention_gluon

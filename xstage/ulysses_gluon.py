@@ -64,8 +64,9 @@ class GluonConfig:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
         return f"gluon-{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}{ml}"
 
-    def validate(self, D: int | None = None) -> None:
-        """One clear error (ValueError) for a tile the kernel cannot run; with ``D``, the shared-memory budget."""
+    def validate(self, D: int | None = None, fused: bool = False) -> None:
+        """One clear error (ValueError) for a tile the kernel cannot run; with ``D``, the shared-memory budget
+        (``fused``: with the fused Ulysses epilogue's staging)."""
         if self.num_warps not in (4, 8):
             raise ValueError(f"Gluon attention: num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}")
         if self.ws:
@@ -105,10 +106,11 @@ class GluonConfig:
         if not 1 <= self.stages <= 4:
             raise ValueError(f"Gluon attention: stages must be in [1, 4], got {self.stages}")
         if D is not None:
-            smem = self.shared_bytes(D)
+            smem = self.shared_bytes(D, fused)
             if smem > SMEM_LIMIT:
-                raise ValueError(f"Gluon attention {self.label} at D = {D}: {smem} B of shared memory for Q"
-                                 f"{', the output' if self.persistent else ''} and the K/V ring (limit {SMEM_LIMIT})")
+                what = ", the fused epilogue's staging" if fused else ", the output" if self.persistent else ""
+                raise ValueError(f"Gluon attention {self.label} at D = {D}: {smem} B of shared memory for Q{what} "
+                                 f"and the K/V ring (limit {SMEM_LIMIT})")
 
     def shared_bytes(self, D: int, fused: bool = False) -> int:
         """The kernel's shared memory in bytes, its mbarriers left out (under 512 B): Q, the K/V ring, the
@@ -116,8 +118,8 @@ class GluonConfig:
         staging of the row-wise stores, block_m x 64 elements. Checked against Triton 3.6's sm_90a builds
         (tests/test_attention_gluon.py): e.g. ws s3 -jr at D = 128 fused needs 245 888 B, over the limit, where
         alone it fits (229 680 B)."""
-        out = self.persistent and not fused
-        return 2 * D * (self.block_m * (2 if out else 1) + 2 * self.stages * self.block_n) + 2 * 64 * self.block_m * fused
+        q_out = self.block_m * (2 if self.persistent and not fused else 1)
+        return 2 * D * (q_out + 2 * self.stages * self.block_n) + 2 * 64 * self.block_m * fused
 
 
 SMEM_LIMIT = 227 * 1024   # Hopper's shared memory per CTA (opt-in maximum)
@@ -362,10 +364,8 @@ def validate_fused(q: torch.Tensor, config: GluonConfig, out_table: torch.Tensor
     if not config.ws:
         raise ValueError(f"the fused epilogue is in the warp-specialised Gluon kernel only (ws=True), got "
                          f"{config.label}")
-    if q.dim() == 3 and config.shared_bytes(q.shape[2], fused=True) > SMEM_LIMIT:
-        raise ValueError(f"the fused epilogue of {config.label} at D = {q.shape[2]} needs "
-                         f"{config.shared_bytes(q.shape[2], fused=True)} B of shared memory (Q, the K/V ring and the "
-                         f"stores' staging; limit {SMEM_LIMIT}): fewer stages")
+    if q.dim() == 3:
+        config.validate(q.shape[2], fused=True)
     if not (isinstance(P, int) and P >= 1 and isinstance(rank, int) and 0 <= rank < P):
         raise ValueError(f"rank must be in [0, P) with P >= 1, got rank {rank}, P {P}")
     if q.dim() == 3 and q.shape[0] % P:
