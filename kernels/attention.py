@@ -218,10 +218,21 @@ after the P V that read its V, with three slots. Each one-thread mbarrier arrive
 8192x24: 678 / 729 / 693). The ratios rise on CogVideoX only because FA4 fell. Goal on this record by the summary's
 rule (the fastest variant by time): 5 of 7, 8192x24 (0.937 / 0.936) and CogVideoX (0.941) missing; by the best ratio
 only 8192x24 misses (0.945). The best-variant ratio moves +-1.5 % between records, so the goal sits inside the spread
-on two shapes. ``STUDY=gluon_final REPEATS=30`` (``ulysses_gluon.FINAL_RUNGS``: the best
-rungs side by side, 30 repeats a block) is built to settle it, not run yet. With the fused epilogue, -jr's third slot
-at D = 128 passes the shared-memory limit (245 888 B); call N5 found it, and it is now refused before launch
-(``GluonConfig.shared_bytes``).
+on two shapes. With the fused epilogue, -jr's third slot at D = 128 passes the shared-memory limit (245 888 B); call
+N5 found it, and it is now refused before launch (``GluonConfig.shared_bytes``).
+Session 27, calls N7 / N8 (2026-12-06, another H100; data/h100x1/attention_vs_fa4_gluon_final/, ``MACHINE=h100x1
+STUDY=gluon_final REPEATS=30 scripts/attention_vs_fa4.sh``): ``ulysses_gluon.FINAL_RUNGS`` side by side, 30 repeats.
+  rung                                  8192x24 (first / last)  16384x24    32768x12    49152x12    32760x6
+  rv. (the sweep's tile, two slots)     626 (0.943) / 623 (0.943) 647 (0.97) 659 (0.97) 665 (0.97) 679 (0.97)
+  -  rv, persistent                     621 (0.954) / 607 (0.934) 649 (0.96) 645 (0.96) 663 (0.965) 630 (0.91)
+  -  rv, three slots, -jr               618 (0.943) / 612 (0.928) 657 (0.97) 660 (0.97) 662 (0.97) 668 (0.954)
+  rung (D = 64)                         30000x20    17776x24
+  zz with named barriers and -rv        543 (0.953) 531 (0.943)
+  -  without -rv                        538 (0.940) 527 (0.939)
+  -  three slots, -jr                   541 (0.950) 526 (0.942)
+  -  three slots, -jr, persistent       543 (0.959) 535 (0.959)
+Goal by the summary's rule: 6 of 7; 8192x24 (0.943, both blocks) the one short. CogVideoX is met by the persistent
+three-slot -jr tile, our TFLOP/s up 0.8 % with FA4 flat.
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete

@@ -71,6 +71,15 @@ SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192
 # (ulysses_gluon.FINAL_RUNGS), run with REPEATS=30 (scripts/attention_vs_fa4.sh)
 STUDIES["gluon_final"] = ("attention_vs_fa4_gluon_final", FINAL_RUNGS)
 SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_jr"] = SHAPES["gluon_final"] = SHAPES["gluon_lp"]
+# gluon_8k (session 27): the one shape the goal missed in call N8 (8192 x 24, 0.943 by the fastest rung), four blocks a
+# rung: the sweep's tile (ws -ml-rv) beside the persistent rungs that led the same-round ratio there in the gluon_nb
+# and gluon_rv records (-ml-pe, -pp-nb-pe, -pe-rv): chosen on those records, judged on this one (REPEATS=30)
+STUDIES["gluon_8k"] = ("attention_vs_fa4_gluon_8k",
+                       {128: (SWEEP_CONFIGS[128], PERSISTENT_RUNGS[128][0], NAMED_RUNGS[128][1], REVERSE_RUNGS[128][1])})
+# gluon_final2 (session 27): gluon_final again on another train (a second record of the same rungs and shapes)
+STUDIES["gluon_final2"] = ("attention_vs_fa4_gluon_final2", FINAL_RUNGS)
+SHAPES["gluon_final2"] = SHAPES["gluon_final"]
+SHAPES["gluon_8k"] = tuple(UlyssesShape(f"s8192_h24{tag}", 8_192, 24, 128) for tag in ("", "_again", "_b3", "_b4"))
 
 if __name__ == "__main__":
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else None

@@ -21,6 +21,8 @@
 # Session 25: STUDY=gluon_nb | gluon_rv | gluon_jr (named-barrier turns, the key blocks last to first, one release
 # per ring slot), MACHINE=h100x1 where the card is an H100 (records into $OUT/$MACHINE/...).
 # Session 26: STUDY=gluon_final with REPEATS=30 (repeats a block; default 10): the best rungs side by side.
+# Session 27: STUDY=gluon_8k (8192 x 24 alone, four blocks a rung: the sweep tile and the persistent rungs);
+# STUDY=gluon_final2 (gluon_final again, a second record).
 # Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"
@@ -42,9 +44,9 @@ for s in "$@"; do
     study:*)
       t0=$SECONDS; lim=${s#study:}
       timeout --signal=INT --kill-after=15 "$lim" python3 scripts/attention_vs_fa4.py $((lim - 40)) "${REPEATS:-10}" 2 \
-        >"$OUT/logs/attention_vs_fa4.log" 2>&1
+        >"$OUT/logs/attention_vs_fa4${STUDY:+_$STUDY}.log" 2>&1
       echo "== attention beside FA4: rc=$? in $((SECONDS - t0))s"
-      grep "^ladder:" "$OUT/logs/attention_vs_fa4.log" | tail -n 80 ;;
+      grep "^ladder:" "$OUT/logs/attention_vs_fa4${STUDY:+_$STUDY}.log" | tail -n 80 ;;
     p4:*)
       lim=$(( ${s#p4:} / 2 ))
       for link in host local; do

@@ -643,9 +643,9 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh",
                             "attention_vs_fa4_gluon_final": "MACHINE=h100x1 STUDY=gluon_final REPEATS=30 "
                                                             "scripts/attention_vs_fa4.sh"}
-# the records made on another one-GPU machine than notebook 04's one_gpu_machine (sessions 25-26: the H100 lent)
+# the records made on another one-GPU machine than notebook 04's one_gpu_machine (sessions 25-27: the H100 lent)
 ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1",
-                            "attention_vs_fa4_gluon_jr": "h100x1"}
+                            "attention_vs_fa4_gluon_jr": "h100x1", "attention_vs_fa4_gluon_final": "h100x1"}
 
 
 def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
