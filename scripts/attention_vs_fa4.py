@@ -79,6 +79,12 @@ STUDIES["gluon_8k"] = ("attention_vs_fa4_gluon_8k",
 # gluon_final2 (session 27): gluon_final again on another train (a second record of the same rungs and shapes)
 STUDIES["gluon_final2"] = ("attention_vs_fa4_gluon_final2", FINAL_RUNGS)
 SHAPES["gluon_final2"] = SHAPES["gluon_final"]
+# gluon_final3 / gluon_final_q (session 27, one call, one card): gluon_final again as recorded so far, then with each
+# sample queued behind a GPU-side wait (LEAD: the host's launch work outside every sample; bench.time_ms)
+STUDIES["gluon_final3"] = ("attention_vs_fa4_gluon_final3", FINAL_RUNGS)
+STUDIES["gluon_final_q"] = ("attention_vs_fa4_gluon_final_q", FINAL_RUNGS)
+SHAPES["gluon_final3"] = SHAPES["gluon_final_q"] = SHAPES["gluon_final"]
+LEAD = {"gluon_final_q"}
 SHAPES["gluon_8k"] = tuple(UlyssesShape(f"s8192_h24{tag}", 8_192, 24, 128) for tag in ("", "_again", "_b3", "_b4"))
 
 if __name__ == "__main__":
@@ -95,6 +101,6 @@ if __name__ == "__main__":
     out = os.path.join(os.environ["OUT"], os.environ.get("MACHINE", "h200x1"), record)
     prefix = (f"STUDY={study} " if study else "") + (f"SKIP_VARIANTS={','.join(sorted(skip))} " if skip else "")
     csv = run_attention_vs_fa4(out, variants=variants, shapes=SHAPES.get(study), repeats=repeats, warmup=3,
-                               launches=launches, deadline_s=deadline,
+                               launches=launches, deadline_s=deadline, lead=study in LEAD,
                                command=prefix + "python3 scripts/attention_vs_fa4.py " + " ".join(sys.argv[1:]))
     print(f"attention_vs_fa4: wrote {csv}", file=sys.stderr)

@@ -22,7 +22,8 @@
 # per ring slot), MACHINE=h100x1 where the card is an H100 (records into $OUT/$MACHINE/...).
 # Session 26: STUDY=gluon_final with REPEATS=30 (repeats a block; default 10): the best rungs side by side.
 # Session 27: STUDY=gluon_8k (8192 x 24 alone, four blocks a rung: the sweep tile and the persistent rungs);
-# STUDY=gluon_final2 (gluon_final again, a second record).
+# STUDY=gluon_final2 (gluon_final again, a second record); stage clocks:<s> (scripts/attention_clocks.py, CLOCK_ARGS);
+# STUDY=gluon_final3 then gluon_final_q (the same, each sample queued behind a GPU-side wait: bench.time_ms lead).
 # Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"
@@ -47,6 +48,12 @@ for s in "$@"; do
         >"$OUT/logs/attention_vs_fa4${STUDY:+_$STUDY}.log" 2>&1
       echo "== attention beside FA4: rc=$? in $((SECONDS - t0))s"
       grep "^ladder:" "$OUT/logs/attention_vs_fa4${STUDY:+_$STUDY}.log" | tail -n 80 ;;
+    clocks:*)   # session 27: sustained windows of ours, FA4, cuDNN with nvidia-smi's clock and power samples
+      t0=$SECONDS
+      timeout --signal=INT --kill-after=15 "${s#clocks:}" python3 scripts/attention_clocks.py ${CLOCK_ARGS:-} \
+        >"$OUT/logs/attention_clocks.log" 2>&1
+      echo "== attention clocks: rc=$? in $((SECONDS - t0))s"
+      grep "^clocks:\|Error" "$OUT/logs/attention_clocks.log" | tail -n 40 ;;
     p4:*)
       lim=$(( ${s#p4:} / 2 ))
       for link in host local; do

@@ -26,7 +26,7 @@ def cpu_timing(monkeypatch):
 
     from xstage import bench
 
-    def cpu_time_ms(fn, warmup=3, reps=10, device=None):
+    def cpu_time_ms(fn, warmup=3, reps=10, device=None, lead=False):   # lead: no GPU to wait on
         for _ in range(warmup):
             fn()
         out = []

@@ -838,6 +838,28 @@ def test_recorded_final_study_replays_the_goal_and_the_clock_drift():
     assert (s10.best_variant != s.best_variant).any()
 
 
+def test_recorded_second_card_replays_its_lower_ratios():
+    """data/h100x1/attention_vs_fa4_gluon_8k and _final2 (call N10, session 27, another H100, commit cd3e751): every
+    variant checked before timing; what the lab notebook reads from them: on this card no rung reaches 0.95 of FA4 at
+    8192 x 24 in any of four blocks, the gluon_final rungs meet the goal on 3 shapes only, and row by row against
+    call N8's card our TFLOP/s fell by more than FA4's (median over the S >= 8K rows)."""
+    from xstage import studies
+
+    t8 = _replay_session25("attention_vs_fa4_gluon_8k", "cd3e751",
+                           {128: (G.SWEEP_CONFIGS[128], G.PERSISTENT_RUNGS[128][0], G.NAMED_RUNGS[128][1],
+                                  G.REVERSE_RUNGS[128][1])})
+    assert len(t8) == 16 and (t8.ours_over_fa < 0.95).all()
+    t2 = _replay_session25("attention_vs_fa4_gluon_final2", "cd3e751", G.FINAL_RUNGS)
+    s = studies.attention_vs_fa4_summary(t2)
+    need = s[s.goal_applies]
+    assert set(need[need.met]["shape"]) == {"s16384_h24", "s32768_h12", "s49152_h12"}
+    t1 = studies.attention_ladder_table(*studies.attention_ladder_data("h100x1", "attention_vs_fa4_gluon_final"))
+    m = t1.merge(t2, on=["shape", "variant"], suffixes=("_1", "_2"))
+    m = m[m.S_1 >= 8192]
+    ours, fa = (m.ours_tflops_2 / m.ours_tflops_1).median(), (m.fa_tflops_2 / m.fa_tflops_1).median()
+    assert ours < fa < 1.0 and ours < 0.98
+
+
 def test_recorded_named_barrier_study_replays_its_ratios():
     """data/h100x1/attention_vs_fa4_gluon_nb (calls N1 / N2, session 25, one H100, commit 936ab2f): every variant
     checked against float32 before timing, FA4 on every shape; each variant's ours / FA4 is the ratio of its own

@@ -15,15 +15,25 @@ import pandas as pd
 import torch
 
 
-def time_ms(fn: Callable[[], None], warmup: int = 3, reps: int = 10, device: torch.device | None = None
-            ) -> list[float]:
-    """Milliseconds of each of ``reps`` runs of ``fn`` (after ``warmup`` runs), timed with CUDA events."""
+LEAD_CYCLES = 2_000_000   # a GPU-side wait of ~1-1.4 ms (H100 / H200 clocks) ahead of a timed run (``lead``)
+
+
+def time_ms(fn: Callable[[], None], warmup: int = 3, reps: int = 10, device: torch.device | None = None,
+            lead: bool = False) -> list[float]:
+    """Milliseconds of each of ``reps`` runs of ``fn`` (after ``warmup`` runs), timed with CUDA events.
+
+    The start event is recorded on an idle GPU, so a run's time includes the host's work to launch its first kernel
+    (the rest hide behind the kernels before them). ``lead``: the GPU first waits LEAD_CYCLES (``torch.cuda._sleep``)
+    ahead of the start event, so the host has queued the run before its clock starts: the GPU's time alone, as in
+    a layer whose launches run ahead of the GPU (session 27, docs/lab-notebook.md)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)
     out = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if lead:
+            torch.cuda._sleep(LEAD_CYCLES)
         start.record()
         fn()
         end.record()
@@ -33,11 +43,11 @@ def time_ms(fn: Callable[[], None], warmup: int = 3, reps: int = 10, device: tor
 
 
 def round_robin_ms(fns: Mapping[str, Callable[[], None]], repeats: int, warmup: int = 1, settle: int = 0,
-                   before: Callable[[], None] | None = None) -> dict[str, list[float]]:
+                   before: Callable[[], None] | None = None, lead: bool = False) -> dict[str, list[float]]:
     """Several methods timed side by side: each warmed up (``warmup`` runs, compiling it), then ``repeats`` rounds
     of one timed run of each method (after ``settle`` untimed runs of it), so that a drift of the GPU's clocks
-    over the run falls on every method alike. ``before`` runs before every warm-up and timed run (a barrier).
-    Returns {method: [ms per round]}."""
+    over the run falls on every method alike. ``before`` runs before every warm-up and timed run (a barrier);
+    ``lead``: see :func:`time_ms`. Returns {method: [ms per round]}."""
     before = before or (lambda: None)
     for fn in fns.values():
         before()
@@ -46,8 +56,33 @@ def round_robin_ms(fns: Mapping[str, Callable[[], None]], repeats: int, warmup: 
     for _ in range(repeats):
         for m, fn in fns.items():
             before()
-            out[m] += time_ms(fn, warmup=settle, reps=1)
+            out[m] += time_ms(fn, warmup=settle, reps=1, lead=lead)
     return out
+
+
+def sustained_ms(fn: Callable[[], None], seconds: float, ms_hint: float) -> tuple[int, float]:
+    """``fn`` run back to back for ``seconds`` (batches of ~50 ms, the host waiting on the batch before the last, so
+    the GPU's queue never empties): (runs, ms per run from CUDA events around all of them). For readings that need
+    a steady load (clocks, power: xstage.attention_clocks)."""
+    import time
+
+    batch = max(1, int(50.0 / max(ms_hint, 1e-3)))
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    n, prev, t0 = 0, None, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(batch):
+            fn()
+        n += batch
+        ev = torch.cuda.Event()
+        ev.record()
+        if prev is not None:
+            prev.synchronize()
+        prev = ev
+    end.record()
+    torch.cuda.synchronize()
+    return n, start.elapsed_time(end) / n
 
 
 def median(xs: list[float]) -> float:

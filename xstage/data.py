@@ -318,8 +318,21 @@ ATTENTION_LADDER = Schema(
 #            the two), cudnn (torch SDPA, cuDNN backend), fa4 (FA4's kernel), timed round-robin in the same rounds
 #   ms       CUDA events around one launch; tflops = 4 S^2 H D / ms
 
+ATTENTION_CLOCKS = Schema(
+    "attention_clocks", 1,
+    {"variant": "str", "shape": "str", "S": "int64", "H": "int64", "D": "int64", "method": "str",
+     "window": "int64", "launches": "int64", "seconds": "float64", "ms": "float64", "tflops": "float64",
+     "sm_mhz": "float64", "power_w": "float64", "temp_c": "float64", "samples": "int64", "reasons": "str"},
+    ("variant", "shape", "S", "H", "D"), row=("method", "window"), times=("ms", "tflops", "sm_mhz", "power_w"),
+)
+# attention_clocks (xstage.attention_clocks), per variant of ours, shape, method, window: one method launched back to
+# back for ``seconds`` while nvidia-smi samples the GPU; windows run ours, FA4, cuDNN in turn, ``window`` times over
+#   launches, ms   launches in the window; CUDA events around them / launches; tflops = 4 S^2 H D / ms
+#   sm_mhz, power_w, temp_c   medians of the nvidia-smi samples in the window after its first SETTLE_S
+#   samples        how many samples those medians are of; reasons: the clock-event reasons seen (hex, OR of all)
+
 SCHEMAS = {s.name: s for s in (BURST_GAP, BANDWIDTH, BURST_TRAIN, BURST_PROGRAM, MEGAMOE, MEGAMOE_TRAFFIC,
-                                 MEGAMOE_GEMM, ULYSSES, ULYSSES_TRAFFIC, ATTENTION_LADDER)}
+                                 MEGAMOE_GEMM, ULYSSES, ULYSSES_TRAFFIC, ATTENTION_LADDER, ATTENTION_CLOCKS)}
 REQUIRED_META = ("schema", "schema_version", "machine", "gpu_name", "gpu_count", "driver", "torch", "triton",
                  "git_commit", "date_utc", "command", "params")
 

@@ -642,10 +642,17 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             # side with 30 repeats a block (call N8)
                             "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh",
                             "attention_vs_fa4_gluon_final": "MACHINE=h100x1 STUDY=gluon_final REPEATS=30 "
-                                                            "scripts/attention_vs_fa4.sh"}
+                                                            "scripts/attention_vs_fa4.sh",
+                            # session 27, call N10 (another H100): 8192 x 24 alone, four blocks a rung; then
+                            # gluon_final again on that card
+                            "attention_vs_fa4_gluon_8k": "MACHINE=h100x1 STUDY=gluon_8k REPEATS=30 "
+                                                         "scripts/attention_vs_fa4.sh",
+                            "attention_vs_fa4_gluon_final2": "MACHINE=h100x1 STUDY=gluon_final2 REPEATS=30 "
+                                                             "scripts/attention_vs_fa4.sh"}
 # the records made on another one-GPU machine than notebook 04's one_gpu_machine (sessions 25-27: the H100 lent)
 ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1",
-                            "attention_vs_fa4_gluon_jr": "h100x1", "attention_vs_fa4_gluon_final": "h100x1"}
+                            "attention_vs_fa4_gluon_jr": "h100x1", "attention_vs_fa4_gluon_final": "h100x1",
+                            "attention_vs_fa4_gluon_8k": "h100x1", "attention_vs_fa4_gluon_final2": "h100x1"}
 
 
 def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
@@ -748,6 +755,57 @@ def attention_vs_fa4_goals(summary: pd.DataFrame, world: str = "") -> pd.DataFra
                               paper=None, goal=f">= {ATTENTION_LADDER_GOAL:g}",
                               met=None if ours is None else ours >= ATTENTION_LADDER_GOAL)],
                         columns=["quantity", "ours", "paper", "goal", "met"])
+
+
+ATTENTION_CLOCKS_MACHINE = "h100x1"   # session 27, call N12: the one card the clocks study was run on so far
+
+
+def attention_clocks_data(machine: str = ATTENTION_CLOCKS_MACHINE, record: str = "attention_clocks") -> tuple[pd.DataFrame, dict]:
+    """The sustained-clocks study's rows (schema xstage.data.ATTENTION_CLOCKS) and provenance, verified
+    (data/<machine>/attention_clocks/, ``scripts/attention_clocks.py``). Recorded only (the run needs a GPU)."""
+    folder = data.machine_dir(machine) / record
+    if not data.paths(folder, data.ATTENTION_CLOCKS)[0].is_file():
+        raise ValueError(f"machine {machine!r} has no recorded {record} ({folder} has no attention_clocks.csv); "
+                         f"record it: scripts/attention_vs_fa4.sh install clocks:<s>")
+    return data.load(folder, data.ATTENTION_CLOCKS)
+
+
+def attention_clocks_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and method of the sustained-clocks study (xstage.attention_clocks): medians over its windows of
+    TFLOP/s, SM clock (MHz), power (W) and temperature; ``tflops_per_ghz`` (work per clock: TFLOP/s over the SM
+    clock in GHz), ``j_per_pflop`` (energy per PFLOP: W over TFLOP/s, x 1000) and the clock-event reasons seen
+    (OR over windows, hex)."""
+    def bits(r):
+        out = 0
+        for x in r:
+            out |= int(x, 16)
+        return f"0x{out:x}"
+
+    t = df.groupby(["shape", "S", "H", "D", "method"], sort=False).agg(
+        tflops=("tflops", "median"), sm_mhz=("sm_mhz", "median"), power_w=("power_w", "median"),
+        temp_c=("temp_c", "median"), windows=("window", "nunique"), reasons=("reasons", bits)).reset_index()
+    t["tflops_per_ghz"] = t.tflops / (t.sm_mhz / 1000)
+    t["j_per_pflop"] = t.power_w / t.tflops * 1000
+    return t
+
+
+def attention_clocks_ratios(table: pd.DataFrame) -> pd.DataFrame:
+    """Per shape (:func:`attention_clocks_table`): ours / FA4 in TFLOP/s (sustained), the SM clock ours ran at over
+    FA4's, ours / FA4 per clock (TFLOP/s per GHz), and power and energy per PFLOP of both. Shapes without FA4 rows
+    are left out."""
+    rows = []
+    for shape, g in table.groupby("shape", sort=False):
+        by = g.set_index("method")
+        mine = next((m for m in ("gluon", "triton") if m in by.index), None)
+        if mine is None or "fa4" not in by.index:
+            continue
+        o, f = by.loc[mine], by.loc["fa4"]
+        rows.append(dict(shape=shape, S=int(o.S), H=int(o.H), D=int(o.D), ours_tflops=o.tflops, fa_tflops=f.tflops,
+                         ours_over_fa=o.tflops / f.tflops, ours_mhz=o.sm_mhz, fa_mhz=f.sm_mhz,
+                         clock_ratio=o.sm_mhz / f.sm_mhz, ours_over_fa_per_clock=o.tflops_per_ghz / f.tflops_per_ghz,
+                         ours_w=o.power_w, fa_w=f.power_w, ours_j_per_pflop=o.j_per_pflop,
+                         fa_j_per_pflop=f.j_per_pflop))
+    return pd.DataFrame(rows)
 
 
 def _ladder_labels(cfgs: list[dict]) -> list[str]:

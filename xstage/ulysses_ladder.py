@@ -254,33 +254,40 @@ def _cudnn_agrees(q, k, v, config) -> str | None:
     return None if err < CUDNN_TOL else f"cuDNN SDPA differs from our attention by {err:.3g} (relative L2)"
 
 
-def time_pair(q, k, v, config, repeats: int, warmup: int, cudnn: bool, fa: bool = False,
-              launches: int = 1) -> dict[str, list[float]]:
-    """{"triton" (or "gluon" for a GluonConfig: :func:`ours`): ms per repeat, "cudnn": ms per repeat (if ``cudnn``),
-    "fa4": ms per repeat (if ``fa``: FA4's kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each
-    repeat round-robin over them (one sample each), so a clock drift falls on all alike. A sample is ``launches``
-    back-to-back launches between two events, divided by ``launches``."""
+def method_fns(q, k, v, config, cudnn: bool, fa: bool = False) -> tuple[dict, object]:
+    """The methods of one shape, each a no-argument launch: ({"triton" or "gluon" (:func:`ours`): ours, "cudnn":
+    SDPA's cuDNN backend (if ``cudnn``), "fa4": FA4's kernel (if ``fa``, ``xstage.fa4.attention_kernel``)}, the
+    context manager to launch them in (the cuDNN backend selected, or a null context))."""
     from contextlib import nullcontext
-
-    def times(fn):
-        return lambda: [fn() for _ in range(launches)]
 
     out_fa = torch.empty_like(q) if fa else None
     method, fn = ours(config)
-    fns = {method: times(lambda: fn(q, k, v))}
+    fns = {method: lambda: fn(q, k, v)}
     if cudnn:
-        fns["cudnn"] = times(lambda: sdpa_cudnn(q, k, v))
+        fns["cudnn"] = lambda: sdpa_cudnn(q, k, v)
     if fa:
         from . import fa4
 
-        fns["fa4"] = times(lambda: fa4.attention_kernel(q, k, v, out=out_fa))
+        fns["fa4"] = lambda: fa4.attention_kernel(q, k, v, out=out_fa)
     ctx = nullcontext()
     if cudnn:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+    return fns, ctx
+
+
+def time_pair(q, k, v, config, repeats: int, warmup: int, cudnn: bool, fa: bool = False,
+              launches: int = 1, lead: bool = False) -> dict[str, list[float]]:
+    """{"triton" (or "gluon" for a GluonConfig: :func:`ours`): ms per repeat, "cudnn": ms per repeat (if ``cudnn``),
+    "fa4": ms per repeat (if ``fa``: FA4's kernel, ``xstage.fa4.attention_kernel``)}: all warmed up, then each
+    repeat round-robin over them (one sample each), so a clock drift falls on all alike. A sample is ``launches``
+    back-to-back launches between two events, divided by ``launches``; ``lead``: each sample queued behind a GPU-side
+    wait first (``bench.time_ms``), so the host's launch work is outside every sample."""
+    fns, ctx = method_fns(q, k, v, config, cudnn, fa)
     with ctx:
-        ms = bench.round_robin_ms(fns, repeats, warmup=warmup)
+        ms = bench.round_robin_ms({m: (lambda f=f: [f() for _ in range(launches)]) for m, f in fns.items()},
+                                  repeats, warmup=warmup, lead=lead)
     return {m: [t / launches for t in ts] for m, ts in ms.items()}
 
 
@@ -332,7 +339,8 @@ def validate_ladder(variants: Mapping[int, Sequence[AttnConfig]], shapes: Sequen
 
 def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[AttnConfig]],
                shapes: Sequence[UlyssesShape], repeats: int, warmup: int, seed: int,
-               deadline_s: float | None = None, world=None, fa: bool = False, launches: int = 1) -> Path:
+               deadline_s: float | None = None, world=None, fa: bool = False, launches: int = 1,
+               lead: bool = False) -> Path:
     """Check, then time, every variant on its head dim's shapes (module docstring); appends to
     ``folder``/attention_ladder.csv (resumable). ``deadline_s``: no new variant starts after this many
     seconds (what finished is kept). ``fa``: FA4's kernel timed in the same rounds (when it runs here), and each
@@ -404,7 +412,7 @@ def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[A
                 m = data.read_meta(side, ATTENTION_LADDER)
                 m.setdefault("shape_checks", {}).setdefault(str(D), {}).setdefault(cfg.label, {})[s.name] = errs
                 data.write_json_atomic(side, m)
-            times = time_pair(q, k, v, cfg, repeats, warmup, use_cudnn, use_fa, launches)
+            times = time_pair(q, k, v, cfg, repeats, warmup, use_cudnn, use_fa, launches, lead)
             flops = attention_flops(s.S, s.H, s.D)
             rows = [dict(variant=cfg.label, shape=s.name, S=s.S, H=s.H, D=s.D, method=meth, repeat=i, ms=ms,
                          tflops=flops / (ms * 1e-3) / 1e12)
@@ -444,9 +452,10 @@ def run_attention_ladder(out: str | Path, variants: Mapping[int, Sequence[AttnCo
 def run_attention_vs_fa4(out: str | Path, variants: Mapping[int, Sequence[AttnConfig]] | None = None,
                          shapes: Sequence[UlyssesShape] | None = None, repeats: int = 10, warmup: int = 3,
                          launches: int = LAUNCHES, seed: int = 0, deadline_s: float | None = None,
-                         command: str = "") -> Path:
+                         command: str = "", lead: bool = False) -> Path:
     """Our attention's variants beside FA4's CuTe Hopper forward and cuDNN SDPA, same rounds, on one GPU, into
-    ``out``/attention_ladder.csv (module docstring; record folder data/<machine>/attention_vs_fa4/)."""
+    ``out``/attention_ladder.csv (module docstring; record folder data/<machine>/attention_vs_fa4/). ``lead``: each
+    sample queued behind a GPU-side wait (``bench.time_ms``; session 27), recorded in the sidecar's ``lead``."""
     from . import fa4
 
     variants = FA4_VARIANTS if variants is None else variants
@@ -468,10 +477,12 @@ def run_attention_vs_fa4(out: str | Path, variants: Mapping[int, Sequence[AttnCo
                   check_P=CHECK_P, fa4=dict(available=ok, why=why, versions=fa4.versions(), config=fa_cfg,
                                             num_stages=fa4.NUM_STAGES, num_threads=fa4.NUM_THREADS),
                   gluon=_gluon_params(variants),
+                  lead=lead, lead_cycles=bench.LEAD_CYCLES if lead else 0,
                   timing=f"all warmed up, then each repeat round-robin: ours, cuDNN SDPA, FA4's kernel (CUDA "
-                         f"events around {launches} back-to-back launches, divided by {launches})")
+                         f"events around {launches} back-to-back launches, divided by {launches}"
+                         + (f"; each sample queued behind a {bench.LEAD_CYCLES}-cycle GPU wait)" if lead else ")"))
     return ladder_job(out, env.provenance(command, params), variants, shapes, repeats, warmup, seed, deadline_s,
-                      fa=True, launches=launches)
+                      fa=True, launches=launches, lead=lead)
 
 
 def _gluon_params(variants) -> dict | None:
