@@ -233,6 +233,16 @@ STUDY=gluon_final REPEATS=30 scripts/attention_vs_fa4.sh``): ``ulysses_gluon.FIN
   -  three slots, -jr, persistent       543 (0.959) 535 (0.959)
 Goal by the summary's rule: 6 of 7; 8192x24 (0.943, both blocks) the one short. CogVideoX is met by the persistent
 three-slot -jr tile, our TFLOP/s up 0.8 % with FA4 flat.
+Session 27, calls N10 / N14 (two more H100s): the same rungs gave 3 of 7 and 2 of 7 (8192x24 0.90). Every record so
+far started each sample's clock on an idle GPU, so a sample held the host's work to launch its first kernel: ours
+(Python launcher, four TMA descriptors per call) ~100-250 us more than FA4's. Queued behind a GPU-side wait
+(``bench.time_ms(lead=True)``, data/h100x1/attention_vs_fa4_gluon_final_q/, the card that gave 2 of 7 minutes before):
+  rung                                  8192x24 (first / last)  16384x24    32768x12    49152x12    32760x6
+  rv. (the sweep's tile, two slots)     720 (0.977) / 719 (0.977) 684 (0.977) 685 (0.989) 675 (0.973) 708 (0.975)
+  rung (D = 64)                         30000x20    17776x24
+  zz with named barriers and -rv        556 (0.963) 569 (0.962)
+Goal met on 7 of 7 in GPU time. Sustained at the 700 W cap (data/h100x1/attention_clocks/, a third card): 0.967 at
+8192x24 and 32768x12, 0.971 on CogVideoX, ours at FA4's SM clock at D = 128.
 
 A separate one-program kernel (``sync.epoch_barrier_kernel``) ends the fused layer: each rank releases its epoch
 into every peer's flag slot (system scope) and waits (acquire, bounded) for every peer's, so "output complete

@@ -648,11 +648,18 @@ ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",  
                             "attention_vs_fa4_gluon_8k": "MACHINE=h100x1 STUDY=gluon_8k REPEATS=30 "
                                                          "scripts/attention_vs_fa4.sh",
                             "attention_vs_fa4_gluon_final2": "MACHINE=h100x1 STUDY=gluon_final2 REPEATS=30 "
-                                                             "scripts/attention_vs_fa4.sh"}
+                                                             "scripts/attention_vs_fa4.sh",
+                            # session 27, call N14 (a fourth H100): gluon_final as before, then each sample queued
+                            # behind a GPU-side wait (bench.time_ms lead: the host's launch work outside the sample)
+                            "attention_vs_fa4_gluon_final3": "MACHINE=h100x1 STUDY=gluon_final3 REPEATS=30 "
+                                                             "scripts/attention_vs_fa4.sh",
+                            "attention_vs_fa4_gluon_final_q": "MACHINE=h100x1 STUDY=gluon_final_q REPEATS=30 "
+                                                              "scripts/attention_vs_fa4.sh"}
 # the records made on another one-GPU machine than notebook 04's one_gpu_machine (sessions 25-27: the H100 lent)
 ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1",
                             "attention_vs_fa4_gluon_jr": "h100x1", "attention_vs_fa4_gluon_final": "h100x1",
-                            "attention_vs_fa4_gluon_8k": "h100x1", "attention_vs_fa4_gluon_final2": "h100x1"}
+                            "attention_vs_fa4_gluon_8k": "h100x1", "attention_vs_fa4_gluon_final2": "h100x1",
+                            "attention_vs_fa4_gluon_final3": "h100x1", "attention_vs_fa4_gluon_final_q": "h100x1"}
 
 
 def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
@@ -664,7 +671,9 @@ def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
 ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
                                                       "bbe1e4a; 14-20 % slower, fixed since)",
                            "attention_vs_fa4_gluon_next": "FA4 absent in this run (the carried stack lacked "
-                                                          "nvidia-cutlass-dsl-libs-core): ours and cuDNN only, call U3"}
+                                                          "nvidia-cutlass-dsl-libs-core): ours and cuDNN only, call U3",
+                           "attention_vs_fa4_gluon_final_q": "each sample queued behind a GPU-side wait: GPU time "
+                                                             "alone, the host's launch work outside (call N14)"}
 
 
 def attention_ladder_data(machine: str = "h200x1", record: str = "attention_ladder") -> tuple[pd.DataFrame, dict]:
