@@ -26,7 +26,10 @@ directly, bit for bit ``flash_attn_func``'s output in run F4), timed in the same
 shape is timed, ours, FA4 and cuDNN are each compared with the float32 reference on sampled query rows of that
 shape's fresh inputs (``shape_checks`` in the sidecar; a method that disagrees is not timed). Each timed sample is
 ``launches`` back-to-back launches between two events, divided by ``launches``: the host's launch work (Python,
-TMA descriptors, FA's TVM-FFI call) is hidden behind the previous kernel for every method alike, as in a layer.
+TMA descriptors, FA's TVM-FFI call) hides behind the previous kernel for every launch but the first, whose start
+event fires on an idle GPU. That first launch's host work differs between methods (ours ~100-250 us more than FA4's
+on the H100s of session 27) and weighs most on the shortest kernels: ``lead=True`` queues each sample behind a
+GPU-side wait first (``bench.time_ms``), so a sample is GPU time alone (record attention_vs_fa4_gluon_final_q).
 Without FA4 (no extra, not Hopper, the CPU) its rows are absent with one line (``fa4_absent``), never 0.
 """
 from __future__ import annotations
