@@ -10,7 +10,9 @@ slow drift falls on all methods alike. Per window: TFLOP/s (CUDA events around a
 samples after the first ``SETTLE_S`` seconds, and the clock-event reasons seen (power cap, thermal, ...).
 Per shape, before any window, every method is checked against the float32 reference on sampled query rows
 (``ulysses_ladder.check_shape``). Rows: schema ``attention_clocks`` (xstage.data), one shape at a time (resumable).
-``scripts/attention_clocks.py`` runs it; ``xstage.studies.attention_clocks_summary`` reads it.
+``scripts/attention_clocks.py`` runs it; ``xstage.studies.attention_clocks_table`` / ``attention_clocks_ratios`` read
+it. Call N12 (data/h100x1/attention_clocks/) refuted the power hypothesis: every window at the 700 W cap, ours at
+FA4's SM clock at D = 128; the gap was the round-robin samples' host launch work (``bench.time_ms`` lead).
 """
 from __future__ import annotations
 
@@ -168,7 +170,7 @@ def run_attention_clocks(out: str | Path, shapes: Sequence[UlyssesShape] = CLOCK
                          f"{PERIOD_MS} ms")
     meta = env.provenance(command, params)
     csv = data.start_file(out, ATTENTION_CLOCKS, meta)
-    side = Path(out) / f"{ATTENTION_CLOCKS.name}.json"
+    side = data.paths(out, ATTENTION_CLOCKS)[1]
     done = data.done_keys(csv, ATTENTION_CLOCKS)
     dtype = default_dtype()
     for s in shapes:
