@@ -78,7 +78,7 @@ def test_ill_typed_value_is_rejected(nbdir: Path, tmp_path: Path, capsys) -> Non
     rc = reproduce.main(["--notebooks", str(nbdir), "--out", str(tmp_path / "run"), "-p", "burst_kib", "banana"])
     err = capsys.readouterr().err.strip()
     assert rc == 2
-    assert err == "error: parameter 'burst_kib' expects int, got 'banana'"
+    assert err == "xstage reproduce: error: parameter 'burst_kib' expects int, got 'banana'"
     assert not (tmp_path / "run").exists()
 
 
@@ -245,7 +245,7 @@ def test_gallery_errors_name_the_figure(tmp_path: Path, capsys) -> None:
     assert report.main(["gallery", str(run), "--readme", str(readme), "--dest", str(tmp_path / "f"),
                         "--figures", "a,zz"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: figures not in") and "zz" in err and len(err.splitlines()) == 1
+    assert err.startswith("xstage report: error: figures not in") and "zz" in err and len(err.splitlines()) == 1
     with pytest.raises(ValueError, match="README has no line"):
         report.replace_gallery("no marker\n", "x")
 

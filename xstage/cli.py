@@ -28,25 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr (``xstage sweep burst-gap: error: ...``), exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default (comma-separated for lists), unless it says it already."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        d = action.default
-        if (not action.option_strings or "%(default)" in text or "default" in text or d is argparse.SUPPRESS
-                or d is None or d is False or (isinstance(d, (tuple, list)) and not d)):
-            return text
-        shown = ",".join(map(str, d)) if isinstance(d, (tuple, list)) else str(d)
-        return f"{text} (default: {shown.replace('%', '%%')})"
+from .options import HelpFormatter, OneLineParser, error_line
 
 
 def _nonempty(s: str, items: tuple, what: str) -> tuple:
@@ -444,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         known = isinstance(e, (ValueError, RuntimeError, OSError))
         text = " ".join(str(e).split()) or type(e).__name__
-        print(f"xstage: error: {text if known else f'{type(e).__name__}: {text}'}", file=sys.stderr)
-        return 2
+        return error_line("xstage", text if known else f"{type(e).__name__}: {text}")
     return 0
 
 

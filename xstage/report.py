@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .options import error_line
+
 RUN_DIR_ENV = "XSTAGE_RUN_DIR"
 NOTEBOOK_ENV = "XSTAGE_NOTEBOOK"
 PLOTLY_JS = "plotly.min.js"
@@ -565,8 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n.strip() for n in args.figures.split(",") if n.strip()]
         written = write_gallery(args.run, args.readme, args.dest, names)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error_line("xstage report", exc)
     for path in written:
         print(f"{path}  {path.stat().st_size // 1024} KiB")
     print(f"{args.readme}: gallery block rewritten ({len(written)} figures)")

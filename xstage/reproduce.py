@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from xstage.env import REPO_ROOT, SOURCES, git_commit, resolve_source
+from xstage.options import OneLineParser, error_line
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 DEFAULT_SOURCE = "auto"
@@ -59,10 +60,11 @@ def discover_notebooks(directory: Path | None = None, only: list[str] | None = N
         raise ParameterError(f"no notebooks matching {NOTEBOOK_GLOB} in {directory}")
     if only:
         wanted = [w.strip().lower() for item in only for w in item.split(",") if w.strip()]
-        picked = [p for p in found if any(w in p.stem.lower() for w in wanted)]
-        if not picked:
-            raise ParameterError(f"--only {','.join(wanted)} matches no notebook "
+        unmatched = [w for w in wanted if not any(w in p.stem.lower() for p in found)]
+        if unmatched or not wanted:
+            raise ParameterError(f"--only {','.join(unmatched) or repr('')} matches no notebook "
                                  f"(available: {', '.join(p.stem for p in found)})")
+        picked = [p for p in found if any(w in p.stem.lower() for w in wanted)]
         found = picked
     return found
 
@@ -576,8 +578,7 @@ def run(args: argparse.Namespace) -> int:
         if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
             raise ParameterError(f"--out {args.out} is an existing file, not a folder")
     except ParameterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error_line("xstage reproduce", exc)
 
     root = repo_root()
     try:
@@ -587,9 +588,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             run_folder = _new_run_dir(root / "runs")
     except OSError as exc:
-        print(f"error: cannot create the run folder {args.out or root / 'runs'}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 2
+        return error_line("xstage reproduce", f"cannot create the run folder {args.out or root / 'runs'}: "
+                                              f"{exc.strerror or exc}")
     skipped = skip_reasons(notebooks, params, declared)
     meta = {
         "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -646,8 +646,6 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xstage.cli import OneLineParser
-
     parser = OneLineParser(prog="xstage reproduce", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
