@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import env
 from .options import error_line
 
 RUN_DIR_ENV = "XSTAGE_RUN_DIR"
@@ -78,8 +79,6 @@ def _note(msg: str) -> None:
 def _default_provenance() -> dict[str, Any]:
     """Where the figure was rendered: machine, GPUs, versions, commit, date (xstage.env.provenance)."""
     try:
-        from xstage import env
-
         prov = env.provenance(command=f"notebook {os.environ.get(NOTEBOOK_ENV, '?')}", params={})
         prov.pop("params", None)
         return prov

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from xstage.env import REPO_ROOT, SOURCES, git_commit, resolve_source
+from xstage import __version__, report
 from xstage.options import OneLineParser, error_line
+from xstage.report import PLOTLY_JS, _ensure_plotly_js, read_manifest, write_index
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 DEFAULT_SOURCE = "auto"
@@ -417,14 +419,21 @@ def _plotly_outputs_as_html(nb) -> bool:
     return found
 
 
+def slim(nb) -> bool:
+    """Drop the saved widget state (``metadata.widgets``: ~10 MB of plotly.js per widget notebook) from an
+    executed notebook; the run folder keeps each figure as its own HTML beside one shared plotly.js."""
+    return nb.metadata.pop("widgets", None) is not None
+
+
 def _to_html(executed: Path) -> None:
-    """``<run>/<notebook>.html``; plotly figures use the run's one ``figures/plotly.min.js`` (works offline)."""
+    """``<run>/<notebook>.html``; plotly figures use the run's one ``figures/plotly.min.js`` (works offline).
+    The executed notebook is slimmed first (:func:`slim`), so a run folder stays small."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    from xstage.report import PLOTLY_JS, _ensure_plotly_js
-
     nb = nbformat.read(str(executed), as_version=4)
+    if slim(nb):
+        nbformat.write(nb, str(executed))
     has_plotly = _plotly_outputs_as_html(nb)
     body, _ = HTMLExporter().from_notebook_node(nb)
     if has_plotly:
@@ -491,8 +500,6 @@ def execute(notebooks: list[Path], params: dict[Path, dict[str, Any]], run: Path
 
 def png_note() -> str | None:
     """One line saying why no PNG will be written in this run, or None when kaleido has a browser."""
-    from xstage import report
-
     if os.environ.get("XSTAGE_NO_PNG"):
         return "PNG export is off (XSTAGE_NO_PNG is set); the figures are written as HTML."
     if report.find_chrome() is None:
@@ -503,8 +510,6 @@ def png_note() -> str | None:
 
 def missing_pngs(run: Path) -> list[str]:
     """Figures of the run's manifest that have no PNG."""
-    from xstage.report import read_manifest
-
     return [rec["name"] for rec in read_manifest(run)
             if not (rec.get("png") and (Path(run) / rec["png"]).is_file())]
 
@@ -619,8 +624,6 @@ def run(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from xstage.report import write_index
-
     table = pd.DataFrame(rows, columns=["notebook", "source", "seconds", "status", "error", "note"])
     table.to_csv(run_folder / "summary.csv", index=False)
     print(table[["notebook", "source", "seconds", "status"]].to_string(index=False))
@@ -637,12 +640,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    try:
-        from xstage import __version__
-
-        return __version__
-    except ImportError:
-        return "unknown"
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
