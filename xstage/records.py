@@ -51,6 +51,17 @@ class Record:
         return base / self.folder if self.current else base / ARCHIVE / self.folder
 
 
+@dataclass(frozen=True)
+class Headline:
+    """One row of the README's headline table (each study's ``<study>_analysis.headline()`` returns its rows)."""
+
+    claim: str             # the paper's claim, short ("" where the paper makes none)
+    ours: str              # what we measured, short, with the rows it covers
+    where: str             # link and machine, e.g. "NVLink, 2x H200"
+    record: str            # data/<machine>/<folder>
+    notebook: str          # "03"
+
+
 def _records(*rows: Record) -> tuple[Record, ...]:
     return rows
 
