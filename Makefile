@@ -3,7 +3,7 @@
 #   make test          pytest tests/ (slow checks left out: make test-slow), then nbval over notebooks/
 #   make reproduce     run every notebook into runs/<UTC time>/ (ARGS="--only 02 --source recorded")
 #   make figures       README gallery: reproduce from recorded data into runs/figures/, PNGs into docs/figures/
-#   make readme        README tables derived from data/ (the two-GPU record, the two links, the stage model)
+#   make readme        README headline table, docs/<study>.md and data/*/archive/README.md from data/
 #   make lab           JupyterLab on notebooks/
 #   make wheelhouse    offline wheels for a GPU node (Python 3.12, x86_64) without torch/triton
 #   make install-offline   on that node: venv from wheelhouse/ (keeps the node's CUDA torch)
@@ -96,7 +96,7 @@ figures: venv
 	env -u XSTAGE_NO_PNG $(PY) -m xstage.reproduce --source recorded --out $(FIGURES_RUN)
 	$(PY) -m xstage.report gallery $(FIGURES_RUN) --readme README.md --dest docs/figures
 
-# The README's derived tables (the stage model per link) from data/ (what tests/test_stage_model.py checks)
+# The README headline table, docs/<study>.md and the archive indexes from data/ (what tests/test_readme.py checks)
 readme: venv
 	$(PY) -m xstage.readme README.md
 
