@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
-from xstage import cli, data, report, reproduce, studies
+from xstage import cli, data, records, report, reproduce, studies
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -400,7 +400,7 @@ API_CASES = [
      r"XSTAGE_PNG_SCALE must be a number in \(0, 10\], got '-2'"),
     ("png-scale-text", lambda mp: (_env(mp, XSTAGE_PNG_SCALE="big"), report.print_scale()),
      r"XSTAGE_PNG_SCALE must be a number"),
-    ("resume-compressed", lambda mp: data.start_file(data.machine_dir("h200x2"), data.BURST_GAP, {}),
+    ("resume-compressed", lambda mp: data.start_file(records.folder("burst_gap", "h200x2"), data.BURST_GAP, {}),
      r"is compressed: decompress it to resume"),
 ]
 

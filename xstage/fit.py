@@ -329,12 +329,27 @@ class Observations:
                             None if self.read_fence is None else self.read_fence[idx])
 
 
+# where a machine folder under data/ keeps the fitted records (a sweep's own output folder holds them at its root)
+SWEEP_RECORD = "backpressure_sweep"   # the synchronised burst-gap sweep (schema burst_gap)
+TRAIN_RECORD = "trains"               # the free-running trains (schema burst_train)
+
+
+def record_dir(folder, name: str, schema):
+    """``folder/name`` where it holds a ``schema`` record, else ``folder`` itself (a sweep's output folder)."""
+    from pathlib import Path
+
+    from .data import paths
+
+    sub = Path(folder) / name
+    return sub if paths(sub, schema)[0].is_file() else Path(folder)
+
+
 def recorded_links(folder) -> list[str]:
     """The links a machine folder holds records of (nvlink: remote target; host: host target)."""
     from .data import BURST_GAP, DataError, load
 
     try:
-        df, _ = load(folder, BURST_GAP)
+        df, _ = load(record_dir(folder, SWEEP_RECORD, BURST_GAP), BURST_GAP)
     except DataError as e:
         raise ValueError(f"{folder}: no burst-gap record to fit ({e})") from None
     have = [link for link, t in LINK_TARGETS.items() if (df.target == t).any()]
@@ -391,9 +406,11 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
             parts.append((kind, key[0], int(key[1]), g.burst_bytes.to_numpy(float), g[gap_col].to_numpy(float),
                           g[meas_col].to_numpy(float), g.burst.isin(fenced).to_numpy()))
 
-    df, meta = load(folder, BURST_GAP)
+    sweep = record_dir(folder, SWEEP_RECORD, BURST_GAP)
+    df, meta = load(sweep, BURST_GAP)
     sm = int(meta.get("sm_count", sm) or sm)
-    sources["burst_gap"] = dict(file=str(paths(folder, BURST_GAP)[0].name), sha256=meta.get("csv_sha256"))
+    sources["burst_gap"] = dict(file=str(paths(sweep, BURST_GAP)[0].relative_to(folder)),
+                                sha256=meta.get("csv_sha256"))
     t = tidy_for_fit(df, target, store_bytes, "span_ns")
     t = t[t.sync.astype(bool)]
     t["train"] = "sync:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
@@ -407,7 +424,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         t = t[~t.sync.astype(bool)]
         t["train"] = "free:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
         add("free", "free_running", t, "issue_ns", "gap_ns")
-    tr_dir = folder / trains if trains else folder
+    tr_dir = folder / trains if trains else record_dir(folder, TRAIN_RECORD, BURST_TRAIN)
     if trains and not paths(tr_dir, BURST_TRAIN)[0].is_file():
         raise ValueError(f"{tr_dir}: no burst_train record to fit in place of {folder.name}'s own")
     if paths(tr_dir, BURST_TRAIN)[0].is_file():
@@ -417,7 +434,8 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
             raise ValueError(f"{tr_dir}: no {link} trains (target {target!r}) in its burst_train record")
         if len(sel):
             name = paths(tr_dir, BURST_TRAIN)[0].name
-            sources["burst_train"] = dict(file=f"{trains}/{name}" if trains else name, sha256=meta.get("csv_sha256"))
+            sources["burst_train"] = dict(file=f"{trains}/{name}" if trains else str((tr_dir / name).relative_to(folder)),
+                                          sha256=meta.get("csv_sha256"))
             add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
     for sub in records:
         rec = folder / sub

@@ -69,6 +69,16 @@ def _records(*rows: Record) -> tuple[Record, ...]:
 # ------------------------------------------------------------------ studies (one line each; docs/<name>.md)
 STUDIES: dict[str, Study] = {s.name: s for s in (
     # BLOCK: burst-gap and stage model
+    Study("burst_gap", "Burst-Gap: synchronised stores against backpressure", "01",
+          "how long P programs' bursts of stores to a peer GPU or host memory take, against burst size and gap"),
+    Study("bandwidth", "Peak bandwidth of each link", "01",
+          "the peak store bandwidth of SM stores and of the copy engine on NVLink and over PCIe"),
+    Study("free_running", "Burst-Gap without a barrier between bursts", "01",
+          "the same sweep with programs drifting apart (no grid barrier)"),
+    Study("trains", "Irregular free-running trains of bursts", "02",
+          "the trains the stage model is fitted on and scored on, per link"),
+    Study("drain", "Drain rate measured directly", "02",
+          "long bursts each followed by a system-scope fence: the link's drain rate D, not fitted"),
     # BLOCK: megamoe
     # BLOCK: attention and ulysses
 )}
@@ -76,6 +86,24 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
 # ------------------------------------------------------------------ records (one current per study, machine, link)
 RECORDS: tuple[Record, ...] = _records(
     # BLOCK: burst-gap and stage model
+    Record("burst_gap", "h200x2", "nvlink", "backpressure_sweep", "burst_gap",
+           "xstage sweep burst-gap --out DIR", "synchronised burst-gap sweep to a peer GPU (and local)"),
+    Record("burst_gap", "h200x1", "host", "backpressure_sweep", "burst_gap",
+           "xstage sweep burst-gap --out DIR --targets host,local", "synchronised burst-gap sweep to pinned host memory"),
+    Record("bandwidth", "h200x2", "nvlink", "bandwidth", "bandwidth",
+           "xstage bench bandwidth --out DIR", "peak store and copy-engine bandwidth to a peer GPU"),
+    Record("bandwidth", "h200x1", "host", "bandwidth", "bandwidth",
+           "xstage bench bandwidth --out DIR", "peak store and copy-engine bandwidth to host memory"),
+    Record("free_running", "h200x2", "nvlink", "free_running", "burst_gap",
+           "xstage sweep burst-gap --out DIR/free_running --no-sync", "free-running sweep to a peer GPU"),
+    Record("free_running", "h200x1", "host", "free_running", "burst_gap",
+           "xstage sweep burst-gap --out DIR/free_running --no-sync --targets host,local",
+           "free-running sweep to host memory"),
+    Record("trains", "h200x1", "host", "trains", "burst_train",
+           "xstage sweep trains --out DIR --targets host", "the irregular trains the host stage model is fitted on"),
+    Record("drain", "h200x1", "host", "drain_programs", "burst_gap",
+           "xstage sweep burst-gap --out DIR/drain_programs --drain --targets host",
+           "the host link's drain rate per program count (fixed in the fit)"),
     # BLOCK: megamoe
     # BLOCK: attention and ulysses
 )
