@@ -104,6 +104,22 @@ RECORDS: tuple[Record, ...] = _records(
     Record("drain", "h200x1", "host", "drain_programs", "burst_gap",
            "xstage sweep burst-gap --out DIR/drain_programs --drain --targets host",
            "the host link's drain rate per program count (fixed in the fit)"),
+    Record("trains", "h200x1", "host", "trains_clean_fitted_family", "burst_train",
+           "xstage sweep trains --out DIR --repeats 3 --targets host,local",
+           "the fitted seed-0 family recorded with the clean kernel: each rung scored on clean trains",
+           current=False),
+    Record("trains", "h200x1", "host", "trains_load_probe_l1", "burst_train",
+           "xstage sweep trains --out DIR --per-program --repeats 3 --count 8 --targets host --load-probe 1 "
+           "--programs 132,264",
+           "a load probe of kind 1 inside the fitted trains at P = 132 / 264 (host)", current=False),
+    Record("trains", "h200x1", "host", "trains_load_probe_l2_local", "burst_train",
+           "xstage sweep trains --out DIR --per-program --repeats 3 --count 8 --targets local --load-probe 2 "
+           "--programs 132",
+           "the control of the load probe: kind 2 on the local target at P = 132", current=False),
+    Record("trains", "h200x1", "host", "probe_trains_replicate", "burst_train",
+           "xstage sweep trains --out DIR --targets host --per-program --programs 16,66,132,264 --family probe "
+           "--repeats 3",
+           "the probe trains re-recorded straight after in another call: the between-call spread", current=False),
     # BLOCK: megamoe
     # BLOCK: attention and ulysses
 )
