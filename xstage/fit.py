@@ -283,7 +283,7 @@ RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_proce
 # read before the first burst: no read wait behind the stores inside any timed burst), in place of the machine
 # folder's own burst_train, whose every burst carries the legacy read (session 22). Same model as the rung named
 # before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
-TRAIN_CLEAN = "train_s20_preload"   # session 22 (S20-2): the fitted seed-0 family recorded with the clean kernel
+TRAIN_CLEAN = "trains_clean"   # session 22 (S20-2): the fitted seed-0 family recorded with the clean kernel
 RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free_store": TRAIN_CLEAN,
                "free_store_f2": TRAIN_CLEAN}
 # parameters a rung holds fixed beyond STAGE_PARAMS: free_store's bound F on what free entries may hold beyond a

@@ -1574,7 +1574,7 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
     return rows, summary
 
 
-TRAIN_SMALL = "train_small_s18"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
+TRAIN_SMALL = "trains_small_bursts"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
                                   # after the full model and every candidate rung were written
 # the held-out families re-recorded with the clean kernel (stage trains-clean of scripts/device_session.sh, run S22-1:
 # the same seeds, sizes, gaps and program counts, and seed 22, never recorded before), scored where recorded
@@ -1745,7 +1745,7 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     return out.reset_index()
 
 
-TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
+TRAIN_PROBE = "probe_trains"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
 
 
 def _median_program(pp: pd.DataFrame) -> pd.Series:
