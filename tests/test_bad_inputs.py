@@ -37,7 +37,12 @@ def one_line(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ data files
-def _copy(tmp: Path, schema: data.Schema, src: Path = H200) -> Path:
+RECORDED = {"bandwidth": "bandwidth", "burst_gap": "burst_gap"}   # schema -> the study recording it on h200x2
+
+
+def _copy(tmp: Path, schema: data.Schema, src: Path | None = None) -> Path:
+    if src is None:
+        src = records.folder(RECORDED[schema.name], "h200x2") if schema.name in RECORDED else H200
     csv, side = data.paths(src, schema)
     dst = tmp / "m"
     dst.mkdir(exist_ok=True)

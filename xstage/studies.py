@@ -170,7 +170,7 @@ def bandwidth_data(source: str = "recorded", machine: str = "h200x2",
     """Peak-bandwidth rows (schema xstage.data.BANDWIDTH): SM stores (remote, host, local) and the copy engine
     on each link (peer copy, device-to-host copy). Arguments in the order of every ``*_data`` function.
 
-    source: recorded (data/<machine>/bandwidth.csv), gpu (run the benchmark into ``out``), or auto. There is
+    source: recorded (data/<machine>/bandwidth/), gpu (run the benchmark into ``out``), or auto. There is
     no simulated bandwidth benchmark: pass ``recorded`` to show a machine's measurements beside simulated data.
     """
     def run(folder: Path) -> None:
