@@ -86,10 +86,10 @@ for s in "$@"; do
        gzip -f "$SCRATCH/train_programs_new_p/$f.csv"; done ;;
     # small bursts on a link fed by few to all programs (issue 11, session 18): the regime the fitted models miss
     # (bursts <= 48 KiB, gaps up to 50 us), a new seed, never fitted: held out whole
-    trains-small:*) stage trains-small "${s#trains-small:}" $PY -m xstage sweep trains --out "$SCRATCH/train_small_s18" \
+    trains-small:*) stage trains-small "${s#trains-small:}" $PY -m xstage sweep trains --out "$SCRATCH/trains_small_bursts" \
        --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50 \
-       --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_small_s18/$f.csv" ] && \
-       gzip -f "$SCRATCH/train_small_s18/$f.csv"; done ;;
+       --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/trains_small_bursts/$f.csv" ] && \
+       gzip -f "$SCRATCH/trains_small_bursts/$f.csv"; done ;;
     # (CLEAN_SUFFIX=_r2: the same records again, in another process, into <name>_r2: the clean records' floor)
     # every train record re-recorded with the clean kernel (session 22: the legacy kernel's per-burst reads waited
     # behind the stores at every burst, run S20-2), burst_train only (per-program rows would outgrow the 64 MiB the
@@ -108,16 +108,16 @@ for s in "$@"; do
        done ;;
     # designed probe trains with the probe's size as the variable (session 22): a 32 or 128 KiB lead, 0.5 us, then
     # probes of 2 / 4 / 8 / 16 / 32 KiB, P = 66 / 132 / 264, per program: how much a program issues past a full stage
-    trains-probe-size:*) stage train_probe_size_s22 "${s#trains-probe-size:}" $PY -m xstage sweep trains \
-       --out "$SCRATCH/train_probe_size_s22" --targets host --per-program --programs 66,132,264 --family probe_size \
-       --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/train_probe_size_s22/$f.csv" ] && \
-       gzip -f "$SCRATCH/train_probe_size_s22/$f.csv"; done ;;
+    trains-probe-size:*) stage probe_trains_sizes "${s#trains-probe-size:}" $PY -m xstage sweep trains \
+       --out "$SCRATCH/probe_trains_sizes" --targets host --per-program --programs 66,132,264 --family probe_size \
+       --repeats 3; for f in burst_program burst_train; do [ -e "$SCRATCH/probe_trains_sizes/$f.csv" ] && \
+       gzip -f "$SCRATCH/probe_trains_sizes/$f.csv"; done ;;
     # the load-after-store test (session 22): one timed load after each burst, of a word in L1 (kind 1) or in L2
     # (kind 2), the first 8 trains of the seed-0 family per program at P = 132 / 264, host; kind 2 on the local
     # target too (the control: its stores drain at once)
     trains-load:*) secs=${s#trains-load:}
        for v in "train_load_l1_s22|--targets host --load-probe 1 --programs 132,264" \
-                "train_load_l2_s22|--targets host --load-probe 2 --programs 132,264" \
+                "trains_load_probe_l2|--targets host --load-probe 2 --programs 132,264" \
                 "train_load_l2_local_s22|--targets local --load-probe 2 --programs 132"; do
          sub=${v%%|*}; stage "$sub" "$secs" $PY -m xstage sweep trains --out "$SCRATCH/$sub" --per-program \
            --repeats 3 --count 8 ${v#*|}
@@ -125,10 +125,10 @@ for s in "$@"; do
        done ;;
     # designed probe trains (issue 11, session 19): a lead burst of 8-128 KiB per program, a gap of 0.5-20 us, then
     # 2 KiB probes 3 us apart, P = 16 / 66 / 132 / 264, per program: what holds a small burst back after a big one
-    trains-probe:*) stage trains-probe "${s#trains-probe:}" $PY -m xstage sweep trains --out "$SCRATCH/train_probe_s19" \
+    trains-probe:*) stage trains-probe "${s#trains-probe:}" $PY -m xstage sweep trains --out "$SCRATCH/probe_trains" \
        --targets host --per-program --programs 16,66,132,264 --family probe --repeats 3; \
-       for f in burst_program burst_train; do [ -e "$SCRATCH/train_probe_s19/$f.csv" ] && \
-       gzip -f "$SCRATCH/train_probe_s19/$f.csv"; done ;;
+       for f in burst_program burst_train; do [ -e "$SCRATCH/probe_trains/$f.csv" ] && \
+       gzip -f "$SCRATCH/probe_trains/$f.csv"; done ;;
     # the train kernel's per-burst parameter reads, A/B in one call (session 20, runs S20-1/2): before session 20
     # the kernel read each burst's size / offset / gap at its top (--no-preload); now before the first burst
     trains-preload-ab:*) for v in probe:legacy:--no-preload probe:preload: random:preload: random:legacy:--no-preload; do

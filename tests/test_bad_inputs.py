@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
-from xstage import cli, data, report, reproduce, studies
+from xstage import cli, data, records, report, reproduce, studies
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,7 +37,12 @@ def one_line(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ data files
-def _copy(tmp: Path, schema: data.Schema, src: Path = H200) -> Path:
+RECORDED = {"bandwidth": "bandwidth", "burst_gap": "burst_gap"}   # schema -> the study recording it on h200x2
+
+
+def _copy(tmp: Path, schema: data.Schema, src: Path | None = None) -> Path:
+    if src is None:
+        src = records.folder(RECORDED[schema.name], "h200x2") if schema.name in RECORDED else H200
     csv, side = data.paths(src, schema)
     dst = tmp / "m"
     dst.mkdir(exist_ok=True)
@@ -400,7 +405,7 @@ API_CASES = [
      r"XSTAGE_PNG_SCALE must be a number in \(0, 10\], got '-2'"),
     ("png-scale-text", lambda mp: (_env(mp, XSTAGE_PNG_SCALE="big"), report.print_scale()),
      r"XSTAGE_PNG_SCALE must be a number"),
-    ("resume-compressed", lambda mp: data.start_file(data.machine_dir("h200x2"), data.BURST_GAP, {}),
+    ("resume-compressed", lambda mp: data.start_file(records.folder("burst_gap", "h200x2"), data.BURST_GAP, {}),
      r"is compressed: decompress it to resume"),
 ]
 

@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 
 from xstage import burst_gap_sweep as sweep
-from xstage import data
+from xstage import data, records
 from xstage.model import BurstGapParams
 
 
-@pytest.mark.parametrize("folder,schema", [("h200x2", data.BURST_GAP), ("h200x2/free_running", data.BURST_GAP),
-                                           ("h200x2", data.BANDWIDTH)])
-def test_recorded_data_loads_with_provenance(folder, schema):
-    df, meta = data.load(data.DATA_ROOT / folder, schema)
+@pytest.mark.parametrize("study,schema", [("burst_gap", data.BURST_GAP), ("free_running", data.BURST_GAP),
+                                          ("bandwidth", data.BANDWIDTH)])
+def test_recorded_data_loads_with_provenance(study, schema):
+    df, meta = data.load(records.folder(study, "h200x2"), schema)
     assert len(df) > 100 and list(df.columns)[: len(schema.columns)] == list(schema.columns)
     assert meta["gpu_name"] == "NVIDIA H200" and meta["gpu_count"] == 2
     for k in data.REQUIRED_META:
@@ -23,7 +23,7 @@ def test_recorded_data_loads_with_provenance(folder, schema):
 
 
 def test_recorded_burst_gap_grid_meets_the_issue():
-    df, meta = data.load(data.machine_dir("h200x2"))
+    df, meta = data.load(records.folder("burst_gap", "h200x2"))
     issue = df[~df.drain]
     assert sorted(issue.burst_bytes.unique()) == [2**i * 1024 for i in range(13)]       # 1 KiB .. 4 MiB
     assert issue.gap_ns.nunique() >= 6 and issue.gap_ns.min() == 0 and issue.gap_ns.max() >= 100_000
@@ -38,7 +38,7 @@ def test_recorded_burst_gap_grid_meets_the_issue():
 def recorded_copy(tmp_path):
     dst = tmp_path / "m"
     dst.mkdir()
-    csv, side = data.paths(data.machine_dir("h200x2"), data.BANDWIDTH)
+    csv, side = data.paths(records.folder("bandwidth", "h200x2"), data.BANDWIDTH)
     shutil.copy(csv, dst)
     shutil.copy(side, dst)
     return dst

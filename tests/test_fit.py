@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from xstage import data, fit
+from xstage import data, fit, records
 from xstage.model import BurstGapParams, simulate_sweep
 from xstage.burst_gap_sweep import BurstGapGrid
 
@@ -39,7 +39,7 @@ def test_fit_detects_a_wrong_model(truth_and_rows):
 
 
 def test_fit_on_recorded_h200x2_data_is_sane():
-    df, meta = data.load(data.machine_dir("h200x2"))
+    df, meta = data.load(records.folder("burst_gap", "h200x2"))
     res = fit.fit_burst_gap(df, n_bootstrap=0, uncertainty="jacobian")
     p = res.params
     assert 50 < p.drain_gbps < 478          # below NV18's 478 GB/s per direction

@@ -6,7 +6,7 @@ records made with the preload keep them. The written fits keep every burst (the 
 import numpy as np
 import pytest
 
-from xstage import data, fit, studies
+from xstage import data, fit, records, studies
 
 
 def _meta(**grid):
@@ -26,7 +26,7 @@ def test_no_legacy_read_bursts_with_the_preload_or_from_the_model():
 
 def test_the_fit_leaves_the_legacy_read_bursts_of_the_recorded_trains_out():
     folder = data.machine_dir("h200x1")
-    _, meta = data.load(folder, data.BURST_TRAIN)
+    _, meta = data.load(records.folder("trains", "h200x1"), data.BURST_TRAIN)
     bad = data.legacy_read_bursts(meta, 12)
     assert bad == (4, 8)                                   # the fitted record predates the preload
     kept = fit.observations(folder, "host")

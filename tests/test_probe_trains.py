@@ -1,6 +1,6 @@
 """The probe trains (issue 11, session 19): remote_store.probe_family's designed trains and studies.probe_summary.
 CPU: the summary on a per-program record built by hand (its every statistic derivable); the recorded folder
-(data/h200x1/train_probe_s19, GPU run S19-1), where it exists, through the same function."""
+(data/h200x1/probe_trains, GPU run S19-1), where it exists, through the same function."""
 import numpy as np
 import pandas as pd
 import pytest

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xstage import data, fit, model
+from xstage import data, fit, model, records
 
 KIB = 1024
 
@@ -250,7 +250,7 @@ def test_a_clean_rung_fits_the_clean_record_of_the_trains_and_refuses_a_missing_
     np.testing.assert_allclose(clean.measured[i, :clean.cfgs.n_bursts[i]], med.loc[(t, p)].to_numpy())
     with pytest.raises(ValueError, match="no burst_train record"):
         fit.observations(H, "host", trains="no_such_record")
-    local, meta = data.load(H, data.BURST_TRAIN)   # a record of the local target only
+    local, meta = data.load(records.folder("trains", "h200x1"), data.BURST_TRAIN)   # a record of the local target only
     csv = data.start_file(tmp_path, data.BURST_TRAIN, {k: v for k, v in meta.items()
                                                             if k not in ("runs", "csv_rows", "csv_sha256")})
     data.append_rows(csv, data.BURST_TRAIN, local[local.target == "local"].head(24))

@@ -365,7 +365,7 @@ def test_load_probe_grid_rejects_what_it_cannot_record():
 
 
 def test_burst_program_v1_records_load_with_no_load_column():
-    pp, meta = data.load(data.machine_dir("h200x1") / "train_s20_preload", data.BURST_PROGRAM)
+    pp, meta = data.load(data.machine_dir("h200x1") / "trains_clean", data.BURST_PROGRAM)
     assert meta["schema_version"] == 1 and pp.load_ns.isna().all() and len(pp) > 0
 
 

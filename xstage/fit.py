@@ -255,7 +255,7 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
          "free_store_f2": tuple(STAGE_PARAMS)}        # free_store with f held at 2 KiB (RUNG_FIXED)
 # how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
 # gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
-# one pool (lab notebook: host, session 6; NVLink, session 7); in the rungs below C(P) is one pool
+# one pool (lab notebook: host and NVLink); in the rungs below C(P) is one pool
 RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("tpc", "host"): "tpc",
                     ("tpc", "nvlink"): "tpc", ("processes", "host"): "slots", ("processes", "nvlink"): "slots",
                     ("gpc", "host"): "gpc", ("gpc", "nvlink"): "gpc",
@@ -279,23 +279,23 @@ RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "
 # train_programs_new_p (other program counts) and independent (other sizes and gaps) stay never fitted.
 RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_processes_p0", "train_processes_p1",
                               "train_processes_p2")}
-# rungs "*_clean" (session 23): the fitted trains as the clean kernel recorded them (run S20-2, the train parameters
+# rungs "*_clean": the fitted trains as the clean kernel recorded them (trains_clean/, the train parameters
 # read before the first burst: no read wait behind the stores inside any timed burst), in place of the machine
-# folder's own burst_train, whose every burst carries the legacy read (session 22). Same model as the rung named
+# folder's own burst_train, whose every burst carries the legacy read. Same model as the rung named
 # before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
-TRAIN_CLEAN = "train_s20_preload"   # session 22 (S20-2): the fitted seed-0 family recorded with the clean kernel
+TRAIN_CLEAN = "trains_clean"   # the fitted seed-0 family recorded with the clean kernel
 RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free_store": TRAIN_CLEAN,
                "free_store_f2": TRAIN_CLEAN}
 # parameters a rung holds fixed beyond STAGE_PARAMS: free_store's bound F on what free entries may hold beyond a
 # program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB; the
-# clean trains score alike for F = 8-128 KiB at f = 2, lab notebook, session 23), not fitted
-# free_store_f2 (session 24): f held at 2 KiB, what the clean probes say (a 2 KiB probe passes a contended stage in
-# ~60 ns at every P: notebook 02, s24-full-host), where the trains' fit put it at 1.60 KiB
+# clean trains score alike for F = 8-128 KiB at f = 2, lab notebook), not fitted
+# free_store_f2: f held at 2 KiB, what the clean probes say (a 2 KiB probe passes a contended stage in
+# ~60 ns at every P: notebook 02), where the trains' fit put it at 1.60 KiB
 RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}, "free_store_f2": {"free_kib": 2.0, "free_cap_kib": 32.0}}
 # the full model of each link: the fit written as stage_fit_<link>.json, what xstage.model.load_params, the notebooks,
 # the README and MegaMoE's cost model read. NVLink: rung "stage" (every program's own slots beside a shared part).
-# The host link since session 24: rung "free_store" (the per-GPC drain with free entries, fitted on the clean trains),
-# by the rule written before the switch (lab notebook, session 23: its folds held out by train <= 10 % on clean
+# The host link: rung "free_store" (the per-GPC drain with free entries, fitted on the clean trains),
+# by the rule written before the switch (lab notebook: its folds held out by train <= 10 % on clean
 # trains, 9.6 %, and better than rung "stage" on every clean never-fitted train record). Rung "stage" of the host
 # link (the full model of sessions 6-23) is written beside it as stage_fit_host_stage.json.
 FULL_RUNG = {"nvlink": "stage", "host": "free_store"}
@@ -329,12 +329,27 @@ class Observations:
                             None if self.read_fence is None else self.read_fence[idx])
 
 
+# where a machine folder under data/ keeps the fitted records (a sweep's own output folder holds them at its root)
+SWEEP_RECORD = "backpressure_sweep"   # the synchronised burst-gap sweep (schema burst_gap)
+TRAIN_RECORD = "trains"               # the free-running trains (schema burst_train)
+
+
+def record_dir(folder, name: str, schema):
+    """``folder/name`` where it holds a ``schema`` record, else ``folder`` itself (a sweep's output folder)."""
+    from pathlib import Path
+
+    from .data import paths
+
+    sub = Path(folder) / name
+    return sub if paths(sub, schema)[0].is_file() else Path(folder)
+
+
 def recorded_links(folder) -> list[str]:
     """The links a machine folder holds records of (nvlink: remote target; host: host target)."""
     from .data import BURST_GAP, DataError, load
 
     try:
-        df, _ = load(folder, BURST_GAP)
+        df, _ = load(record_dir(folder, SWEEP_RECORD, BURST_GAP), BURST_GAP)
     except DataError as e:
         raise ValueError(f"{folder}: no burst-gap record to fit ({e})") from None
     have = [link for link, t in LINK_TARGETS.items() if (df.target == t).any()]
@@ -358,8 +373,8 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
     """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train,
     and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
     train recorded in several calls falls in one held-out fold). ``drop_legacy_reads``: the train bursts of
-    :func:`xstage.data.legacy_read_bursts` unmeasured (session 20's refit without them was not adopted: the
-    written fits keep every burst). Measured or not, those bursts are marked in ``read_fence`` (session 21): the
+    :func:`xstage.data.legacy_read_bursts` unmeasured (a refit without them was not adopted: the
+    written fits keep every burst). Measured or not, those bursts are marked in ``read_fence``: the
     fit simulates them with the legacy kernel's read wait (:func:`xstage.model.simulate_stage`'s ``read_fence``)
     where the arbitration has one (:func:`xstage.model.models_read_fence`). ``trains``: a subfolder whose
     burst_train record stands in for the folder's own (e.g. the same trains recorded with the clean kernel,
@@ -391,9 +406,11 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
             parts.append((kind, key[0], int(key[1]), g.burst_bytes.to_numpy(float), g[gap_col].to_numpy(float),
                           g[meas_col].to_numpy(float), g.burst.isin(fenced).to_numpy()))
 
-    df, meta = load(folder, BURST_GAP)
+    sweep = record_dir(folder, SWEEP_RECORD, BURST_GAP)
+    df, meta = load(sweep, BURST_GAP)
     sm = int(meta.get("sm_count", sm) or sm)
-    sources["burst_gap"] = dict(file=str(paths(folder, BURST_GAP)[0].name), sha256=meta.get("csv_sha256"))
+    sources["burst_gap"] = dict(file=str(paths(sweep, BURST_GAP)[0].relative_to(folder)),
+                                sha256=meta.get("csv_sha256"))
     t = tidy_for_fit(df, target, store_bytes, "span_ns")
     t = t[t.sync.astype(bool)]
     t["train"] = "sync:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
@@ -407,7 +424,7 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
         t = t[~t.sync.astype(bool)]
         t["train"] = "free:" + t.programs.astype(str) + ":" + t.burst_bytes.astype(str) + ":" + t.gap_ns.astype(str)
         add("free", "free_running", t, "issue_ns", "gap_ns")
-    tr_dir = folder / trains if trains else folder
+    tr_dir = folder / trains if trains else record_dir(folder, TRAIN_RECORD, BURST_TRAIN)
     if trains and not paths(tr_dir, BURST_TRAIN)[0].is_file():
         raise ValueError(f"{tr_dir}: no burst_train record to fit in place of {folder.name}'s own")
     if paths(tr_dir, BURST_TRAIN)[0].is_file():
@@ -417,7 +434,8 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
             raise ValueError(f"{tr_dir}: no {link} trains (target {target!r}) in its burst_train record")
         if len(sel):
             name = paths(tr_dir, BURST_TRAIN)[0].name
-            sources["burst_train"] = dict(file=f"{trains}/{name}" if trains else name, sha256=meta.get("csv_sha256"))
+            sources["burst_train"] = dict(file=f"{trains}/{name}" if trains else str((tr_dir / name).relative_to(folder)),
+                                          sha256=meta.get("csv_sha256"))
             add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
     for sub in records:
         rec = folder / sub
@@ -557,7 +575,7 @@ def _long(obs: Observations, pred: np.ndarray) -> pd.DataFrame:
 
 def _initial(rung: str, link: str) -> dict:
     """Starting values, rounded from each link's records (the same for every fit of that link)."""
-    if link == "host":   # read off the host record (lab notebook, session 5): D 53 GB/s, 1-2.5 MB absorbed
+    if link == "host":   # read off the host record (lab notebook): D 53 GB/s, 1-2.5 MB absorbed
         d = dict(issue_ns_per_kib=18.0, drain_gbps=53.0, capacity_kib=2500.0, capacity_per_program_kib=30.0,
                  base_capacity_kib=1000.0, spread=0.5, stalled_fraction=0.4, overhead_ns=24.0, span_overhead_ns=230.0)
     else:
@@ -569,9 +587,9 @@ def _initial(rung: str, link: str) -> dict:
         d["stalled_fraction"] = 1.0
     if rung == "pool_share":
         d["pool_share_exponent"] = 0.99   # near the screen's best (1, the top of its range; from 0.9 the fit stalled
-                                          # at a higher cost: helper notes, session 22)
+                                          # at a higher cost: helper notes)
     if rung == "free_store":
-        d["free_kib"] = 2.0   # S20-2's clean probes: a 2 KiB burst (one 16-byte store per thread) issues freely
+        d["free_kib"] = 2.0   # the clean probes: a 2 KiB burst (one 16-byte store per thread) issues freely
     if rung == "fluid":
         from .model import NO_LIMIT_KIB
 
@@ -688,7 +706,7 @@ def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5, drop_
     start = None
     if RUNG_ARBITRATION.get((rung, link), "pool") != "pool":
         # the slots model has the pool's parameters, read differently: it starts from the pool rung's fit (its
-        # cost moves in steps; from the read-off values it stalls in a worse minimum: lab notebook, session 6)
+        # cost moves in steps; from the read-off values it stalls in a worse minimum: lab notebook)
         below = fit_file(Path(folder) / stage_fit_name(link, RUNG_START.get(rung, "pool")))
         if below.is_file():
             f = read_stage_fit(folder, link, RUNG_START.get(rung, "pool"))

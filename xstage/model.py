@@ -272,7 +272,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
     return pd.concat(out, ignore_index=True)[list(BURST_GAP.columns)]
 
 
-# ============================================================================ per-program stage model (rung 3)
+# ============================================================================ per-program stage model (rung shares)
 # The fluid model above treats the grid as one issuer. Fused kernels never synchronise their bursts: each
 # program runs its own train, programs drift apart, and later bursts stop contending. The stage model follows
 # every program (in G weight groups) through its train:
@@ -296,7 +296,7 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 #             keeps them full. Measured on the host link (first bursts into an empty stage, data/h200x1
 #             burst_train): past the onset most programs finish unimpeded while a tail waits 20-40x longer
 #             (P = 264 x 18 KiB: median 0.8 us, p90 8 us, max 16 us), which one pool shared by weight cannot
-#             give (there every program waits once the pool is full); arbitration="pool" is rung 4.
+#             give (there every program waits once the pool is full); arbitration="pool" is rung pool.
 #   overhead  o ns per burst inside the measured issue time (CTA barrier + timer reads); the stage drains then
 #   stall     once the stage (slots: its shared part) has filled, it holds only phi * C(P) until it has emptied again: the issuers wait
 #             until it drained to there. Measured on both links: a burst into an empty stage absorbs C (e.g. 2.2 MB
@@ -313,25 +313,25 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # unused). ``sync=True`` adds the synchronised sweep's grid barrier: every program starts burst k + 1 together,
 # g_k after the last one finished burst k and the stage drained (``barrier_drains``); the measured quantity is
 # then the grid's span per burst.
-# Rung 1 of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); rung 2 adds C(P) (spread = 0).
+# Rung fluid of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); capacity_p adds C(P) (spread 0).
 
 ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
                 "pool_share")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
 GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
                              # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
-                             # 32 on the gpc fit's parameters; lab notebook, session 14)
+                             # 32 on the gpc fit's parameters; lab notebook)
 GPC_DRAIN_GROUPS = 128       # arbitration "gpc_drain": groups per grid, 16 per occupied GPC at most (one per program up
                              # to 16 programs in a GPC: P = 66 and 132 one group per program but GPCs 6-7's 18 at 132);
                              # 32 / 64 groups gave all trains 15.8 / 13.7 % against 13.0 with 128 (the stage fit's
-                             # parameters; lab notes, helper-stage, session 14)
+                             # parameters; lab notes)
 N_GPC = 8                    # GPCs of the measured map (GPC_OF_SM)
 GPC_UNEVEN_RATIO = 2.0       # arbitration "gpc_uneven": GPC shares only where the grid's GPC populations differ by more
                              # than this factor (recorded counts: P <= 48 ratio 2.4-9, P >= 66 1.12-1.71; 1.8 and 2
-                             # make the same classes; lab notebook, session 14, helper 2)
+                             # make the same classes; lab notebook)
 CAPPED_OLDEST_FIRST = True   # arbitration "capped": the stores of programs not issuing drain before the issuers'
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
-NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung 1)
+NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung fluid)
 
 
 @dataclass(frozen=True)
@@ -381,7 +381,7 @@ class StageParams:
     free_kib: float = 0.0            # f: the first f KiB of every burst of a program enter the stage at once,
                                      # whatever the stage's state, while the program holds less than its own slots
                                      # + free_cap_kib (beyond its slots they count in the pool, which may go over
-                                     # and then waits to drain as after a stall). Measured (session 23): a clean
+                                     # and then waits to drain as after a stall). Measured: a clean
                                      # 2 KiB burst, one 16-byte store per thread of the benchmark's program, issues
                                      # in ~60 ns after a contended lead and at every busy share, where the stage
                                      # models without f wait microseconds. Needs own slots (FENCE_ARBITRATIONS)
@@ -437,7 +437,7 @@ class StageParams:
         return asdict(self)
 
     def fluid(self, programs: int) -> BurstGapParams:
-        """The fluid (rung 1) parameters of a burst issued by ``programs`` programs at once: the stage's C(P)
+        """The fluid-rung parameters of a burst issued by ``programs`` programs at once: the stage's C(P)
         and D, the stall folded into the capacity a sustained burst sees (phi C), no harness overhead. What
         round-level cost models (xstage.moe_plan.predict_kernel_ns) use."""
         cap = float(self.capacity_bytes(max(int(programs), 1))) / KIB * self.stalled_fraction
@@ -445,7 +445,7 @@ class StageParams:
 
     @classmethod
     def from_fluid(cls, prm: BurstGapParams, sm_count: int = 132, link: str = "") -> "StageParams":
-        """Rung 1: the paper's three parameters as a stage model (constant capacity, equal shares)."""
+        """Rung fluid: the paper's three parameters as a stage model (constant capacity, equal shares)."""
         return cls(prm.issue_ns_per_kib, prm.drain_gbps, prm.capacity_kib, NO_LIMIT_KIB, 0.0, prm.overhead_ns,
                    sm_count=sm_count, link=link)
 
@@ -515,7 +515,7 @@ def _gpc_of_tpc(t: int) -> int:
     0-7) are put in GPC 0: they take GPC 0's share at P = 16-66 (studies.favour_by_gpc). TPCs 60 and 61 are not
     measured: a GPC has at most 9 TPCs, so GPC 0 (4 + the head's 4) cannot hold them; they are put in GPCs 6 and 7
     (the two that hold none of the 12 TPCs favoured at P = 132 in data/h200x1/train_programs_p; GPCs 1 and 2
-    score the same within 0.5 %, and all six in GPC 0 worse: lab notebook, session 11)."""
+    score the same within 0.5 %, and all six in GPC 0 worse: lab notebook)."""
     if t < 32:
         return t % 8
     if t < 60:
@@ -927,7 +927,7 @@ def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
 
 FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
                       "pool_share")   # per program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
-READ_FENCE = True            # records with the legacy kernel's read simulate it (False: as before session 21)
+READ_FENCE = True            # records with the legacy kernel's read simulate it (False: no read wait simulated)
 
 
 def models_read_fence(prm) -> bool:
@@ -1303,8 +1303,8 @@ def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bo
     ``read_fence`` (free-running only; default none): indices of the bursts whose start holds a read that waits
     behind the program's own outstanding stores, as the legacy train kernel's parameter reads did
     (:func:`xstage.data.legacy_read_bursts`); such a burst starts issuing once the program's stores have drained.
-    A kernel that reads nothing between its bursts (every fused kernel's steady state, the train kernel since
-    session 20) has none."""
+    A kernel that reads nothing between its bursts (every fused kernel's steady state, the train kernel's
+    clean form) has none."""
     if not isinstance(prm, StageParams):
         raise ValueError(f"prm must be StageParams (xstage.model.load_params), got {type(prm).__name__}")
     if barrier not in ("release", "relaxed"):

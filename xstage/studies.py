@@ -58,6 +58,18 @@ def _check_machine(machine: str, schema: data.Schema = data.BURST_GAP) -> Path:
     return data.machine_dir(machine)
 
 
+def _recorded(study: str, machine: str) -> Path:
+    """The current record of ``study`` on ``machine`` (xstage.records), with a clear line where none is."""
+    from . import records
+
+    found = records.records(study, machine)
+    if len(found) != 1:
+        have = sorted({r.machine for r in records.records(study)})
+        raise ValueError(f"machine {machine!r} has no recorded {study} data under {data.DATA_ROOT}; "
+                         f"recorded machines: {', '.join(have) or 'none'}")
+    return found[0].path
+
+
 def _check_variant(variant: str) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -112,11 +124,7 @@ def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", 
     _check_variant(variant)
     src = env.resolve_source(source, gpus_needed=1)   # one GPU measures the host link
     if src == "recorded":
-        folder = _check_machine(machine)
-        if variant == "free_running":
-            folder = folder / "free_running"
-            if not data.paths(folder, data.BURST_GAP)[0].is_file():
-                raise ValueError(f"machine {machine!r} has no recorded free-running data ({folder} is missing)")
+        folder = _recorded("burst_gap" if variant == "sync" else "free_running", machine)
         df, meta = data.load(folder)
         return df, {**meta, "source": "recorded"}
 
@@ -162,7 +170,7 @@ def bandwidth_data(source: str = "recorded", machine: str = "h200x2",
     """Peak-bandwidth rows (schema xstage.data.BANDWIDTH): SM stores (remote, host, local) and the copy engine
     on each link (peer copy, device-to-host copy). Arguments in the order of every ``*_data`` function.
 
-    source: recorded (data/<machine>/bandwidth.csv), gpu (run the benchmark into ``out``), or auto. There is
+    source: recorded (data/<machine>/bandwidth/), gpu (run the benchmark into ``out``), or auto. There is
     no simulated bandwidth benchmark: pass ``recorded`` to show a machine's measurements beside simulated data.
     """
     def run(folder: Path) -> None:
@@ -172,7 +180,7 @@ def bandwidth_data(source: str = "recorded", machine: str = "h200x2",
             run_bandwidth(folder, command="xstage.studies.bandwidth_data('gpu')")
 
     df, meta, _ = _source_data(source, data.BANDWIDTH, "the bandwidth benchmark",
-                               lambda: _check_machine(machine, data.BANDWIDTH), run, out,
+                               lambda: _recorded("bandwidth", machine), run, out,
                                no_simulated="source 'simulated' has no bandwidth benchmark; use 'recorded' (or 'gpu')")
     return df, meta
 
@@ -1449,7 +1457,7 @@ def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.Da
     src = _check_source(source)
     if src != "recorded":
         raise ValueError("train data is replayed from data/ (record it with `xstage sweep trains --out DIR`)")
-    df, meta = data.load(_check_machine(machine, data.BURST_TRAIN), data.BURST_TRAIN)
+    df, meta = data.load(_recorded("trains", machine), data.BURST_TRAIN)
     return df, {**meta, "source": "recorded"}
 
 
@@ -1566,7 +1574,7 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
     return rows, summary
 
 
-TRAIN_SMALL = "train_small_s18"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
+TRAIN_SMALL = "trains_small_bursts"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
                                   # after the full model and every candidate rung were written
 # the held-out families re-recorded with the clean kernel (stage trains-clean of scripts/device_session.sh, run S22-1:
 # the same seeds, sizes, gaps and program counts, and seed 22, never recorded before), scored where recorded
@@ -1737,7 +1745,7 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     return out.reset_index()
 
 
-TRAIN_PROBE = "train_probe_s19"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
+TRAIN_PROBE = "probe_trains"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
 
 
 def _median_program(pp: pd.DataFrame) -> pd.Series:
