@@ -365,41 +365,12 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
                    "memory (data/h200x1/megamoe_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
                    "host --out data/h200x1/megamoe_host`",
                    "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_host_v2); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
-                   "host --out data/h200x1/megamoe_host_v2`",
-                   "note: no recorded MegaMoE GEMM study for h200x1 (data/h200x1/megamoe_gemm); run `python3 "
-                   "scripts/megamoe_gemm.py --out data/h200x1/megamoe_gemm`",
-                   "note: no recorded MegaMoE round-3 study for h200x1 (data/h200x1/megamoe_round3); run `python3 "
-                   "scripts/megamoe_gemm.py --study gemm --out data/h200x1/megamoe_round3`",
-                   "note: no recorded MegaMoE round-4 study for h200x1 (data/h200x1/megamoe_round4); run `python3 "
-                   "scripts/megamoe_gemm.py --study controls --out data/h200x1/megamoe_round4`",
-                   "note: no recorded MegaMoE round-5 study for h200x1 (data/h200x1/megamoe_round5); run `python3 "
-                   "scripts/megamoe_gemm.py --study tiles --out data/h200x1/megamoe_round5`",
-                   "note: no recorded MegaMoE round-6 study for h200x1 (data/h200x1/megamoe_round6_gemm); run `python3 "
-                   "scripts/megamoe_gemm.py --study tiles6 --out data/h200x1/megamoe_round6_gemm`",
-                   "note: no recorded MegaMoE round-7 study for h200x1 (data/h200x1/megamoe_round7_controls); run "
-                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round7_controls`",
-                   "note: no recorded MegaMoE round-8 study for h200x1 (data/h200x1/megamoe_gemm_bf16); run `python3 "
-                   "scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_gemm_bf16`",
-                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_round9_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
-                   "host --out data/h200x1/megamoe_round9_host`",
-                   "note: no recorded MegaMoE round-10 study for h200x1 (data/h200x1/megamoe_round10_gemm); run "
-                   "`python3 scripts/megamoe_gemm.py --study gemm10 --out data/h200x1/megamoe_round10_gemm`",
-                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_round10_host); run `xstage sweep megamoe --world one-gpu --ranks 2 "
-                   "--link host --out data/h200x1/megamoe_round10_host`",
-                   "note: no recorded MegaMoE round-11 study for h200x1 (data/h200x1/megamoe_round11_lags); run "
-                   "`python3 scripts/megamoe_gemm.py --study lags11 --out data/h200x1/megamoe_round11_lags`",
-                   "note: no recorded MegaMoE round-12 study for h200x1 (data/h200x1/megamoe_round12_controls); run "
-                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round12_controls`",
-                   "note: no recorded MegaMoE round-13 study for h200x1 (data/h200x1/megamoe_controls); run "
-                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_controls`",
-                   "note: no recorded MegaMoE round-13 repeat study for h200x1 (data/h200x1/megamoe_round13_repeat_controls); "
-                   "run `python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_repeat_controls`",
-                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
                    "memory (data/h200x1/megamoe_pcie); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
                    "host --out data/h200x1/megamoe_pcie`",
+                   "note: no recorded MegaMoE compute-only controls study for h200x1 (data/h200x1/megamoe_controls); "
+                   "run `python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_controls`",
+                   "note: no recorded MegaMoE bf16 GEMM study for h200x1 (data/h200x1/megamoe_gemm_bf16); run `python3 "
+                   "scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_gemm_bf16`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 

@@ -2469,14 +2469,14 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
         name, study = {MEGAMOE_ROUND4_SUB: ("round-4", "controls"), MEGAMOE_ROUND5_SUB: ("round-5", "tiles"),
                        MEGAMOE_ROUND6_GEMM_SUB: ("round-6", "tiles6"),
                        MEGAMOE_ROUND7_CONTROLS_SUB: ("round-7", "controls7"),
-                       MEGAMOE_ROUND8_GEMM_SUB: ("round-8", "gemm8"),
+                       MEGAMOE_ROUND8_GEMM_SUB: ("bf16 GEMM", "gemm8"),
                        MEGAMOE_ROUND8_CONTROLS_SUB: ("round-8", "controls8"),
                        MEGAMOE_ROUND10_GEMM_SUB: ("round-10", "gemm10"),
                        MEGAMOE_ROUND10_CONTROLS_SUB: ("round-10", "controls7"),
                        MEGAMOE_ROUND11_LAGS_SUB: ("round-11", "lags11"),
-                       MEGAMOE_ROUND11_GEMM_SUB: ("round-11", "gemm10"),
+                       MEGAMOE_ROUND11_GEMM_SUB: ("fp8 GEMM", "gemm10"),
                        MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7"),
-                       MEGAMOE_ROUND13_CONTROLS_SUB: ("round-13", "controls7"),
+                       MEGAMOE_ROUND13_CONTROLS_SUB: ("compute-only controls", "controls7"),
                        MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB: ("round-13 repeat", "controls7"),
                        }.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
