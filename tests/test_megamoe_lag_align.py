@@ -103,7 +103,7 @@ def test_pro_t2048_uniform_bf16_aligned_lag_reads_the_weights_once():
 
 
 def test_round_13_records_read_as_order_version_4_and_meet_the_order_goal():
-    """data/h200x1/megamoe_round13_controls and _host (call S16-1/2, order version 4): every lag list that ran names
+    """data/h200x1/megamoe_controls and _host (call S16-1/2, order version 4): every lag list that ran names
     align=1 and rebuilds (rank 0's task count) from its param; from the raw rows, each schedule's compute-only time /
     Expert-Wave's meets the goal (geomean <= 1.02, worst <= 1.05) in both dtypes, the Pro pair that missed it in
     round 12 (lag 1.060) among them; the host sweep holds all 168 pairs, and round_shared (chosen before this
@@ -112,7 +112,7 @@ def test_round_13_records_read_as_order_version_4_and_meet_the_order_goal():
     from xstage import moe_round6 as R6
     from xstage.numeric import geomean
 
-    c, meta = data.load("data/h200x1/megamoe_round13_controls", data.MEGAMOE_GEMM)
+    c, meta = data.load("data/h200x1/megamoe_controls", data.MEGAMOE_GEMM)
     assert all(r["params"].get("order_version") == 4 for r in [meta, *meta.get("runs", [])] if "params" in r)
     lag = c[c.schedule == "lag"]
     assert len(lag) == 168 and all(MP.parse_schedule_param(p)["align"] for p in lag.note)

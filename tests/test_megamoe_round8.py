@@ -91,11 +91,11 @@ M101_COMMIT = "dc3a4a3860625625514543d67cb7071c08b07b24"   # call M10-1 (session
 
 
 def test_recorded_gemm8_every_configuration_and_the_ratios_from_the_rows():
-    """data/h200x1/megamoe_round8_gemm (call M10-1): all 84 configurations x bf16 / fp8, bf16 the TMA default,
+    """data/h200x1/megamoe_gemm_bf16 (call M10-1): all 84 configurations x bf16 / fp8, bf16 the TMA default,
     fp8 the pointer loops with its TMA variants (bit-identical, checked before timing: the rel. L2 of the same
     bits), the library of the same rounds; the summary recomputed from the raw rows, and the figures the draft
     gives (bf16 1.181 / 0.882 / 0.952, fp8 default 0.961 / 0.737, tma_s 1.153 / 0.883)."""
-    df, meta = data.load("data/h200x1/megamoe_round8_gemm", data.MEGAMOE_GEMM)
+    df, meta = data.load("data/h200x1/megamoe_gemm_bf16", data.MEGAMOE_GEMM)
     assert meta["git_commit"] == M101_COMMIT and meta["params"]["tiles_version"] == 3 and not meta.get("runs")
     assert set(df.study) == {"gemm8"} and (df.status == "ok").all() and len(df) == 84 * 2 + 84 * 5
     ours = df[df.method == "ours"]

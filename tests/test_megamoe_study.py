@@ -55,7 +55,7 @@ def synthetic_rows(configs=CONFIGS, dtypes=("bf16", "fp8"), schedules=moe_plan.S
     return df[list(data.MEGAMOE.columns)].astype(data.MEGAMOE.columns)
 
 
-def record(root: Path, df: pd.DataFrame, machine: str = "h200x2", params: dict | None = None) -> Path:
+def record(root: Path, df: pd.DataFrame, machine: str = "h200x2/megamoe", params: dict | None = None) -> Path:
     """``df`` as a recorded sweep under ``root``/<machine> (a temporary data root), with a sidecar."""
     folder = root / machine
     meta = {"machine": machine, "gpu_name": "NVIDIA H200", "gpu_count": 2, "driver": "test", "torch": "test",
@@ -300,8 +300,8 @@ def test_sources(rows, data_root):
     pd.testing.assert_frame_equal(studies.megamoe_summary(df), studies.megamoe_summary(rows))
     df, _ = studies.megamoe_data("recorded", "h200x2", dtypes=["fp8"], shapes=["qwen3_235b"])
     assert set(df.dtype) == {"fp8"} and set(df["shape"]) == {"qwen3_235b"} and len(df) == 2 * 4
-    record(data_root, rows[rows["shape"] != "mixtral_8x7b"], machine="partial")
-    with pytest.raises(studies.NoRecordedData, match=r"partial/megamoe\.csv has no rows of dtypes \['bf16'\] and "
+    record(data_root, rows[rows["shape"] != "mixtral_8x7b"], machine="partial/megamoe")
+    with pytest.raises(studies.NoRecordedData, match=r"partial/megamoe/megamoe\.csv has no rows of dtypes \['bf16'\] and "
                                                      r"shapes \['mixtral_8x7b'\] yet \(40 rows of others\)"):
         studies.megamoe_data("recorded", "partial", dtypes=["bf16"], shapes=["mixtral_8x7b"])
     with pytest.raises(studies.NoRecordedData, match="recorded machines: h200x2, partial"):
@@ -359,47 +359,18 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
     ns = run_notebook(monkeypatch, source="recorded")
     out = capsys.readouterr().out.splitlines()
     assert out == ["no recorded MegaMoE data for machine h200x2; run `xstage sweep megamoe` on 2 GPUs",
-                   "note: no recorded MegaMoE data for 2 H200s, one rank per GPU, combine over NVLink (data/h200x2/); "
-                   "run `xstage sweep megamoe --out data/h200x2`",
+                   "note: no recorded MegaMoE data for 2 H200s, one rank per GPU, combine over NVLink (data/h200x2/megamoe); "
+                   "run `xstage sweep megamoe --out data/h200x2/megamoe`",
                    "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
                    "memory (data/h200x1/megamoe_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
                    "host --out data/h200x1/megamoe_host`",
                    "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_host_v2); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
-                   "host --out data/h200x1/megamoe_host_v2`",
-                   "note: no recorded MegaMoE GEMM study for h200x1 (data/h200x1/megamoe_gemm); run `python3 "
-                   "scripts/megamoe_gemm.py --out data/h200x1/megamoe_gemm`",
-                   "note: no recorded MegaMoE round-3 study for h200x1 (data/h200x1/megamoe_round3); run `python3 "
-                   "scripts/megamoe_gemm.py --study gemm --out data/h200x1/megamoe_round3`",
-                   "note: no recorded MegaMoE round-4 study for h200x1 (data/h200x1/megamoe_round4); run `python3 "
-                   "scripts/megamoe_gemm.py --study controls --out data/h200x1/megamoe_round4`",
-                   "note: no recorded MegaMoE round-5 study for h200x1 (data/h200x1/megamoe_round5); run `python3 "
-                   "scripts/megamoe_gemm.py --study tiles --out data/h200x1/megamoe_round5`",
-                   "note: no recorded MegaMoE round-6 study for h200x1 (data/h200x1/megamoe_round6_gemm); run `python3 "
-                   "scripts/megamoe_gemm.py --study tiles6 --out data/h200x1/megamoe_round6_gemm`",
-                   "note: no recorded MegaMoE round-7 study for h200x1 (data/h200x1/megamoe_round7_controls); run "
-                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round7_controls`",
-                   "note: no recorded MegaMoE round-8 study for h200x1 (data/h200x1/megamoe_round8_gemm); run `python3 "
-                   "scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_round8_gemm`",
-                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_round9_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
-                   "host --out data/h200x1/megamoe_round9_host`",
-                   "note: no recorded MegaMoE round-10 study for h200x1 (data/h200x1/megamoe_round10_gemm); run "
-                   "`python3 scripts/megamoe_gemm.py --study gemm10 --out data/h200x1/megamoe_round10_gemm`",
-                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_round10_host); run `xstage sweep megamoe --world one-gpu --ranks 2 "
-                   "--link host --out data/h200x1/megamoe_round10_host`",
-                   "note: no recorded MegaMoE round-11 study for h200x1 (data/h200x1/megamoe_round11_lags); run "
-                   "`python3 scripts/megamoe_gemm.py --study lags11 --out data/h200x1/megamoe_round11_lags`",
-                   "note: no recorded MegaMoE round-12 study for h200x1 (data/h200x1/megamoe_round12_controls); run "
-                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round12_controls`",
-                   "note: no recorded MegaMoE round-13 study for h200x1 (data/h200x1/megamoe_round13_controls); run "
-                   "`python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_controls`",
-                   "note: no recorded MegaMoE round-13 repeat study for h200x1 (data/h200x1/megamoe_round13_repeat_controls); "
-                   "run `python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_round13_repeat_controls`",
-                   "note: no recorded MegaMoE data for one H200, 2 ranks in one process, combine over PCIe to host "
-                   "memory (data/h200x1/megamoe_round14_host); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
-                   "host --out data/h200x1/megamoe_round14_host`",
+                   "memory (data/h200x1/megamoe_pcie); run `xstage sweep megamoe --world one-gpu --ranks 2 --link "
+                   "host --out data/h200x1/megamoe_pcie`",
+                   "note: no recorded MegaMoE compute-only controls study for h200x1 (data/h200x1/megamoe_controls); "
+                   "run `python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_controls`",
+                   "note: no recorded MegaMoE bf16 GEMM study for h200x1 (data/h200x1/megamoe_gemm_bf16); run `python3 "
+                   "scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_gemm_bf16`",
                    "no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import xstage.ranks
-from xstage import data, env, studies
+from xstage import data, env, records, studies
 from xstage import moe as M
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -341,7 +341,7 @@ def test_predictions_from_the_recorded_two_gpu_rows():
     """traffic.drain_bound / predicted_speedups on one recorded configuration of data/h200x2: the remote combine
     grows to ~7/8 of the rows (from ~1/2), the drain takes less than the compute, Expert-Wave's predicted speedup
     is 1, every schedule has both predictions."""
-    df, meta = data.load(data.machine_dir("h200x2"), data.MEGAMOE)
+    df, meta = data.load(records.folder("megamoe", "h200x2", "nvlink"), data.MEGAMOE)
     one = df[(df["shape"] == "qwen3_235b") & (df.tokens == 256) & (df.routing == "uniform")]
     d = TR.drain_bound(one)
     assert len(d) == 2 and (abs(d.remote_bytes_traffic / d.remote_bytes_p2 - 1.75) < 0.2).all(), d

@@ -128,6 +128,14 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("barrier_release", "Barrier release", "02",
           "the synchronised sweep with a release barrier (barrier cost)"),
     # BLOCK: megamoe
+    Study("megamoe", "MegaMoE: fused dispatch, grouped GEMMs and combine; each schedule / Expert-Wave, 84 configurations",
+          "03_megamoe_84", "each schedule's kernel time / Expert-Wave's per configuration and dtype, beside the model"),
+    Study("megamoe_controls", "MegaMoE compute only: each schedule's time / Expert-Wave's with every store local",
+          "03_megamoe_84", "the schedules' compute-only cost: geomean <= 1.02, worst <= 1.05 of Expert-Wave's"),
+    Study("megamoe_gemm_bf16", "MegaMoE's bf16 GEMM phases / torch._grouped_mm, same rounds",
+          "03_megamoe_84", "geomean >= 0.95; >= 0.9 on each configuration with >= 2048 rows"),
+    Study("megamoe_gemm_fp8", "MegaMoE's fp8 GEMM phases / torch._scaled_grouped_mm, same rounds",
+          "03_megamoe_84", "geomean >= 0.95; >= 0.9 on each configuration with >= 2048 rows"),
     # BLOCK: attention and ulysses
 )}
 
@@ -241,6 +249,21 @@ RECORDS: tuple[Record, ...] = _records(
            "--repeats 3",
            "the probe trains re-recorded straight after in another call: the between-call spread", current=False),
     # BLOCK: megamoe
+    Record("megamoe", "h200x2", "nvlink", "megamoe", "megamoe",
+           "xstage sweep megamoe --assignment static --out data/h200x2/megamoe",
+           "the first kernels over NVLink: interleaved / Expert-Wave geomean 0.84x (bf16), 0.82x (fp8), 84 each"),
+    Record("megamoe", "h200x1", "host", "megamoe_pcie", "megamoe",
+           "xstage sweep megamoe --world one-gpu --ranks 2 --link host --out data/h200x1/megamoe_pcie",
+           "one H200, combine over PCIe: interleaved / Expert-Wave geomean 1.025 (bf16), 1.062 (fp8), model beside"),
+    Record("megamoe_controls", "h200x1", "local", "megamoe_controls", "megamoe_gemm",
+           "python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_controls",
+           "compute only: each schedule's time / Expert-Wave's, dynamic assignment, 84 configurations per dtype"),
+    Record("megamoe_gemm_bf16", "h200x1", "local", "megamoe_gemm_bf16", "megamoe_gemm",
+           "python3 scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_gemm_bf16",
+           "bf16 GEMM phases / torch._grouped_mm: geomean 1.181, min 0.882 (0.952 at >= 2048 rows)"),
+    Record("megamoe_gemm_fp8", "h200x1", "local", "megamoe_gemm_fp8", "megamoe_gemm",
+           "python3 scripts/megamoe_gemm.py --study gemm10 --out data/h200x1/megamoe_gemm_fp8",
+           "fp8 GEMM phases / torch._scaled_grouped_mm: geomean 1.228, min 0.999"),
     # BLOCK: attention and ulysses
 )
 

@@ -981,9 +981,10 @@ def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
     sub = "dynamic" if assignment == "dynamic" else ""
 
     def recorded() -> Path:
-        folder = data.machine_dir(machine) / sub
+        folder = data.machine_dir(machine) / (sub or "megamoe")
         if not data.paths(folder, MEGAMOE)[0].is_file():
-            have = data.recorded_machines(MEGAMOE)
+            have = sorted(p.name for p in data.DATA_ROOT.iterdir() if data.paths(p / "megamoe", MEGAMOE)[0].is_file()) \
+                if data.DATA_ROOT.is_dir() else []
             what = "" if assignment == "static" else " with dynamic assignment"
             how = "" if assignment == "static" else f" --assignment dynamic --out data/{machine}/dynamic"
             raise NoRecordedData(f"no recorded MegaMoE data{what} for machine {machine}; run `xstage sweep megamoe"
@@ -1288,7 +1289,7 @@ def megamoe_stage_model(df: pd.DataFrame, meta: dict, link: str = "nvlink") -> p
 # The recorded MegaMoE sweeps by world and link (``xstage sweep megamoe --world W --link L``): machine folder,
 # subfolder and the label every figure and table of it carries.
 MEGAMOE_WORLDS = {
-    ("gpus", "nvlink"): ("h200x2", "", "2 H200s, one rank per GPU, combine over NVLink"),
+    ("gpus", "nvlink"): ("h200x2", "megamoe", "2 H200s, one rank per GPU, combine over NVLink"),
     ("one-gpu", "host"): ("h200x1", "megamoe_host",
                           "one H200, 2 ranks in one process, combine over PCIe to host memory"),
     ("one-gpu", "local"): ("h200x1", "megamoe_local",
@@ -1318,7 +1319,7 @@ def megamoe_world_label(meta: dict) -> str:
 # Round 12 (session 15): tiles v6 (fp8 one stage more), lag version 2; round 13 (session 16): order version 4
 # (lag's releases aligned to swizzle groups); round 14 (session 18): round 13's defaults, the schedules timed in
 # rounds (moe_sweep.TIMING "round_robin"; every record before it timed each schedule in a block of its own), first.
-MEGAMOE_HOST_RECORDS = ("megamoe_round14_host", "megamoe_round13_host", "megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
+MEGAMOE_HOST_RECORDS = ("megamoe_pcie", "megamoe_round13_host", "megamoe_round12_host", "megamoe_round10_host", "megamoe_round9_host", "megamoe_round7_host",
                         "megamoe_host_v2", "megamoe_host")
 
 
@@ -2476,14 +2477,14 @@ def megamoe_round3_data(machine: str = "h200x1", sub: str = MEGAMOE_ROUND3_SUB) 
         name, study = {MEGAMOE_ROUND4_SUB: ("round-4", "controls"), MEGAMOE_ROUND5_SUB: ("round-5", "tiles"),
                        MEGAMOE_ROUND6_GEMM_SUB: ("round-6", "tiles6"),
                        MEGAMOE_ROUND7_CONTROLS_SUB: ("round-7", "controls7"),
-                       MEGAMOE_ROUND8_GEMM_SUB: ("round-8", "gemm8"),
+                       MEGAMOE_ROUND8_GEMM_SUB: ("bf16 GEMM", "gemm8"),
                        MEGAMOE_ROUND8_CONTROLS_SUB: ("round-8", "controls8"),
                        MEGAMOE_ROUND10_GEMM_SUB: ("round-10", "gemm10"),
                        MEGAMOE_ROUND10_CONTROLS_SUB: ("round-10", "controls7"),
                        MEGAMOE_ROUND11_LAGS_SUB: ("round-11", "lags11"),
-                       MEGAMOE_ROUND11_GEMM_SUB: ("round-11", "gemm10"),
+                       MEGAMOE_ROUND11_GEMM_SUB: ("fp8 GEMM", "gemm10"),
                        MEGAMOE_ROUND12_CONTROLS_SUB: ("round-12", "controls7"),
-                       MEGAMOE_ROUND13_CONTROLS_SUB: ("round-13", "controls7"),
+                       MEGAMOE_ROUND13_CONTROLS_SUB: ("compute-only controls", "controls7"),
                        MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB: ("round-13 repeat", "controls7"),
                        }.get(sub, ("round-3", "gemm"))
         raise NoRecordedData(f"no recorded MegaMoE {name} study for {machine} (data/{machine}/{sub});"
@@ -2754,7 +2755,7 @@ def megamoe_round6_tiles_summary(t: pd.DataFrame) -> pd.DataFrame:
 # compute-only controls (xstage.moe_gemm study controls7) and the host-link sweep (MEGAMOE_HOST_RECORDS[0]) re-run
 MEGAMOE_ROUND7_CONTROLS_SUB = "megamoe_round7_controls"   # data/<machine>/megamoe_round7_controls/: controls7
 MEGAMOE_ROUND7_HOST = "megamoe_round7_host"               # data/h200x1/megamoe_round7_host/: the host-link sweep
-MEGAMOE_ROUND8_GEMM_SUB = "megamoe_round8_gemm"             # data/h200x1/megamoe_round8_gemm/: study gemm8
+MEGAMOE_ROUND8_GEMM_SUB = "megamoe_gemm_bf16"             # data/h200x1/megamoe_gemm_bf16/: study gemm8 (bf16 vs torch._grouped_mm)
 MEGAMOE_ROUND8_CONTROLS_SUB = "megamoe_round8_controls"     # data/h200x1/megamoe_round8_controls/: controls8
 # ---- MegaMoE round 9 (issue 15, item 4): tiles version 4 (fp8 through TMA with one stage more) as the default; the
 # host-link sweep re-recorded with it (fp8 first: only fp8's default changed), summarised as round 7's
@@ -2769,12 +2770,12 @@ MEGAMOE_ROUND10_HOST = "megamoe_round10_host"               # data/h200x1/megamo
 # (scripts/megamoe_round11.sh), then under the new defaults (tiles v6, lag version 2) controls7 and the host-link
 # sweep (ROUND=megamoe_round12 scripts/megamoe_round10.sh), whose model errors are rescored per stall model
 MEGAMOE_ROUND11_LAGS_SUB = "megamoe_round11_lags"           # data/h200x1/megamoe_round11_lags/: study lags11
-MEGAMOE_ROUND11_GEMM_SUB = "megamoe_round11_gemm_repeat"    # data/h200x1/megamoe_round11_gemm_repeat/: gemm10 again
+MEGAMOE_ROUND11_GEMM_SUB = "megamoe_gemm_fp8"    # data/h200x1/megamoe_gemm_fp8/: gemm10 (fp8 vs torch._scaled_grouped_mm)
 MEGAMOE_ROUND12_CONTROLS_SUB = "megamoe_round12_controls"   # data/h200x1/megamoe_round12_controls/: controls7
 MEGAMOE_ROUND12_HOST = "megamoe_round12_host"               # data/h200x1/megamoe_round12_host/: the host-link sweep
 # ---- MegaMoE round 13 (issue 15, items 3-4; session 16): order version 4 (lag's releases never split a swizzle
 # group of row blocks), controls7 and the host-link sweep (ROUND=megamoe_round13 scripts/megamoe_round10.sh)
-MEGAMOE_ROUND13_CONTROLS_SUB = "megamoe_round13_controls"   # data/h200x1/megamoe_round13_controls/: controls7
+MEGAMOE_ROUND13_CONTROLS_SUB = "megamoe_controls"   # data/h200x1/megamoe_controls/: controls7
 MEGAMOE_ROUND13_HOST = "megamoe_round13_host"               # data/h200x1/megamoe_round13_host/: the host-link sweep
 # controls7 again under order version 4 in a new process (session 17, call S17-1: the repeat of session 16's S16-3,
 # whose files were lost), and one pair (fp8 DeepSeek-V4-Pro T8192 uniform, lag 1.064 there) in five processes (S17-2)
@@ -2782,7 +2783,7 @@ MEGAMOE_ROUND13_REPEAT_CONTROLS_SUB = "megamoe_round13_repeat_controls"   # data
 MEGAMOE_PAIR_PROCESSES_SUB = "megamoe_s17_pro8192"          # data/h200x1/<this>/p1 ... p5: controls7, one pair each
 # ---- MegaMoE round 14 (issue 15; session 18, call S18-1): round 13's defaults, the host-link sweep with the schedules
 # timed in rounds (one run of each per round: moe_sweep.TIMING "round_robin"), every timed run kept (runs.jsonl.gz)
-MEGAMOE_ROUND14_HOST = "megamoe_round14_host"               # data/h200x1/megamoe_round14_host/: the host-link sweep
+MEGAMOE_ROUND14_HOST = "megamoe_pcie"               # data/h200x1/megamoe_pcie/: the host-link sweep
 MEGAMOE_STALL_MODELS_SCORED = ("issuers", "round", "round_shared")
 
 
