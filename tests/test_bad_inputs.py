@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
-from xstage import cli, data, report, reproduce, studies
+from xstage import cli, data, records, report, reproduce, studies
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,6 +38,8 @@ def one_line(text: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ data files
 def _copy(tmp: Path, schema: data.Schema, src: Path = H200) -> Path:
+    if schema is data.ULYSSES and src == H200:
+        src = records.folder("ulysses", "h200x2", "nvlink")
     csv, side = data.paths(src, schema)
     dst = tmp / "m"
     dst.mkdir(exist_ok=True)
