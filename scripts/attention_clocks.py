@@ -1,4 +1,4 @@
-"""Sustained clocks of our attention beside FA4 and cuDNN on one GPU (issue 14, session 27; xstage.attention_clocks).
+"""Sustained clocks of our attention beside FA4 and cuDNN on one GPU (xstage.attention_clocks).
 
     OUT=... [MACHINE=h100x1] python3 scripts/attention_clocks.py [seconds] [windows]
 Records into $OUT/$MACHINE/attention_clocks/ (MACHINE defaults to h200x1; copy into data/<machine>/). Needs the extra

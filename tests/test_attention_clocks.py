@@ -1,4 +1,4 @@
-"""The sustained-clocks study (xstage.attention_clocks, issue 14, session 27): nvidia-smi's samples parsed and cut to
+"""The sustained-clocks study (xstage.attention_clocks): nvidia-smi's samples parsed and cut to
 a window, bad input refused before anything runs, the schema's round trip, and the summary's ratios recomputed."""
 from datetime import datetime, timedelta
 
@@ -103,7 +103,7 @@ def test_schema_round_trip_and_the_ratios_recomputed(tmp_path):
 
 
 def test_recorded_clocks_replay_the_refuted_power_hypothesis():
-    """data/h100x1/attention_clocks (call N12, session 27, a third H100, commit cd3e751 + the study): every shape's
+    """data/h100x1/attention_clocks (one H100, commit cd3e751 + the study): every shape's
     methods checked against float32 first; all windows at the card's power limit (reason 0x4 set); at D = 128 ours
     and FA4 at the same SM clock (the power hypothesis refuted), and sustained ours / FA4 >= 0.95 on every shape."""
     df, m = studies.attention_clocks_data("h100x1")

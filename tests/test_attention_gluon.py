@@ -344,32 +344,6 @@ def test_default_tiles_are_not_warp_specialised():
     assert all(c.mask_last for cs in G.CONFIGS.values() for c in cs)
 
 
-def test_recorded_gluon_next_study_is_checked_and_says_fa4_was_absent():
-    """The session-8 record (data/h200x1/attention_vs_fa4_gluon_next, call U3): every variant was checked against
-    float32 before timing and every timed shape on sampled rows; FA4 did not run there, which the sidecar says in one
-    line (``fa4_absent``) with no FA4 rows (never 0); each rung's speed-up over the base rung (``vs_base``) is the
-    ratio of the rows' medians on that shape, recomputed here."""
-    from xstage import data, studies
-
-    folder = data.machine_dir("h200x1") / "attention_vs_fa4_gluon_next"
-    if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
-        pytest.skip("no recorded attention_vs_fa4_gluon_next")
-    df, m = data.load(folder, data.ATTENTION_LADDER)
-    assert "fa4" not in set(df.method) and "\n" not in m["fa4_absent"] and "cutlass" in m["fa4_absent"]
-    for D, checks in m["checks"].items():
-        for label, c in checks.items():
-            assert c["rel_l2_vs_fp32"] < 1e-2, label
-            timed = set(df[(df.D == int(D)) & (df.variant == label)]["shape"])
-            assert timed and timed <= set(m["shape_checks"][D][label]), label
-    t = studies.attention_ladder_table(df, m)
-    med = df.groupby(["shape", "variant", "method"]).ms.median()
-    for r in t.itertuples():
-        base = df[df.D == r.D].variant.iloc[0]
-        mine = "gluon" if r.variant.startswith("gluon-") else "triton"
-        want = med[r.shape, base, "triton"] / med[r.shape, r.variant, mine]
-        assert r.vs_base == pytest.approx(want)
-
-
 WS = GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)
 
 
@@ -647,18 +621,14 @@ def test_reversed_key_blocks_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S
     test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 
 
-@pytest.mark.parametrize("record", ["attention_vs_fa4_gluon", "attention_vs_fa4_gluon_best",
-                                    "attention_vs_fa4_gluon_pe"])
+@pytest.mark.parametrize("record", ["attention_gluon_persistent", "attention_vs_fa4"])
 def test_recorded_gluon_study_ratios_are_the_rows_medians(record):
-    """The Gluon records beside FA4 (round 4, call S8-U4, session 9's persistent grid): every Gluon variant was
+    """The Gluon records beside FA4 on one H200 (the current one, the persistent grid's): every Gluon variant was
     checked against float32 before it was timed, and the summary's fastest / FA4 ratio per shape is the ratio of
     that variant block's raw medians (FA4's over ours), recomputed here from the rows."""
     from xstage import studies
 
-    try:
-        df, m = studies.attention_ladder_data("h200x1", record=record)
-    except ValueError:
-        pytest.skip(f"no recorded {record}")
+    df, m = studies.attention_ladder_data("h200x1", record=record)
     gl_variants = set(df[df.method == "gluon"].variant)
     assert gl_variants and all(v.startswith("gluon-") for v in gl_variants)
     for D, checks in m["checks"].items():
@@ -678,14 +648,11 @@ def test_recorded_gluon_study_ratios_are_the_rows_medians(record):
 
 
 def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
-    """Session 9's record (data/h200x1/attention_vs_fa4_gluon_pe, call U4): each persistent rung beside the same
+    """The persistent grid's record (data/h200x1/archive/attention_gluon_persistent): each persistent rung beside the same
     rung one CTA per tile, FA4 present (never absent, never 0) on every shape, the sidecar's commit has the -pe rungs."""
     from xstage import studies
 
-    try:
-        df, m = studies.attention_ladder_data("h200x1", record="attention_vs_fa4_gluon_pe")
-    except ValueError:
-        pytest.skip("no recorded attention_vs_fa4_gluon_pe")
+    df, m = studies.attention_ladder_data("h200x1", record="attention_gluon_persistent")
     assert m["git_commit"].startswith("835fe12") and not m.get("fa4_absent")
     got = set(df.variant)
     for D, cs in G.PERSISTENT_RUNGS.items():
@@ -697,17 +664,14 @@ def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
 
 
 def _lp_record():
-    """Session 10's record (call U10-3), read from its folder (the studies registry is outside this helper's area)."""
-    from xstage import data
+    """The current one-H200 record beside FA4 (xstage.records: attention, h200x1)."""
+    from xstage import data, records
 
-    folder = data.machine_dir("h200x1") / "attention_vs_fa4_gluon_lp"
-    if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
-        pytest.skip("no recorded attention_vs_fa4_gluon_lp")
-    return data.load(folder, data.ATTENTION_LADDER)
+    return data.load(records.folder("attention", "h200x1", "local"), data.ATTENTION_LADDER)
 
 
 def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
-    """data/h200x1/attention_vs_fa4_gluon_lp (call U10-3, commit a2650cb): every variant checked against float32
+    """data/h200x1/attention_vs_fa4 (commit a2650cb): every variant checked against float32
     before timing, FA4 on every shape (never absent, never 0), 8192 x 24 timed first and last; the summary's
     fastest / FA4 per shape is the ratio of that block's medians; and what the record says: the peeled last block
     (-lp) is the fastest variant on none of the three masked shapes (Wan, CogVideoX, 30000 x 20), and no variant
@@ -765,13 +729,13 @@ def test_joint_release_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P
     test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 
 
-def _replay_session25(record, commit, rungs):
-    """A session-25 record (an H100): its provenance, every variant checked against float32 before timing, FA4 on
+def _replay_h100(record, commit, rungs):
+    """A record of one H100: its provenance, every variant checked against float32 before timing, FA4 on
     every shape (never absent, never 0), and each variant's ours / FA4 the ratio of its own block's medians,
     recomputed from the rows. -> studies.attention_ladder_table of the record."""
     from xstage import studies
 
-    df, m = studies.attention_ladder_data(studies.ATTENTION_LADDER_MACHINE[record], record)
+    df, m = studies.attention_ladder_data("h100x1", record)
     assert m["git_commit"].startswith(commit) and "H100" in m["gpu_name"] and not m.get("failed")
     assert all(c["rel_l2_vs_fp32"] < 1e-2 for checks in m["checks"].values() for c in checks.values())
     assert {c.label for cs in rungs.values() for c in cs} <= set(df.variant)
@@ -785,83 +749,8 @@ def _replay_session25(record, commit, rungs):
     return t
 
 
-def test_recorded_joint_release_study_replays_its_ratios_and_the_spread():
-    """data/h100x1/attention_vs_fa4_gluon_jr (calls N5 / N6, session 26, one H100, commit 5c075c4): every variant
-    checked against float32 before timing, FA4 on every shape; ours / FA4 per variant is the ratio of its own block's
-    medians; and what the lab notebook reads from it: CogVideoX's ratio rises from the sweep's tile (s2) to -jr (s3)
-    while our own TFLOP/s does not (FA4's median fell between the blocks), and FA4's median on 8192 x 24 moves more
-    than 5 % between blocks of one shape, more than -jr moves ours."""
-    from xstage import studies
-
-    t = _replay_session25("attention_vs_fa4_gluon_jr", "5c075c4", {D: (G.SWEEP_CONFIGS[D],) + G.JOINT_RUNGS[D]
-                                                                    for D in (128, 64)})
-    x = t.set_index(["shape", "variant"])
-    cog, s2, jr = "cogvideox5b_17776_p2", G.SWEEP_CONFIGS[64].label, G.JOINT_RUNGS[64][1].label
-    assert x.ours_over_fa[cog, jr] > x.ours_over_fa[cog, s2] and x.ours_tflops[cog, jr] <= x.ours_tflops[cog, s2]
-    fa = x.fa_tflops["s8192_h24"]
-    assert fa.max() / fa.min() > 1.05
-    jr_gain = x.ours_tflops[cog, jr] / x.ours_tflops[cog, G.JOINT_RUNGS[64][0].label]
-    assert abs(jr_gain - 1) < fa.max() / fa.min() - 1
-    # the summary's rule (the fastest variant by time): 8192 x 24, both times, and CogVideoX under 0.95
-    s = studies.attention_vs_fa4_summary(t).set_index("shape")
-    need = s[s.goal_applies]
-    assert set(need.index[~need.met]) == {"s8192_h24", "s8192_h24_again", cog}, need[["best_variant", "best_over_fa"]]
-
-
-def test_recorded_final_study_replays_the_goal_and_the_clock_drift():
-    """data/h100x1/attention_vs_fa4_gluon_final (calls N7 / N8, session 27, one H100, commit eb01ff8, 30 repeats a
-    block): every FINAL_RUNGS variant checked against float32 before timing, FA4 on every shape; ours / FA4 per
-    variant the ratio of its own block's medians; and what the lab notebook reads from it: by the summary's rule the
-    goal is met on every S >= 8K shape but 8192 x 24 (both blocks), CogVideoX by the persistent 192-row -jr tile with
-    our own TFLOP/s up (not FA4's down); and the rule's pick is not stable under fewer repeats (the clock drifts
-    within a block, ours and FA4 together)."""
-    from xstage import studies
-
-    t = _replay_session25("attention_vs_fa4_gluon_final", "eb01ff8", G.FINAL_RUNGS)
-    assert len(t.dropna(subset=["ours_over_fa"])) == 3 * 7 + 4 * 2    # 7 D = 128 shapes, 2 D = 64 shapes
-    s = studies.attention_vs_fa4_summary(t).set_index("shape")
-    need = s[s.goal_applies]
-    assert len(need) == 8 and set(need.index[~need.met]) == {"s8192_h24", "s8192_h24_again"}, \
-        need[["best_variant", "best_over_fa"]]
-    cog, pe_jr = "cogvideox5b_17776_p2", G.FINAL_RUNGS[64][3].label
-    assert s.best_variant[cog] == pe_jr and s.best_over_fa[cog] >= 0.95
-    x = t.set_index(["shape", "variant"])
-    assert x.ours_tflops[cog, pe_jr] > x.ours_tflops[cog, G.SWEEP_CONFIGS[64].label]
-    goals = studies.attention_vs_fa4_goals(s.reset_index())
-    assert not goals.met[0] and goals.ours[0] == pytest.approx(s.best_over_fa[["s8192_h24", "s8192_h24_again"]].min())
-    # the drift: within one block, a round's FA4 time moves by more than 5 % (8192 x 24), and the rule summarised over
-    # the first 10 repeats picks another variant on some shape
-    df, m = studies.attention_ladder_data("h100x1", "attention_vs_fa4_gluon_final")
-    fa = df[(df.method == "fa4") & (df["shape"] == "s8192_h24")].groupby("variant").ms
-    assert (fa.max() / fa.min()).max() > 1.05
-    s10 = studies.attention_vs_fa4_summary(studies.attention_ladder_table(df[df.repeat < 10], m)).set_index("shape")
-    assert (s10.best_variant != s.best_variant).any()
-
-
-def test_recorded_second_card_replays_its_lower_ratios():
-    """data/h100x1/attention_vs_fa4_gluon_8k and _final2 (call N10, session 27, another H100, commit cd3e751): every
-    variant checked before timing; what the lab notebook reads from them: on this card no rung reaches 0.95 of FA4 at
-    8192 x 24 in any of four blocks, the gluon_final rungs meet the goal on 3 shapes only, and row by row against
-    call N8's card our TFLOP/s fell by more than FA4's (median over the S >= 8K rows)."""
-    from xstage import studies
-
-    t8 = _replay_session25("attention_vs_fa4_gluon_8k", "cd3e751",
-                           {128: (G.SWEEP_CONFIGS[128], G.PERSISTENT_RUNGS[128][0], G.NAMED_RUNGS[128][1],
-                                  G.REVERSE_RUNGS[128][1])})
-    assert len(t8) == 16 and (t8.ours_over_fa < 0.95).all()
-    t2 = _replay_session25("attention_vs_fa4_gluon_final2", "cd3e751", G.FINAL_RUNGS)
-    s = studies.attention_vs_fa4_summary(t2)
-    need = s[s.goal_applies]
-    assert set(need[need.met]["shape"]) == {"s16384_h24", "s32768_h12", "s49152_h12"}
-    t1 = studies.attention_ladder_table(*studies.attention_ladder_data("h100x1", "attention_vs_fa4_gluon_final"))
-    m = t1.merge(t2, on=["shape", "variant"], suffixes=("_1", "_2"))
-    m = m[m.S_1 >= 8192]
-    ours, fa = (m.ours_tflops_2 / m.ours_tflops_1).median(), (m.fa_tflops_2 / m.fa_tflops_1).median()
-    assert ours < fa < 1.0 and ours < 0.98
-
-
 def test_recorded_queued_samples_meet_the_goal_where_the_same_card_did_not():
-    """data/h100x1/attention_vs_fa4_gluon_final3 and _final_q (call N14, session 27, one H100, commit e37ae15): the
+    """data/h100x1/archive/attention_vs_fa4_unqueued and data/h100x1/attention_vs_fa4 (one H100, commit e37ae15): the
     same FINAL_RUNGS on the same shapes, minutes apart on one card, first as every earlier record was timed (each
     sample's clock started on an idle GPU, so it holds the host's work to launch its first kernel), then with each
     sample queued behind a GPU-side wait (``bench.time_ms`` lead, recorded in the sidecar). Timed so, the fastest
@@ -869,10 +758,10 @@ def test_recorded_queued_samples_meet_the_goal_where_the_same_card_did_not():
     queue takes more off ours per launch than off FA4's on every D = 128 shape (our launch costs the host more)."""
     from xstage import studies
 
-    t3 = _replay_session25("attention_vs_fa4_gluon_final3", "e37ae15", G.FINAL_RUNGS)
-    tq = _replay_session25("attention_vs_fa4_gluon_final_q", "e37ae15", G.FINAL_RUNGS)
-    m3 = studies.attention_ladder_data("h100x1", "attention_vs_fa4_gluon_final3")[1]
-    mq = studies.attention_ladder_data("h100x1", "attention_vs_fa4_gluon_final_q")[1]
+    t3 = _replay_h100("attention_vs_fa4_unqueued", "e37ae15", G.FINAL_RUNGS)
+    tq = _replay_h100("attention_vs_fa4", "e37ae15", G.FINAL_RUNGS)
+    m3 = studies.attention_ladder_data("h100x1", "attention_vs_fa4_unqueued")[1]
+    mq = studies.attention_ladder_data("h100x1", "attention_vs_fa4")[1]
     assert mq["gpu_uuid"] == m3["gpu_uuid"] and mq["params"]["lead"] and not m3["params"].get("lead")
     s3, sq = (studies.attention_vs_fa4_summary(t) for t in (t3, tq))
     n3, nq = s3[s3.goal_applies], sq[sq.goal_applies]
@@ -881,34 +770,3 @@ def test_recorded_queued_samples_meet_the_goal_where_the_same_card_did_not():
     m = t3.merge(tq, on=["shape", "variant"], suffixes=("_n", "_q"))
     d128 = m[m.D_n == 128]
     assert ((d128.ours_ms_n - d128.ours_ms_q) > (d128.fa_ms_n - d128.fa_ms_q)).all()
-
-
-def test_recorded_named_barrier_study_replays_its_ratios():
-    """data/h100x1/attention_vs_fa4_gluon_nb (calls N1 / N2, session 25, one H100, commit 936ab2f): every variant
-    checked against float32 before timing, FA4 on every shape; each variant's ours / FA4 is the ratio of its own
-    block's medians; and what the record says: -nb beats -pp (mbarrier turns) in ratio on every D = 128 shape with
-    S >= 8K, while the shapes still under 0.95 of FA4 with every variant are the masked ones (S % 128 != 0)."""
-    t = _replay_session25("attention_vs_fa4_gluon_nb", "936ab2f", G.NAMED_RUNGS)
-    r = t.set_index(["shape", "variant"]).ours_over_fa
-    for shape in ("s8192_h24", "s16384_h24", "s32768_h12", "s49152_h12", "s8192_h24_again"):
-        assert r[shape, "gluon-ws-128x128s2r232-ml-pp-nb"] > r[shape, "gluon-ws-128x128s2r232-ml-pp"], shape
-    best = t.groupby("shape").ours_over_fa.max()
-    assert (best[["wan21_1.3b_32760_p2", "cogvideox5b_17776_p2", "s30000_h20_d64"]] < 0.95).all()
-    assert (best[["s8192_h24", "s16384_h24", "s32768_h12", "s49152_h12"]] >= 0.95).all()
-
-
-def test_recorded_reversed_key_study_replays_its_ratios_and_the_lever():
-    """data/h100x1/attention_vs_fa4_gluon_rv (calls N3 / N4, session 25, one H100, commit 1e3d348): every variant
-    checked against float32 before timing, FA4 on every shape; ours / FA4 per variant is the ratio of its own block's
-    medians; and what the record says: the key blocks last to first (-rv) make Wan (S % 128 != 0) the rung's
-    fastest shape against FA4 (ws -ml-rv over ws -ml, same blocks: >= 5 % in ratio); the fastest variant (by time)
-    reaches 0.95 of FA4 on every S >= 8K shape but CogVideoX (D = 64)."""
-    from xstage import studies
-
-    t = _replay_session25("attention_vs_fa4_gluon_rv", "1e3d348", G.REVERSE_RUNGS)
-    r = t.set_index(["shape", "variant"]).ours_over_fa
-    wan = "wan21_1.3b_32760_p2"
-    assert r[wan, "gluon-ws-128x128s2r232-ml-rv"] >= 1.05 * r[wan, "gluon-ws-128x128s2r232-ml"]
-    s = studies.attention_vs_fa4_summary(t).set_index("shape")
-    need = s[s.goal_applies]
-    assert set(need.index[~need.met]) == {"cogvideox5b_17776_p2"}, need[["best_variant", "best_over_fa"]]

@@ -42,7 +42,10 @@ RECORDED = {"bandwidth": "bandwidth", "burst_gap": "burst_gap"}   # schema -> th
 
 def _copy(tmp: Path, schema: data.Schema, src: Path | None = None) -> Path:
     if src is None:
-        src = records.folder(RECORDED[schema.name], "h200x2") if schema.name in RECORDED else H200
+        if schema is data.ULYSSES:
+            src = records.folder("ulysses", "h200x2", "nvlink")
+        else:
+            src = records.folder(RECORDED[schema.name], "h200x2") if schema.name in RECORDED else H200
     csv, side = data.paths(src, schema)
     dst = tmp / "m"
     dst.mkdir(exist_ok=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import xstage.ranks
-from xstage import data, env
+from xstage import data, env, records
 from xstage import traffic_ulysses as TU
 from xstage import ulysses as U
 from xstage.cli import main
@@ -221,7 +221,7 @@ def test_prediction_from_the_recorded_two_gpu_rows():
     """predicted_fused_over_serial on data/h200x2's Ulysses record (P = 2): every shape whose heads divide by 8, the
     bytes each GPU sends 7/16 of P = 2's, the attention shorter, the model never above its bound (a fused layer that
     hides everything), the bound above 1; P != 2 rows refused."""
-    df, meta = data.load(data.machine_dir("h200x2"), data.ULYSSES)
+    df, meta = data.load(records.folder("ulysses", "h200x2", "nvlink"), data.ULYSSES)
     p = TU.predicted_fused_over_serial(df, meta)
     want = {s for s in set(df["shape"]) if df[df["shape"] == s].H.iloc[0] % 8 == 0}
     assert set(p["shape"]) == want and len(p) >= 10

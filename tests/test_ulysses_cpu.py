@@ -38,7 +38,7 @@ CASES = [
     pytest.param(2, 360, 2, 128, 64, 64, torch.float16, id="P2-D128-straddle-tail"),  # Sl = 180, 40-key tail
     pytest.param(4, 384, 4, 128, 64, 32, torch.float16, id="P4-D128-straddle"),       # Sl = 96
     pytest.param(4, 360, 4, 64, 32, 64, torch.float32, id="P4-D64-straddle-tail-fp32"),  # Sl = 90
-    pytest.param(8, 360, 8, 64, 32, 32, torch.float16, id="P8-D64-straddle-tail"),        # Sl = 45 (issue 4)
+    pytest.param(8, 360, 8, 64, 32, 32, torch.float16, id="P8-D64-straddle-tail", marks=pytest.mark.slow),        # Sl = 45 (issue 4)
     pytest.param(2, 360, 2, 128, 64, 64, torch.float16, True, id="P2-D128-straddle-tail-tma"),
     pytest.param(4, 360, 4, 64, 32, 32, torch.float32, True, id="P4-D64-straddle-tail-fp32-tma"),
 ]
@@ -147,6 +147,7 @@ def _gloo_worker(rank, P, port, q_all, k_all, v_all, want):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_serial_and_overlapped_baselines_relayout_like_torch_indexing():
     """The GPU baselines' all_to_all_single + relayout (serial) and head-chunk pipeline (overlapped, async
     collectives) produce the post-all-to-all layout bit for bit; run here with gloo on CPU processes."""
@@ -379,6 +380,7 @@ def test_fused_kernel_compiles_for_hopper_with_wgmma_and_16_byte_peer_stores():
 
 
 # ------------------------------------------------------------------ one process driving every rank (issue 14)
+@pytest.mark.slow
 def test_one_process_sweep_job_on_emulated_ranks(tmp_path, cpu_timing):
     """The one-GPU world's flow with EmulatedWorld (same code path: ``world.emulated``, one process): every
     rank's output poisoned and checked (fused and the copies baseline against the all-to-all by indexing, tiles
@@ -513,12 +515,12 @@ def _copy_record(src, dst):
 
 
 def test_fused_outputs_placement_of_the_records():
-    """Run U2's host record (fused outputs in device memory) is placed before the fix, the FA records (made after
+    """The archived host record (fused outputs in device memory) is placed before the fix, the FA records (made after
     it, no field) and every sweep that names ``params.fused_outputs`` by that field; one process per GPU always."""
-    h = data.machine_dir("h200x1")
-    assert data.ulysses_fused_outputs(data.read_meta(h / "ulysses_host/ulysses.json", data.ULYSSES)) == \
-        data.ULYSSES_OUTPUTS_BEFORE_FIX
-    assert data.ulysses_fused_outputs(data.read_meta(h / "ulysses_fa_host/ulysses.json", data.ULYSSES)) == \
+    h = data.machine_dir("h200x1") / "archive"
+    assert data.ulysses_fused_outputs(data.read_meta(h / "ulysses_host_fused_outputs_on_gpu/ulysses.json",
+                                                     data.ULYSSES)) == data.ULYSSES_OUTPUTS_BEFORE_FIX
+    assert data.ulysses_fused_outputs(data.read_meta(h / "ulysses_fa4_fused_host/ulysses.json", data.ULYSSES)) == \
         data.ULYSSES_FUSED_OUTPUTS
     early = "2026-01-01T00:00:00+00:00"
     one = {"world": "one-gpu", "link": "host"}
@@ -529,7 +531,7 @@ def test_fused_outputs_placement_of_the_records():
 
 
 def test_host_sweep_refuses_a_record_made_before_the_fix(tmp_path, capsys):
-    """``xstage sweep ulysses --world one-gpu --link host`` into run U2's host folder (fused outputs in device
+    """``xstage sweep ulysses --world one-gpu --link host`` into the archived host folder (fused outputs in device
     memory) is one clear error before the GPU check and anything else: the folder's files are unchanged. The same
     folder's copy with the local link (every buffer in device memory either way) passes the check (then, without a
     GPU, the GPU error); so does a host folder whose first run names destination outputs but whose appended run
@@ -537,7 +539,7 @@ def test_host_sweep_refuses_a_record_made_before_the_fix(tmp_path, capsys):
     from xstage import cli
 
     old = tmp_path / "old"
-    before = _copy_record(data.machine_dir("h200x1") / "ulysses_host", old)
+    before = _copy_record(data.machine_dir("h200x1") / "archive" / "ulysses_host_fused_outputs_on_gpu", old)
     with pytest.raises(data.DataError, match=r"fused outputs in device \(before the fix\).*record into a new folder"):
         US.run_ulysses(old, world="one-gpu", link="host", world_size=2)
     code = cli.main(["sweep", "ulysses", "--world", "one-gpu", "--ranks", "2", "--link", "host", "--out", str(old)])

@@ -85,40 +85,19 @@ def test_one_gpu_sweep_records_gluon(tmp_path, link):
     assert (fused.sender_visible_ms > 0).all() and (fused.sender_visible_ms <= fused.end_to_end_ms).all()
 
 
-def test_recorded_gluon_sweeps_replay_their_ratios():
-    """data/h200x1/ulysses_gluon_{host,local} (session 12, calls S12-3 / S12-4: scripts/ulysses_gluon_one_gpu.sh, P = 2,
-    five shapes): both records hold every method asked, no Gluon check failed, and the lab notebook's finding is in the
-    rows: the Gluon fused layer costs 0-6 % over Gluon alone with every buffer local, 3.2-7.9x with the peer's output
-    in pinned host memory, where our Triton fused layer costs 0.98-1.24x of its attention."""
-    from xstage import studies
-
-    ratio = {}
-    for link in ("host", "local"):
-        df, meta = data.load(data.machine_dir("h200x1") / f"ulysses_gluon_{link}", data.ULYSSES)
-        assert meta["params"]["link"] == link and meta["params"]["gluon"]["available"]
-        assert "gluon_failed" not in meta
-        assert set(df.method) == {"fused", "serial_triton", "serial_cudnn", "attention_only", "sdpa_only", "gluon",
-                                  "gluon_serial", "gluon_fused"} and df["shape"].nunique() == 5
-        w = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
-        ratio[link] = (w.gluon_fused / w.gluon, w.fused / w.attention_only)
-    assert ratio["local"][0].between(0.98, 1.08).all()
-    assert ratio["host"][0].between(3.0, 8.5).all()
-    assert ratio["host"][1].between(0.95, 1.3).all()
-
-
 def test_recorded_16_byte_epilogue_removes_the_host_link_slowdown():
-    """data/h200x1/ulysses_gluon_host_v16 (session 13, call S13-1: the same script and shapes after the fused epilogue's
+    """data/h200x1/archive/ulysses_gluon_fused_host (the same script and shapes after the fused epilogue's
     stores became 16 bytes, kernels/attention_gluon.py): every method, no Gluon check failed, and the rows hold the
     finding: over PCIe the Gluon fused layer now costs 1.03-1.26x Gluon alone (was 3.2-7.9x with 2-byte stores, in
-    ulysses_gluon_host) and beats Gluon then the all-to-all on every shape."""
+    ulysses_gluon_fused_2byte_host) and beats Gluon then the all-to-all on every shape."""
     from xstage import studies
 
     w = {}
-    for sub in ("ulysses_gluon_host", "ulysses_gluon_host_v16"):
-        df, meta = data.load(data.machine_dir("h200x1") / sub, data.ULYSSES)
+    for sub in ("ulysses_gluon_fused_2byte_host", "ulysses_gluon_fused_host"):
+        df, meta = data.load(data.machine_dir("h200x1") / "archive" / sub, data.ULYSSES)
         assert meta["params"]["link"] == "host" and "gluon_failed" not in meta
         w[sub] = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
-    new, old = w["ulysses_gluon_host_v16"], w["ulysses_gluon_host"]
+    new, old = w["ulysses_gluon_fused_host"], w["ulysses_gluon_fused_2byte_host"]
     assert set(new.columns) == set(old.columns) and list(new.index) == list(old.index)
     assert (new.gluon_fused / new.gluon).between(1.0, 1.3).all()
     assert (new.gluon_fused < new.gluon_serial).all()
@@ -126,13 +105,13 @@ def test_recorded_16_byte_epilogue_removes_the_host_link_slowdown():
 
 
 def test_recorded_16_byte_epilogue_on_the_local_link():
-    """data/h200x1/ulysses_gluon_local_v16 (session 14, call S14-3: the 16-byte epilogue on the local link): every
+    """data/h200x1/archive/ulysses_gluon_fused_local (the 16-byte epilogue on the local link): every
     method, no Gluon check failed, and the rows hold the finding: on the local link the fused layer and Gluon then
     the device copy are within 2 % on every shape (the store width matters little where stores are not PCIe
     transactions), while the host link's record kept its 2.5x gain from the same change."""
     from xstage import studies
 
-    df, meta = data.load(data.machine_dir("h200x1") / "ulysses_gluon_local_v16", data.ULYSSES)
+    df, meta = data.load(data.machine_dir("h200x1") / "archive" / "ulysses_gluon_fused_local", data.ULYSSES)
     assert meta["params"]["link"] == "local" and "gluon_failed" not in meta
     w = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
     assert len(w) == 5 and (w.gluon_fused / w.gluon_serial).between(0.97, 1.03).all()

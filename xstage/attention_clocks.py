@@ -1,8 +1,6 @@
-"""Sustained clocks of our attention beside FA4 (issue 14, item 3; session 27, docs/lab-notebook.md).
+"""Sustained clocks of our attention beside FA4 and cuDNN SDPA on one GPU.
 
-Two H100s of one kind gave our attention / FA4 0.943 and 0.900 on 8192 x 24 (records attention_vs_fa4_gluon_final
-and _final2): our TFLOP/s fell 2-11 % from one card to the other while FA4's and cuDNN's fell 0-5 %. Same-round
-ratios control for a clock that drifts under both kernels alike; they do not control for a kernel that itself
+Same-round ratios control for a clock that drifts under both kernels alike; they do not control for a kernel that itself
 lowers the clock (a kernel that draws more power per FLOP runs at a lower clock under the card's power limit). This
 study measures that: each method (ours, FA4, cuDNN SDPA) launched back to back for ``seconds`` (a window) while
 ``nvidia-smi`` samples the GPU's SM clock, power and temperature; windows in turn, ``windows`` times over, so a
@@ -11,8 +9,7 @@ samples after the first ``SETTLE_S`` seconds, and the clock-event reasons seen (
 Per shape, before any window, every method is checked against the float32 reference on sampled query rows
 (``ulysses_ladder.check_shape``). Rows: schema ``attention_clocks`` (xstage.data), one shape at a time (resumable).
 ``scripts/attention_clocks.py`` runs it; ``xstage.studies.attention_clocks_table`` / ``attention_clocks_ratios`` read
-it. Call N12 (data/h100x1/attention_clocks/) refuted the power hypothesis: every window at the 700 W cap, ours at
-FA4's SM clock at D = 128; the gap was the round-robin samples' host launch work (``bench.time_ms`` lead).
+it. The record is xstage.records' study ``attention_clocks``.
 """
 from __future__ import annotations
 

@@ -137,6 +137,12 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("megamoe_gemm_fp8", "MegaMoE's fp8 GEMM phases / torch._scaled_grouped_mm, same rounds",
           "03_megamoe_84", "geomean >= 0.95; >= 0.9 on each configuration with >= 2048 rows"),
     # BLOCK: attention and ulysses
+    Study("ulysses", "Ulysses: the all-to-all fused into attention's epilogue", "04_ulysses_attention",
+          "fused layer faster end to end than attention followed by the all-to-all"),
+    Study("attention", "Our Gluon attention forward beside FA4's CuTe Hopper forward", "04_ulysses_attention",
+          ">= 0.95 of FA4's TFLOP/s on every shape with S >= 8K"),
+    Study("attention_clocks", "Sustained clocks of our attention, FA4 and cuDNN at the power cap",
+          "04_ulysses_attention", "the ours / FA4 ratio holds when the clocks settle"),
 )}
 
 # ------------------------------------------------------------------ records (one current per study, machine, link)
@@ -265,6 +271,55 @@ RECORDS: tuple[Record, ...] = _records(
            "python3 scripts/megamoe_gemm.py --study gemm10 --out data/h200x1/megamoe_gemm_fp8",
            "fp8 GEMM phases / torch._scaled_grouped_mm: geomean 1.228, min 0.999"),
     # BLOCK: attention and ulysses
+    Record("ulysses", "h200x2", "nvlink", "ulysses", "ulysses", "xstage sweep ulysses --out data/h200x2/ulysses",
+           "fused / serial end to end on 2 H200s over NVLink, DiT shapes and S = 4K..128K"),
+    Record("ulysses", "h200x1", "host", "ulysses_host", "ulysses",
+           "xstage sweep ulysses --world one-gpu --ranks P --link host --out data/h200x1/ulysses_host",
+           "one-GPU world, peers' outputs (fused and copies) in pinned host memory: fused / serial"),
+    Record("ulysses", "h200x1", "local", "ulysses_local", "ulysses",
+           "xstage sweep ulysses --world one-gpu --ranks P --link local --out data/h200x1/ulysses_local",
+           "one-GPU world, every buffer on the GPU: fused / serial"),
+    Record("ulysses", "h200x1", "host", "ulysses_host_fused_outputs_on_gpu", "ulysses",
+           "xstage sweep ulysses --world one-gpu --ranks P --link host --out data/h200x1/ulysses_host",
+           "with the fused outputs left in device memory the host link looked faster than it is: fused outputs "
+           "must be the destination buffers", current=False),
+    Record("ulysses", "h200x1", "host", "ulysses_fa4_fused_host", "ulysses", "RECORD=ulysses_fa scripts/fa4_one_gpu.sh",
+           "FA4's kernel with the same fused epilogue beside FA4 alone and ours, host link", current=False),
+    Record("ulysses", "h200x1", "local", "ulysses_fa4_fused_local", "ulysses",
+           "RECORD=ulysses_fa scripts/fa4_one_gpu.sh",
+           "FA4's kernel with the same fused epilogue beside FA4 alone and ours, local link", current=False),
+    Record("ulysses", "h200x1", "host", "ulysses_fa4_fused_p4_host", "ulysses", "scripts/attention_vs_fa4.sh p4:<s>",
+           "the FA methods at P = 4, host link", current=False),
+    Record("ulysses", "h200x1", "local", "ulysses_fa4_fused_p4_local", "ulysses", "scripts/attention_vs_fa4.sh p4:<s>",
+           "the FA methods at P = 4, local link", current=False),
+    Record("ulysses", "h200x1", "host", "ulysses_gluon_fused_host", "ulysses", "scripts/ulysses_gluon_one_gpu.sh",
+           "the Gluon kernel's fused epilogue (16-byte stores) bit-exact and timed, host link", current=False),
+    Record("ulysses", "h200x1", "host", "ulysses_gluon_fused_2byte_host", "ulysses", "scripts/ulysses_gluon_one_gpu.sh",
+           "with 2-byte stores the Gluon fused epilogue cost 3.2-7.9x Gluon alone over PCIe (16-byte: 1.03-1.26x)",
+           current=False),
+    Record("ulysses", "h200x1", "local", "ulysses_gluon_fused_local", "ulysses", "scripts/ulysses_gluon_one_gpu.sh",
+           "the Gluon kernel's fused epilogue (16-byte stores) bit-exact and timed, local link", current=False),
+    Record("attention", "h100x1", "local", "attention_vs_fa4", "attention_ladder",
+           "MACHINE=h100x1 STUDY=gluon scripts/attention_vs_fa4.sh",
+           "ours / FA4 TFLOP/s per shape, each sample queued behind a GPU-side wait (GPU time alone)"),
+    Record("attention", "h200x1", "local", "attention_vs_fa4", "attention_ladder",
+           "MACHINE=h200x1 STUDY=gluon scripts/attention_vs_fa4.sh",
+           "ours / FA4 TFLOP/s per shape on one H200, same rounds"),
+    Record("attention", "h100x1", "local", "attention_vs_fa4_unqueued", "attention_ladder",
+           "MACHINE=h100x1 STUDY=gluon scripts/attention_vs_fa4.sh",
+           "the same rungs timed from an idle GPU on the same card: 2 of 7 shapes >= 0.95 (the host's launch "
+           "work in the sample)",
+           current=False),
+    Record("attention", "h200x1", "local", "attention_triton_vs_fa4", "attention_ladder",
+           "scripts/attention_vs_fa4.sh", "no Triton variant reaches 0.95 of FA4's TFLOP/s", current=False),
+    Record("attention", "h200x1", "local", "attention_triton_ladder", "attention_ladder",
+           "python3 scripts/attention_ladder.py", "the Triton ladder beside cuDNN: which levers help", current=False),
+    Record("attention", "h200x1", "local", "attention_gluon_persistent", "attention_ladder",
+           "MACHINE=h200x1 STUDY=gluon scripts/attention_vs_fa4.sh",
+           "a persistent grid (one CTA per SM walking tiles) moves ours by -1.7 .. +1.2 % "
+           "at S >= 8K", current=False),
+    Record("attention_clocks", "h100x1", "local", "attention_clocks", "attention_clocks",
+           "MACHINE=h100x1 python3 scripts/attention_clocks.py", "ours / FA4 sustained at the 700 W cap"),
 )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import data, env
+from . import data, env, records
 from .model import KIB, BurstGapParams
 from .numeric import geomean
 
@@ -385,8 +385,8 @@ ULYSSES_ONE_GPU_LINKS = ("local", "host")   # xstage.ranks.ONE_GPU_LINKS (not im
 # fused outputs as destination buffers (xstage.data.ulysses_fused_outputs; docs/lab-notebook.md, "Ulysses on one
 # GPU, host link, re-recorded"); run U2's
 # ulysses_host kept its fused outputs in device memory and is read only by name, labelled as before the fix.
-ULYSSES_ONE_GPU_RECORDS = {"local": "ulysses_local", "host": "ulysses_host_v2"}
-ULYSSES_HOST_BEFORE_FIX = "ulysses_host"
+ULYSSES_ONE_GPU_RECORDS = {"local": "ulysses_local", "host": "ulysses_host"}
+ULYSSES_HOST_BEFORE_FIX = "archive/ulysses_host_fused_outputs_on_gpu"
 
 
 def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
@@ -427,7 +427,11 @@ def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path 
 
     def recorded() -> Path:
         if link is None:
-            return _check_machine(machine, data.ULYSSES)
+            have = sorted({r.machine for r in records.records("ulysses", link="nvlink")})
+            if machine not in have:
+                raise ValueError(f"machine {machine!r} has no recorded ulysses data; recorded machines: "
+                                 f"{', '.join(have) or 'none'}")
+            return records.folder("ulysses", machine, "nvlink")
         folder = data.machine_dir(machine) / name
         if not data.paths(folder, data.ULYSSES)[0].is_file():
             raise ValueError(f"machine {machine!r} has no recorded one-GPU Ulysses data for link {link!r} "
@@ -570,23 +574,21 @@ def ulysses_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["P", "D", "H", "S"]).reset_index(drop=True)
 
 
-ULYSSES_FA_RECORD = "ulysses_fa"   # data/<machine>/ulysses_fa_<link>/: the one-GPU records with FA4's methods
-# records whose rows of our kernel ran an older loop (docs/lab-notebook.md, "Ulysses round 3", run G2): captions name it
-ULYSSES_FA_LABELS = {"ulysses_fa_p4": "P = 4 (run G2): its rows of our kernel (fused, serial_triton, attention_only) "
-                                      "ran the key loop with V loaded after the softmax (commit bbe1e4a, 14-20 % "
-                                      "slower, fixed since); FA4's rows are unaffected."}
+ULYSSES_FA_RECORD = "ulysses_fa4_fused"   # data/<machine>/archive/ulysses_fa4_fused_<link>/: FA4's methods, one GPU
+ULYSSES_FA_LABELS: dict[str, str] = {}
 
 
 def ulysses_fa_data(machine: str = "h200x1", link: str = "host", record: str = ULYSSES_FA_RECORD
                     ) -> tuple[pd.DataFrame, dict]:
     """The one-GPU Ulysses record that times FA4 (``fa``, ``fa_serial``, ``fa_fused``: the extra ``fa4``) beside
-    ours and cuDNN in the same rounds (data/<machine>/ulysses_fa_<link>/; schema ulysses), verified; recorded only
-    (it needs a Hopper GPU and the extra). ``record``: the folder's stem (``ulysses_fa``: run F2, FA alone through its
-    interface only; ``ulysses_fa_kernel``: run F3, also FA's kernel launched as the fused one is). ``df.attrs["world"]``
-    names the world and link."""
+    ours and cuDNN in the same rounds (archived: data/<machine>/archive/<record>_<link>/; schema ulysses), verified;
+    recorded only (it needs a Hopper GPU and the extra). ``record``: the folder's stem (``ulysses_fa4_fused``: FA4
+    alone, FA's kernel launched as the fused one is, and the FA4-class fused layer, P = 2; ``ulysses_fa4_fused_p4``:
+    the same methods at P = 4). ``df.attrs["world"]`` names the world and link."""
     if link not in ULYSSES_ONE_GPU_LINKS:
         raise ValueError(f"link must be one of {', '.join(ULYSSES_ONE_GPU_LINKS)}, got {link!r}")
-    folder = data.machine_dir(machine) / f"{record}_{link}"
+    found = [r for r in records.records("ulysses", machine, link, current=None) if r.folder == f"{record}_{link}"]
+    folder = found[0].path if found else data.machine_dir(machine) / f"{record}_{link}"
     if not data.paths(folder, data.ULYSSES)[0].is_file():
         raise ValueError(f"machine {machine!r} has no recorded FA4 Ulysses data for link {link!r} ({folder} has no "
                          f"ulysses.csv); record it: scripts/fa4_one_gpu.sh (xstage sweep ulysses --world one-gpu "
@@ -630,72 +632,29 @@ def ulysses_fa_table(df: pd.DataFrame) -> pd.DataFrame:
 ATTENTION_LADDER_GOAL = 0.95   # issue 14: our attention's TFLOP/s / the FA-class kernel's (cuDNN SDPA stands in)
 
 
-ATTENTION_LADDER_RECORDS = {"attention_ladder": "scripts/attention_ladder.py",      # round 2: beside cuDNN
-                            "attention_vs_fa4": "scripts/attention_vs_fa4.sh",      # round 3: beside FA4 too
-                            "attention_vs_fa4_late_v": "scripts/attention_vs_fa4.sh",   # run G2 (label below)
-                            "attention_vs_fa4_gluon": "STUDY=gluon scripts/attention_vs_fa4.sh",   # round 4: Gluon
-                            # round 5 (call U3): the last-block mask, ping-pong, 3 consumers; FA4 absent in it
-                            "attention_vs_fa4_gluon_next": "STUDY=gluon_next scripts/attention_vs_fa4.sh",
-                            # session 8, call S8-U4: the fastest rungs of round 5 beside FA4 (same rounds)
-                            "attention_vs_fa4_gluon_best": "STUDY=gluon_best scripts/attention_vs_fa4.sh",
-                            # session 9: the persistent ws grid beside FA4 (same rounds)
-                            "attention_vs_fa4_gluon_pe": "STUDY=gluon_pe scripts/attention_vs_fa4.sh",
-                            # session 10 (call U10-3): the masked last key block peeled out of the loop (-lp)
-                            "attention_vs_fa4_gluon_lp": "STUDY=gluon_lp scripts/attention_vs_fa4.sh",
-                            # session 25 (an H100: MACHINE=h100x1): the ping-pong's turns in named barriers (-nb),
-                            # then the key blocks last to first (-rv)
-                            "attention_vs_fa4_gluon_nb": "MACHINE=h100x1 STUDY=gluon_nb scripts/attention_vs_fa4.sh",
-                            "attention_vs_fa4_gluon_rv": "MACHINE=h100x1 STUDY=gluon_rv scripts/attention_vs_fa4.sh",
-                            # session 26 (an H100): one release per ring slot (-jr, call N6); the best rungs side by
-                            # side with 30 repeats a block (call N8)
-                            "attention_vs_fa4_gluon_jr": "MACHINE=h100x1 STUDY=gluon_jr scripts/attention_vs_fa4.sh",
-                            "attention_vs_fa4_gluon_final": "MACHINE=h100x1 STUDY=gluon_final REPEATS=30 "
-                                                            "scripts/attention_vs_fa4.sh",
-                            # session 27, call N10 (another H100): 8192 x 24 alone, four blocks a rung; then
-                            # gluon_final again on that card
-                            "attention_vs_fa4_gluon_8k": "MACHINE=h100x1 STUDY=gluon_8k REPEATS=30 "
-                                                         "scripts/attention_vs_fa4.sh",
-                            "attention_vs_fa4_gluon_final2": "MACHINE=h100x1 STUDY=gluon_final2 REPEATS=30 "
-                                                             "scripts/attention_vs_fa4.sh",
-                            # session 27, call N14 (a fourth H100): gluon_final as before, then each sample queued
-                            # behind a GPU-side wait (bench.time_ms lead: the host's launch work outside the sample)
-                            "attention_vs_fa4_gluon_final3": "MACHINE=h100x1 STUDY=gluon_final3 REPEATS=30 "
-                                                             "scripts/attention_vs_fa4.sh",
-                            "attention_vs_fa4_gluon_final_q": "MACHINE=h100x1 STUDY=gluon_final_q REPEATS=30 "
-                                                              "scripts/attention_vs_fa4.sh"}
-# the records made on another one-GPU machine than notebook 04's one_gpu_machine (sessions 25-27: the H100 lent)
-ATTENTION_LADDER_MACHINE = {"attention_vs_fa4_gluon_nb": "h100x1", "attention_vs_fa4_gluon_rv": "h100x1",
-                            "attention_vs_fa4_gluon_jr": "h100x1", "attention_vs_fa4_gluon_final": "h100x1",
-                            "attention_vs_fa4_gluon_8k": "h100x1", "attention_vs_fa4_gluon_final2": "h100x1",
-                            "attention_vs_fa4_gluon_final3": "h100x1", "attention_vs_fa4_gluon_final_q": "h100x1"}
-
-
 def attention_ladder_machine(record: str, default: str) -> tuple[str, str]:
-    """(machine folder, GPU for captions) of an attention ladder record: ``ATTENTION_LADDER_MACHINE``'s machine, else
-    ``default`` (notebook 04's one_gpu_machine)."""
-    machine = ATTENTION_LADDER_MACHINE.get(record, default)
+    """(machine folder, GPU for captions) of an attention record: ``default`` (notebook 04's one_gpu_machine) when it
+    holds ``record``, else the one machine that does (xstage.records)."""
+    have = [r.machine for r in records.records("attention", current=None) if r.folder == record]
+    machine = default if default in have or not have else have[0]
     return machine, "H100" if machine.startswith("h100") else "H200"
-# records whose kernel differs from today's (docs/lab-notebook.md, "Ulysses round 3", run G2): every figure names it
-ATTENTION_LADDER_LABELS = {"attention_vs_fa4_late_v": "our key loop with V loaded after the softmax (run G2, commit "
-                                                      "bbe1e4a; 14-20 % slower, fixed since)",
-                           "attention_vs_fa4_gluon_next": "FA4 absent in this run (the carried stack lacked "
-                                                          "nvidia-cutlass-dsl-libs-core): ours and cuDNN only, call U3",
-                           "attention_vs_fa4_gluon_final_q": "each sample queued behind a GPU-side wait: GPU time "
-                                                             "alone, the host's launch work outside (call N14)"}
 
 
-def attention_ladder_data(machine: str = "h200x1", record: str = "attention_ladder") -> tuple[pd.DataFrame, dict]:
-    """The attention speed ladder's rows (schema xstage.data.ATTENTION_LADDER) and provenance, verified:
-    ``record`` "attention_ladder" (data/<machine>/attention_ladder/, ``scripts/attention_ladder.py``: ours beside
-    cuDNN) or "attention_vs_fa4" (``scripts/attention_vs_fa4.sh``: ours beside cuDNN and FA4's CuTe Hopper
-    forward, same rounds). Recorded only (the run needs a GPU)."""
-    if record not in ATTENTION_LADDER_RECORDS:
-        raise ValueError(f"record must be one of {sorted(ATTENTION_LADDER_RECORDS)}, got {record!r}")
-    folder = data.machine_dir(machine) / record
-    if not data.paths(folder, data.ATTENTION_LADDER)[0].is_file():
-        raise ValueError(f"machine {machine!r} has no recorded {record} ({folder} has no attention_ladder.csv); "
-                         f"record it: OUT=... {ATTENTION_LADDER_RECORDS[record]}")
-    return data.load(folder, data.ATTENTION_LADDER)
+# records whose timing differs from the rest (every figure names it)
+ATTENTION_LADDER_LABELS = {"attention_vs_fa4_unqueued": "each sample's clock started on an idle GPU: the host's launch "
+                                                        "work inside the sample"}
+
+
+def attention_ladder_data(machine: str = "h200x1", record: str = "attention_vs_fa4") -> tuple[pd.DataFrame, dict]:
+    """The attention ladder's rows (schema xstage.data.ATTENTION_LADDER) and provenance, verified: ``record`` is
+    the folder of a registered record of study ``attention`` on ``machine`` (xstage.records: the current
+    ``attention_vs_fa4``, ours beside cuDNN and FA4's CuTe Hopper forward in the same rounds, or an archived one).
+    Recorded only (the run needs a GPU)."""
+    found = [r for r in records.records("attention", machine, current=None) if r.folder == record]
+    if not found:
+        have = sorted({r.folder for r in records.records("attention", current=None)})
+        raise ValueError(f"record must be one of {have} (on its machine), got {record!r} on {machine!r}")
+    return data.load(found[0].path, data.ATTENTION_LADDER)
 
 
 def attention_ladder_table(df: pd.DataFrame, meta: dict | None = None) -> pd.DataFrame:
@@ -774,13 +733,14 @@ def attention_vs_fa4_goals(summary: pd.DataFrame, world: str = "") -> pd.DataFra
                         columns=["quantity", "ours", "paper", "goal", "met"])
 
 
-ATTENTION_CLOCKS_MACHINE = "h100x1"   # session 27, call N12: the one card the clocks study was run on so far
+ATTENTION_CLOCKS_MACHINE = "h100x1"   # the one machine the clocks study was run on
 
 
 def attention_clocks_data(machine: str = ATTENTION_CLOCKS_MACHINE, record: str = "attention_clocks") -> tuple[pd.DataFrame, dict]:
     """The sustained-clocks study's rows (schema xstage.data.ATTENTION_CLOCKS) and provenance, verified
     (data/<machine>/attention_clocks/, ``scripts/attention_clocks.py``). Recorded only (the run needs a GPU)."""
-    folder = data.machine_dir(machine) / record
+    folder = records.folder("attention_clocks", machine, "local") if record == "attention_clocks" \
+        else data.machine_dir(machine) / record
     if not data.paths(folder, data.ATTENTION_CLOCKS)[0].is_file():
         raise ValueError(f"machine {machine!r} has no recorded {record} ({folder} has no attention_clocks.csv); "
                          f"record it: scripts/attention_vs_fa4.sh install clocks:<s>")
