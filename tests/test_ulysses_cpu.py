@@ -45,7 +45,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("P,S,H,D,bm,bn,dtype,tma", [c if len(c.values) == 8 else
-                                                     pytest.param(*c.values, False, id=c.id) for c in CASES])
+                                                     pytest.param(*c.values, False, id=c.id, marks=c.marks) for c in CASES])
 def test_fused_bit_exact_and_within_2x_torch(P, S, H, D, bm, bn, dtype, tma):
     """check_job: NaN-poisoned outputs, fused == attention + all-to-all bit for bit, error <= 2x PyTorch's
     (K/V through pointers, or through tensor descriptors: TMA)."""

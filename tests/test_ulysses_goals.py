@@ -29,9 +29,9 @@ def test_a_record_without_cudnn_has_no_verdict(recorded):
 
 # ------------------------------------------- the one-GPU host link: the record made after the fused-outputs fix
 def test_one_gpu_host_numbers_come_from_the_record_after_the_fix():
-    """The host link's numbers (studies, goals, the README's one-H200 row) come from ulysses_host, whose fused
+    """The host link's numbers (studies, goals, the headline row) come from ulysses_host, whose fused
     outputs were destination buffers; run U2's record is read only by name and labelled as before the fix."""
-    from xstage import data, readme
+    from xstage import data, ulysses_analysis
 
     d, m = studies.ulysses_data("recorded", "h200x1", link="host")
     assert studies.ULYSSES_ONE_GPU_RECORDS["host"] == "ulysses_host"
@@ -42,9 +42,9 @@ def test_one_gpu_host_numbers_come_from_the_record_after_the_fix():
     assert om["date_utc"] < data.ULYSSES_OUTPUTS_FIX_UTC <= m["date_utc"]
     sp = studies.ulysses_speedups(d)
     e2e = sp[sp.line == "fused_e2e"].speedup
-    row = [r for r in readme.one_gpu_markdown().splitlines() if r.startswith("| Ulysses on one H200, peers'")]
-    assert len(row) == 1 and "data/h200x1/ulysses_host`" in row[0], row
-    assert f"**{e2e.max():.2f}x**" in row[0] and f"{e2e.min():.2f}x" in row[0], row
+    row = [r for r in ulysses_analysis.headline() if r.where.startswith("PCIe")]
+    assert len(row) == 1 and row[0].record == "data/h200x1/ulysses_host", row
+    assert f"**{e2e.max():.2f}x**" in row[0].ours and f"{e2e.min():.2f}x" in row[0].ours, row
     g = studies.ulysses_goals(d, "one GPU, link host")
     assert g.ours.iloc[0] == pytest.approx(e2e.max())
     with pytest.raises(ValueError, match="names a recorded one-GPU folder"):

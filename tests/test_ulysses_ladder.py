@@ -260,15 +260,11 @@ def test_beside_fa4_summary_is_same_round_medians_and_flags_the_goal():
     assert studies.attention_vs_fa4_summary(studies.attention_ladder_table(df[df.method != "fa4"])).empty
 
 
-@pytest.mark.parametrize("record", ["attention_vs_fa4", "attention_vs_fa4_late_v", "attention_vs_fa4_gluon",
-                                    "attention_vs_fa4_gluon_best"])
+@pytest.mark.parametrize("record", ["attention_vs_fa4", "attention_triton_vs_fa4"])
 def test_recorded_beside_fa4_loads_and_plots(record):
     from xstage import figures, studies
 
-    try:
-        df, m = studies.attention_ladder_data("h200x1", record=record)
-    except ValueError:
-        pytest.skip(f"no recorded {record}")
+    df, m = studies.attention_ladder_data("h200x1", record=record)
     t = studies.attention_ladder_table(df, m)
     s = studies.attention_vs_fa4_summary(t)
     assert len(s) == t["shape"].nunique() and (s.fa_tflops > 0).all() and set(s.D) <= {64, 128}

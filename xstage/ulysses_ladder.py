@@ -19,7 +19,7 @@ of their medians is a same-clock ratio. Rows (schema ``attention_ladder``, xstag
 (variant, shape) at a time, so a run cut short keeps what finished and a re-run resumes. Without a cuDNN that
 runs and agrees with our attention (or on the CPU) the cuDNN rows are absent (one line says why), never 0.
 
-Beside FA4 (``run_attention_vs_fa4``, ``scripts/attention_vs_fa4.py``, issue 14 round 3): the same job with
+Beside FA4 (``run_attention_vs_fa4``, ``scripts/attention_vs_fa4.py``): the same job with
 FA4's CuTe Hopper forward as a third method (``fa4``: ``xstage.fa4.attention_kernel``, FA's kernel launched
 directly, bit for bit ``flash_attn_func``'s output in run F4), timed in the same rounds as ours and cuDNN, on
 ``FA4_SHAPES`` (the issue's table and the per-rank shapes of the one-GPU sweep) with ``FA4_VARIANTS``. Before a
@@ -28,8 +28,8 @@ shape's fresh inputs (``shape_checks`` in the sidecar; a method that disagrees i
 ``launches`` back-to-back launches between two events, divided by ``launches``: the host's launch work (Python,
 TMA descriptors, FA's TVM-FFI call) hides behind the previous kernel for every launch but the first, whose start
 event fires on an idle GPU. That first launch's host work differs between methods (ours ~100-250 us more than FA4's
-on the H100s of session 27) and weighs most on the shortest kernels: ``lead=True`` queues each sample behind a
-GPU-side wait first (``bench.time_ms``), so a sample is GPU time alone (record attention_vs_fa4_gluon_final_q).
+on an H100) and weighs most on the shortest kernels: ``lead=True`` queues each sample behind a
+GPU-side wait first (``bench.time_ms``), so a sample is GPU time alone (the H100's current record).
 Without FA4 (no extra, not Hopper, the CPU) its rows are absent with one line (``fa4_absent``), never 0.
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ LADDER_VARIANTS = {
          AttnConfig(256, 128, 8, 3, True),
          AttnConfig(256, 64, 8, 3, True)),
 }
-# issue 14 round 3: ours beside FA4's CuTe Hopper forward. [S, H, D] per rank: the issue's table, then the one-GPU
+# ours beside FA4's CuTe Hopper forward. [S, H, D] per rank: the issue's table, then the one-GPU
 # sweep's shapes at P = 2 (heads halved)
 FA4_SHAPES = (
     UlyssesShape("s8192_h24", 8_192, 24, 128),
@@ -103,7 +103,7 @@ FA4_SHAPES = (
     UlyssesShape("cogvideox5b_17776_p2", 17_776, 24, 64),
     UlyssesShape("wan21_1.3b_32760_p2", 32_760, 6, 128),
 )
-# the levers (kernels/attention.py's ladder, round 3): the tuner's best of L1 first (the base rung), the scale folded
+# the levers (kernels/attention.py's launch levers): the tuner's best first (the base rung), the scale folded
 # into q, the source-pipelined key loop, two programs per SM (registers capped at 128, or one warpgroup per program)
 FA4_VARIANTS = {
     128: (AttnConfig(128, 128, 8, 3, True, persistent=True),              # h: L1's best, a tuner candidate
@@ -118,9 +118,8 @@ FA4_VARIANTS = {
          AttnConfig(64, 128, 4, 2, True),                                 # 3 one-warpgroup programs per SM
          AttnConfig(128, 128, 4, 3, True, scale_q=True)),
 }
-# issue 14 round 4: the Gluon rungs (xstage.ulysses_gluon, kernels/attention_gluon.py: asynchronous wgmma, the softmax
-# under P V) beside our Triton base rung and FA4, same rounds; record data/<machine>/attention_vs_fa4_gluon/. Run C1
-# (docs/lab-notebook.md, "Ulysses round 4"): one warpgroup per CTA, two CTAs per SM, was the fastest Gluon tile
+# the Gluon rungs (xstage.ulysses_gluon, kernels/attention_gluon.py: asynchronous wgmma, the softmax
+# under P V) beside our Triton base rung and FA4, same rounds. One warpgroup per CTA, two CTAs per SM, was the fastest Gluon tile
 FA4_GLUON_VARIANTS = {
     128: (AttnConfig(128, 128, 8, 3, True, persistent=True),              # h: the Triton base rung
           GluonConfig(64, 64, 4, 2),                                      # 1 warpgroup, 80 KB: 2 CTAs per SM
@@ -458,7 +457,7 @@ def run_attention_vs_fa4(out: str | Path, variants: Mapping[int, Sequence[AttnCo
                          command: str = "", lead: bool = False) -> Path:
     """Our attention's variants beside FA4's CuTe Hopper forward and cuDNN SDPA, same rounds, on one GPU, into
     ``out``/attention_ladder.csv (module docstring; record folder data/<machine>/attention_vs_fa4/). ``lead``: each
-    sample queued behind a GPU-side wait (``bench.time_ms``; session 27), recorded in the sidecar's ``lead``."""
+    sample queued behind a GPU-side wait (``bench.time_ms``), recorded in the sidecar's ``lead``."""
     from . import fa4
 
     variants = FA4_VARIANTS if variants is None else variants
