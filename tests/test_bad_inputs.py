@@ -27,7 +27,6 @@ pytestmark = pytest.mark.timeout(120)
 NO_GPUS = torch.cuda.device_count() < 2
 needs_no_gpus = pytest.mark.skipif(not NO_GPUS, reason="GPUs present: this would run a real sweep")
 REPO = Path(__file__).resolve().parent.parent
-H200 = data.machine_dir("h200x2")
 
 
 def one_line(text: str) -> str:
@@ -37,7 +36,7 @@ def one_line(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ data files
-RECORDED = {"bandwidth": "bandwidth", "burst_gap": "burst_gap"}   # schema -> the study recording it on h200x2
+RECORDED = {"bandwidth": "bandwidth", "burst_gap": "burst_gap", "megamoe": "megamoe"}   # schema -> the study recording it on h200x2
 
 
 def _copy(tmp: Path, schema: data.Schema, src: Path | None = None) -> Path:
@@ -45,7 +44,7 @@ def _copy(tmp: Path, schema: data.Schema, src: Path | None = None) -> Path:
         if schema is data.ULYSSES:
             src = records.folder("ulysses", "h200x2", "nvlink")
         else:
-            src = records.folder(RECORDED[schema.name], "h200x2") if schema.name in RECORDED else H200
+            src = records.folder(RECORDED[schema.name], "h200x2")
     csv, side = data.paths(src, schema)
     dst = tmp / "m"
     dst.mkdir(exist_ok=True)
