@@ -1,7 +1,8 @@
 """The layers of xstage/ (../README.md's layout map), checked on the source with the AST.
 
-Measuring side: base -> kernels -> model (host-only: the Burst-Gap and stage models, fits, the MegaMoE plan) ->
-launchers (touch devices) -> sweeps. Reading side: records -> analysis -> figures -> app. A module imports only
+base -> kernels -> model (host-only: the Burst-Gap and stage models, fits, the MegaMoE plan) -> records (the
+registry of data folders; where a study's rows come from) -> launchers (touch devices) -> sweeps -> analysis ->
+figures -> app. A module imports only
 its own layer and the layers before it; the reading side never imports a sweep (analysis reads records, it
 does not measure; the CLI, which starts sweeps, is the one exception); no import circle (imports inside functions count too); imports
 of xstage modules sit at the top of the module (the CLI's subcommands excepted: ``xstage --help`` stays fast).
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["base", "kernels", "model", "launchers", "sweeps", "records", "analysis", "figures", "app"]
+LAYERS = ["base", "kernels", "model", "records", "launchers", "sweeps", "analysis", "figures", "app"]
 SWEEPS = LAYERS.index("sweeps")
 # module name pattern -> layer (first match wins); a module no pattern matches fails the test
 LAYER_OF = [
@@ -28,7 +29,7 @@ LAYER_OF = [
     ("ranks", "launchers"), ("remote_store", "launchers"), ("moe*", "launchers"), ("ulysses*", "launchers"),
     ("fa4", "launchers"), ("traffic*", "launchers"), ("attention*", "launchers"),
     ("calibrate", "sweeps"),
-    ("records", "records"),
+    ("records", "records"), ("sources", "records"),
     ("studies", "analysis"),
     ("figures", "figures"),
     ("cli", "app"), ("reproduce", "app"), ("readme", "app"), ("explorer", "app"),

@@ -25,10 +25,12 @@ import numpy as np
 import pandas as pd
 
 from . import data, env, records
+from .sources import (VARIANTS, check_machine as _check_machine, check_source as _check_source,
+                      check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
+                      source_data as _source_data)
 from .model import KIB, BurstGapParams
 from .numeric import geomean
 
-VARIANTS = ("sync", "free_running")
 BURSTS = ("first", "later", "all")
 PAPER_DIR = data.DATA_ROOT / "paper"
 
@@ -40,73 +42,6 @@ SIMULATED_GRID = dict(burst_kib=(1, 4, 16, 64, 256, 1024, 4096), gap_us=(0, 10, 
 HOST_BURST_KIB = tuple(2**i for i in range(11))
 # The recorded drain runs (a second pass over the same folder): fence after every burst, two gaps, 16 B stores.
 DRAIN_GRID = dict(drain=(True,), gap_us=(0, 10), store_bytes=(16,))
-
-
-# ------------------------------------------------------------------------------------------------ checks
-def _check_source(source: str, simulated: bool = True) -> str:
-    """simulated: whether the study has a simulated source (a missing-GPU error suggests it only then)."""
-    if source not in env.SOURCES:
-        raise ValueError(f"source must be one of {', '.join(env.SOURCES)}, got {source!r}")
-    return env.resolve_source(source, simulated=simulated)
-
-
-def _check_machine(machine: str, schema: data.Schema = data.BURST_GAP) -> Path:
-    have = data.recorded_machines(schema)
-    if machine not in have:
-        raise ValueError(f"machine {machine!r} has no recorded {schema.name} data under {data.DATA_ROOT}; "
-                         f"recorded machines: {', '.join(have) or 'none'}")
-    return data.machine_dir(machine)
-
-
-def _recorded(study: str, machine: str) -> Path:
-    """The current record of ``study`` on ``machine`` (xstage.records), with a clear line where none is."""
-    from . import records
-
-    found = records.records(study, machine)
-    if len(found) != 1:
-        have = sorted({r.machine for r in records.records(study)})
-        raise ValueError(f"machine {machine!r} has no recorded {study} data under {data.DATA_ROOT}; "
-                         f"recorded machines: {', '.join(have) or 'none'}")
-    return found[0].path
-
-
-def _check_variant(variant: str) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-
-
-def _default_out(machine: str) -> Path:
-    """Where a gpu source records: inside a reproduce run <run>/data/<machine> (every notebook of the run
-    shares one sweep, which resumes); else runs/sweeps/<UTC time>/<machine>."""
-    from .report import run_dir
-
-    run = run_dir()
-    if run is not None:
-        return run / "data" / machine
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return env.REPO_ROOT / "runs" / "sweeps" / stamp / machine
-
-
-def _source_data(source: str, schema: data.Schema, study: str, recorded_folder, run_gpu, out=None,
-                 gpu_folder=lambda folder: folder, no_simulated: str | None = None
-                 ) -> tuple[pd.DataFrame, dict, Path]:
-    """The source skeleton every study without a simulated source shares: (rows, provenance with ``source``,
-    the folder read).
-
-    recorded: ``recorded_folder()`` (it raises when the machine has no record); gpu: ``run_gpu(folder)`` into
-    ``gpu_folder(out or _default_out(this machine))``, then the folder is read. ``source`` is resolved once
-    here (auto -> gpu or recorded, xstage.env.resolve_source); simulated is an error (``no_simulated`` says it,
-    else one naming ``study``)."""
-    src = _check_source(source, simulated=False)
-    if src == "simulated":
-        raise ValueError(no_simulated or f"{study} has no simulated source; use recorded or gpu")
-    if src == "recorded":
-        folder = recorded_folder()
-    else:
-        folder = gpu_folder(Path(out) if out is not None else _default_out(env.machine_name()))
-        run_gpu(folder)
-    df, meta = data.load(folder, schema)
-    return df, {**meta, "source": src}, folder
 
 
 # ------------------------------------------------------------------------------------------------ sources
