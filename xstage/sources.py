@@ -9,14 +9,20 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from pathlib import Path
 
 import pandas as pd
 
 from . import data, env, records
+from .fit import fit_burst_gap
+from .model import BurstGapParams, load_params
 from .report import run_dir
 
 VARIANTS = ("sync", "free_running")
+PAPER_DIR = data.DATA_ROOT / "paper"
+# The machine whose records hold each link's stage model (data/<machine>/stage_fit_<link>.json.gz).
+LINK_MACHINES = {"nvlink": "h200x2", "host": "h200x1"}
 
 def check_source(source: str, simulated: bool = True) -> str:
     """simulated: whether the study has a simulated source (a missing-GPU error suggests it only then)."""
@@ -78,3 +84,63 @@ def source_data(source: str, schema: data.Schema, study: str, recorded_folder, r
         run_gpu(folder)
     df, meta = data.load(folder, schema)
     return df, {**meta, "source": src}, folder
+
+
+def paper_numbers() -> tuple[pd.DataFrame, dict]:
+    """The paper's headline numbers (data/paper/headline.csv: study, metric, value, unit, hardware) and their
+    sidecar (where they are quoted from, what each means)."""
+    csv, side = PAPER_DIR / "headline.csv", PAPER_DIR / "headline.json"
+    for p in (csv, side):
+        if not p.is_file():
+            raise data.DataError(f"missing {p}")
+    df = pd.read_csv(csv)
+    missing = [c for c in ("study", "metric", "value", "unit", "hardware") if c not in df.columns]
+    if missing:
+        raise data.DataError(f"{csv} lacks columns {missing}")
+    return df, json.loads(side.read_text())
+
+
+def paper_number(study: str, metric: str) -> float:
+    """One headline number, e.g. ``paper_number("megamoe", "geomean_speedup")`` -> 1.18."""
+    df, _ = paper_numbers()
+    hit = df[(df.study == study) & (df.metric == metric)]
+    if hit.empty:
+        known = ", ".join(f"{s}/{m}" for s, m in zip(df.study, df.metric))
+        raise ValueError(f"no paper number {study}/{metric}; known: {known}")
+    return float(hit.value.iloc[0])
+
+
+def default_params(df: pd.DataFrame | None = None, target: str = "remote", store_bytes: int = 16) -> BurstGapParams:
+    """Model parameters fitted to ``df`` (fast: Jacobian intervals, no bootstrap), or the reference values when
+    there is no data or the fit fails."""
+    if df is None:
+        return BurstGapParams.reference()
+    try:
+        p = fit_burst_gap(df, target=target, store_bytes=store_bytes, n_bootstrap=0, uncertainty="jacobian",
+                          k_folds=2).params
+        return BurstGapParams(*(float(v) for v in p.as_dict().values()))
+    except ValueError:
+        return BurstGapParams.reference()
+
+
+def recorded_params(machine: str = "h200x2"):
+    """What the MegaMoE sweep predicts with (``xstage.moe_sweep.run_megamoe``'s ``prm``): the stage model of
+    the machine's link when its fit is in data/ (``stage_fit_<link>.json``), else the fluid parameters fitted to
+    its burst-gap sweep, else the reference values."""
+    for link, m in LINK_MACHINES.items():
+        if m == machine:
+            try:
+                return load_params(data.machine_dir(machine), link)
+            except ValueError:
+                break
+    try:
+        df, _ = data.load(recorded("burst_gap", machine), data.BURST_GAP)
+    except (data.DataError, ValueError):
+        return BurstGapParams.reference()
+    return default_params(df)
+
+
+def caption_provenance(meta: dict) -> dict:
+    """A data set's provenance for a figure caption (xstage.report.export_figure): the sidecar without the
+    per-rank clock calibration."""
+    return {k: v for k, v in meta.items() if k != "clock"}

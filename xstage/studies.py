@@ -27,12 +27,12 @@ import pandas as pd
 from . import data, env, records
 from .sources import (VARIANTS, check_machine as _check_machine, check_source as _check_source,
                       check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
-                      source_data as _source_data)
+                      source_data as _source_data, LINK_MACHINES, PAPER_DIR, paper_numbers, paper_number,
+                      default_params, recorded_params, caption_provenance)
 from .model import KIB, BurstGapParams
 from .numeric import geomean
 
 BURSTS = ("first", "later", "all")
-PAPER_DIR = data.DATA_ROOT / "paper"
 
 # The simulated source: small enough for a slow CPU (~2 s), wide enough for every panel (P=1 is the
 # backpressure-free reference of the slowdown map).
@@ -120,68 +120,14 @@ def bandwidth_data(source: str = "recorded", machine: str = "h200x2",
     return df, meta
 
 
-def paper_numbers() -> tuple[pd.DataFrame, dict]:
-    """The paper's headline numbers (data/paper/headline.csv: study, metric, value, unit, hardware) and their
-    sidecar (where they are quoted from, what each means)."""
-    csv, side = PAPER_DIR / "headline.csv", PAPER_DIR / "headline.json"
-    for p in (csv, side):
-        if not p.is_file():
-            raise data.DataError(f"missing {p}")
-    df = pd.read_csv(csv)
-    missing = [c for c in ("study", "metric", "value", "unit", "hardware") if c not in df.columns]
-    if missing:
-        raise data.DataError(f"{csv} lacks columns {missing}")
-    return df, json.loads(side.read_text())
 
 
-def paper_number(study: str, metric: str) -> float:
-    """One headline number, e.g. ``paper_number("megamoe", "geomean_speedup")`` -> 1.18."""
-    df, _ = paper_numbers()
-    hit = df[(df.study == study) & (df.metric == metric)]
-    if hit.empty:
-        known = ", ".join(f"{s}/{m}" for s, m in zip(df.study, df.metric))
-        raise ValueError(f"no paper number {study}/{metric}; known: {known}")
-    return float(hit.value.iloc[0])
 
 
-def default_params(df: pd.DataFrame | None = None, target: str = "remote", store_bytes: int = 16) -> BurstGapParams:
-    """Model parameters fitted to ``df`` (fast: Jacobian intervals, no bootstrap), or the reference values when
-    there is no data or the fit fails."""
-    if df is None:
-        return BurstGapParams.reference()
-    from .fit import fit_burst_gap
-
-    try:
-        p = fit_burst_gap(df, target=target, store_bytes=store_bytes, n_bootstrap=0, uncertainty="jacobian",
-                          k_folds=2).params
-        return BurstGapParams(*(float(v) for v in p.as_dict().values()))
-    except ValueError:
-        return BurstGapParams.reference()
 
 
-def recorded_params(machine: str = "h200x2"):
-    """What the MegaMoE sweep predicts with (``xstage.moe_sweep.run_megamoe``'s ``prm``): the stage model of
-    the machine's link when its fit is in data/ (``stage_fit_<link>.json``), else the fluid parameters fitted to
-    its burst-gap sweep, else the reference values."""
-    from .model import load_params
-
-    for link, m in LINK_MACHINES.items():
-        if m == machine:
-            try:
-                return load_params(data.machine_dir(machine), link)
-            except ValueError:
-                break
-    try:
-        df, _ = burst_gap_data("recorded", machine)
-    except (data.DataError, ValueError):
-        return BurstGapParams.reference()
-    return default_params(df)
 
 
-def caption_provenance(meta: dict) -> dict:
-    """A data set's provenance for a figure caption (xstage.report.export_figure): the sidecar without the
-    per-rank clock calibration."""
-    return {k: v for k, v in meta.items() if k != "clock"}
 
 
 # ------------------------------------------------------------------------------------------------ analyses
@@ -1341,7 +1287,6 @@ def megamoe_headline(summary: pd.DataFrame, schedule: str = "interleaved") -> di
 # ------------------------------------------------------------------------------- the stage model, per link
 # The machines whose records carry each link (what notebooks 01/02 show side by side): NVLink on the 2x H200
 # pair, the host link (pinned host memory over PCIe) on one H200.
-LINK_MACHINES = {"nvlink": "h200x2", "host": "h200x1"}
 LINK_TARGET = {"nvlink": "remote", "host": "host"}
 RUNG_ORDER = ("fluid", "capacity(P)", "shares", "pool", "stage", "free_store")   # the ladder; each link's full model
 # is fit.FULL_RUNG's (NVLink: stage; the host link since session 24: free_store, the rung after stage)
