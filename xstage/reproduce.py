@@ -1,7 +1,7 @@
 """Reproduce the figures: run every study notebook into a fresh run folder and write its report.
 
     python -m xstage.reproduce                       # all notebooks/NN_*.ipynb, source=auto
-    python -m xstage.reproduce --only 02 -p n_boot 200
+    python -m xstage.reproduce --only 02 -p n_bootstrap 200
     python -m xstage.reproduce -f params.yaml --source recorded
 
 Each run gets ``runs/<UTC timestamp>/`` (or ``--out``) holding the executed notebooks and their HTML, the
