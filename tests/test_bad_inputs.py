@@ -265,6 +265,21 @@ CLI_CASES = [
     ("reproduce-yaml-broken", ["reproduce", "--only", "04", "-f", "{tmp}/bad.yaml"], r"is not valid YAML"),
     ("reproduce-yaml-a-list", ["reproduce", "--only", "04", "-f", "{tmp}/list.yaml"],
      r"must be a mapping of parameter name to value"),
+    ("predict-kib-zero", ["predict", "--data", "{h200x1}", "--programs", "66", "--burst-kib", "0", "--gap-us", "0"],
+     r"argument --burst-kib: expected numbers > 0, got '0'"),
+    ("predict-gap-negative", ["predict", "--data", "{h200x1}", "--programs", "66", "--burst-kib", "8",
+                              "--gap-us", "-1"], r"argument --gap-us: expected numbers >= 0, got '-1'"),
+    ("predict-counts-differ", ["predict", "--data", "{h200x1}", "--programs", "66", "--burst-kib", "8,8",
+                               "--gap-us", "1"], r"--burst-kib has 2 bursts and --gap-us 1 gaps"),
+    ("predict-no-fit", ["predict", "--data", "{tmp}", "--programs", "66", "--burst-kib", "8", "--gap-us", "1"],
+     r"holds the fits of no link: name one with --link"),
+    ("predict-programs-zero", ["predict", "--data", "{tmp}", "--programs", "0", "--burst-kib", "8", "--gap-us", "1"],
+     r"argument --programs: expected an integer >= 1, got 0"),
+    ("trains-range-one-number", ["sweep", "trains", "--out", "{tmp}", "--burst-kib-range", "4"],
+     r"--burst-kib-range takes LOW,HIGH with 0 < LOW <= HIGH, got 4"),
+    ("trains-range-reversed", ["sweep", "trains", "--out", "{tmp}", "--gap-us-range", "50,1"],
+     r"--gap-us-range takes LOW,HIGH with 0 <= LOW <= HIGH, got 50,1"),
+    ("ulysses-ranks-zero", ["sweep", "ulysses", "--out", "{tmp}", "--ranks", "0"], r"expected an integer >= 1, got 0"),
     ("no-command", [], r"the following arguments are required: COMMAND"),
     ("unknown-command", ["sweeep"], r"invalid choice: 'sweeep'"),
     ("unknown-option", ["fit", "--data", "{tmp}", "--bogus"], r"unrecognized arguments: --bogus"),
@@ -288,7 +303,8 @@ def _ids(cases):
 def test_bad_cli_input(tmp_path, capsys, case, argv, match):
     (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
-    line = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    line = _cli([a.replace("{tmp}", str(tmp_path)).replace("{h200x1}", str(data.machine_dir("h200x1")))
+                 for a in argv], capsys)
     assert re.search(match, line), line
     if "without-gpus" in case and "burst-gap" not in case:
         assert "source='simulated'" not in line

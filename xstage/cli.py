@@ -3,16 +3,17 @@
   xstage sweep burst-gap --out data/h200x2 [--burst-kib 1,2,...] [--gap-us 0,1,...] [--programs ...]
                          [--store-bytes 16,4] [--targets remote,local] [--bursts 8] [--repeats 5] [--drain]
                          [--world-size 2] [--source gpu|simulated]
-  xstage sweep ulysses --out data/h200x2 [--world-size 2] [--shapes flux1_4608,seq_32k] [--repeats 10] [--chunks 4]
+  xstage sweep ulysses --out data/h200x2 [--ranks 2] [--shapes flux1_4608,seq_32k] [--repeats 10] [--chunks 4]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
                        [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
                        [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
   xstage sweep trains --out data/h200x1 [--targets host,local] [--programs 16,66,132,264] [--seed 0]
+                      [--burst-kib-range 1,1024] [--gap-us-range 0.5,300]
   xstage bench bandwidth --out data/h200x2 [--world-size 1]
   xstage fit --data data/h200x2 [--link nvlink|host] [--write]
-  xstage predict --data data/h200x1 --link host --programs 132 --burst-kib 64,8 --gap-us 10,0
+  xstage predict --data data/h200x1 [--link host] --programs 132 --burst-kib 64,8 --gap-us 10,0
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
   xstage --version;  xstage <command> --help  (every option with its default)
 
@@ -60,6 +61,22 @@ def _nonneg_floats(s: str) -> tuple[float, ...]:
     if any(x < 0 for x in items):
         raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {s!r}")
     return items
+
+
+def _positive_floats(s: str) -> tuple[float, ...]:
+    items = _floats(s)
+    if any(x <= 0 for x in items):
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {s!r}")
+    return items
+
+
+def _fitted_link(folder: str) -> str:
+    """The one link whose full stage model is written in ``folder`` (``stage_fit_<link>.json.gz``)."""
+    have = [link for link in ("nvlink", "host") if any(Path(folder).glob(f"stage_fit_{link}.json*"))]
+    if len(have) != 1:
+        raise ValueError(f"{folder} holds the fits of {', '.join(have) or 'no link'}: name one with --link "
+                         "(write one with xstage fit --data DIR --write)")
+    return have[0]
 
 
 def _strs(s: str) -> tuple[str, ...]:
@@ -148,9 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=t.seed, help="the family's seed (a new seed: new trains)")
     tr.add_argument("--count", type=int, default=t.count, help="trains in the family")
     tr.add_argument("--bursts", type=_count, default=t.n_bursts, help="bursts per train")
-    tr.add_argument("--kib", type=_floats, default=t.kib, help="burst sizes per program, low,high KiB (log-uniform)")
-    tr.add_argument("--gap-us", type=_floats, default=t.gap_us,
-                    help="compute gaps, low,high us (log-uniform; a quarter of them 0)")
+    tr.add_argument("--burst-kib-range", type=_floats, default=t.kib, metavar="LOW,HIGH",
+                    help="burst sizes per program, KiB (log-uniform between LOW and HIGH)")
+    tr.add_argument("--gap-us-range", type=_nonneg_floats, default=t.gap_us, metavar="LOW,HIGH",
+                    help="compute gaps, us (log-uniform between LOW and HIGH; a quarter of them 0)")
     tr.add_argument("--repeats", type=int, default=t.repeats, help="timed repeats per train")
     tr.add_argument("--family", choices=TRAIN_FAMILIES, default=t.family,
                     help="random: the seeded family; probe: designed trains (a lead burst, then 2 KiB probes); "
@@ -158,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--per-program", action="store_true",
                     help="also record every program's every burst and its SM (burst_program, beside burst_train)")
     tr.add_argument("--no-preload", dest="preload", action="store_false",
-                    help="read each burst's parameters at its top, as records before session 20 did (their loads at "
-                         "bursts 4 and 8 wait behind the program's outstanding stores: lab notebook, S20-1)")
+                    help="read each burst's parameters at its top (the legacy train kernel: its loads at bursts 4 and 8 "
+                         "wait behind the program's outstanding stores; docs/findings.md)")
     tr.add_argument("--load-probe", type=int, choices=(0, 1, 2), default=t.load_probe,
                     help="one timed load after each burst (with --per-program): 1 a word in L1, 2 a word in L2 "
                          "(burst_program's load_ns: what a fused kernel's next load waits behind its stores)")
@@ -171,15 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     ul = swsub.add_parser("ulysses", help="Ulysses attention: fused vs serial vs overlapped (notebook 04)")
     ul.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x2 (resumes if it exists)")
-    ul.add_argument("--world-size", type=int, default=2, help="ranks (one process per GPU)")
+    ul.add_argument("--ranks", "--world-size", dest="ranks", type=_count, default=2,
+                    help="ranks of the layer (--world gpus: one process per GPU; one-gpu: every rank on one GPU)")
     ul.add_argument("--shapes", type=_strs, default=(),
                     help="shape names from the DiT table / sequence sweep (default: all that fit the world size)")
     ul.add_argument("--repeats", type=int, default=10, help="timed repeats per shape and method")
     ul.add_argument("--no-tune", action="store_true", help="use the first H200 config instead of timing several")
     ul.add_argument("--world", choices=("gpus", "one-gpu"), default="gpus",
-                    help="gpus: one process per GPU, NCCL all-to-alls (--world-size GPUs); one-gpu: --ranks ranks on "
+                    help="gpus: one process per GPU, NCCL all-to-alls (--ranks GPUs); one-gpu: --ranks ranks on "
                          "one GPU, run one after another, all-to-alls by copies (no NCCL)")
-    ul.add_argument("--ranks", type=int, default=2, help="ranks of the one-GPU world (--world one-gpu)")
     ul.add_argument("--link", choices=("local", "host"), default=None,
                     help="one-gpu only: where the peers' outputs live: local (device memory, a compute-only "
                          "control) or host (pinned host memory: the observed rank's remote stores cross PCIe; "
@@ -194,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     ul.add_argument("--traffic-ranks", type=int, default=None,
                     help="8-rank traffic on 2 GPUs (xstage.traffic_ulysses): each of the 2 GPUs plays one rank of a "
                          "layer of this many ranks (H/8 heads over the full sequence: 7/8 of its output crosses "
-                         "NVLink); --world gpus --world-size 2 only, into a folder named traffic<N> (e.g. "
+                         "NVLink); --world gpus --ranks 2 only, into a folder named traffic<N> (e.g. "
                          "data/h200x2/traffic8); methods fused, serial_bytes, attention_only")
 
     from .moe_plan import ASSIGNMENT_REGISTRY, DTYPE_REGISTRY, DTYPES_GPU, SCHEDULE_REGISTRY, SCHEDULES
@@ -202,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     mo = swsub.add_parser("megamoe", help="MegaMoE: schedules x 84 configurations, bf16 and FP8 (notebook 03)")
     mo.add_argument("--out", required=True, type=_out_folder,
                     help="output folder, e.g. data/h200x2 (resumes if it exists)")
-    mo.add_argument("--world-size", "--ranks", dest="world_size", type=int, default=2,
+    mo.add_argument("--ranks", "--world-size", dest="ranks", type=_count, default=2,
                     help="EP ranks of the layer (--world gpus: one process per GPU; one-gpu: all on one GPU)")
     mo.add_argument("--world", choices=("gpus", "one-gpu"), default="gpus",
                     help="gpus: one process per GPU, combine over NVLink; one-gpu: every rank in one process on one "
@@ -220,10 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--traffic-ranks", type=int, default=None,
                     help="8-rank traffic on 2 GPUs (xstage.traffic): each of the 2 GPUs plays one rank of a layer of "
                          "this many ranks (its experts, rows and egress: 7/8 of its combine crosses NVLink); --world "
-                         "gpus --world-size 2 only, into a folder named traffic<N> (e.g. data/h200x2/traffic8)")
+                         "gpus --ranks 2 only, into a folder named traffic<N> (e.g. data/h200x2/traffic8)")
     mo.add_argument("--assignment", choices=ASSIGNMENT_REGISTRY.names, default="dynamic",
-                    help=f"tasks to programs: {ASSIGNMENT_REGISTRY.help()}; one folder per assignment (the "
-                         "records before MegaMoE round 3 are static: resume them with --assignment static)")
+                    help=f"tasks to programs: {ASSIGNMENT_REGISTRY.help()}; one folder per assignment")
 
     be = sub.add_parser("bench", help="benchmarks")
     besub = be.add_subparsers(dest="bench", required=True)
@@ -241,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the fit to <data>/stage_fit_<link>[_<rung>].json.gz (the full model's: what load_params and "
                          "notebooks read)")
     fi.add_argument("--drop-legacy-reads", action="store_true",
-                    help="leave out the train bursts whose times hold the legacy kernel's parameter read (bursts 4, "
-                         "8 of records made before session 20: lab notebook, S20-1); an experiment, never written")
+                    help="leave out the train bursts whose times hold the legacy train kernel's parameter read "
+                         "(bursts 4 and 8; docs/findings.md); an experiment, never written")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
                                         "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share",
                                         "stage_clean", "gpc_drain_clean", "free_store", "free_store_f2"),
@@ -276,14 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("predict", help="per-burst times of a train from a link's fitted stage model")
     pr.add_argument("--data", required=True, type=_data_folder, help="folder with the link's fit (xstage fit --write)")
-    pr.add_argument("--link", choices=("nvlink", "host"), required=True, help="which fitted link")
+    pr.add_argument("--link", choices=("nvlink", "host"), default=None,
+                    help="which fitted link (default: the one whose fit is in --data)")
     pr.add_argument("--programs", type=_count, required=True, help="issuing programs")
-    pr.add_argument("--burst-kib", type=_floats, required=True, help="KiB per program per burst, e.g. 64,8,320")
-    pr.add_argument("--gap-us", type=_floats, required=True, help="compute gap after each burst, e.g. 10,0,100")
+    pr.add_argument("--burst-kib", type=_positive_floats, required=True, help="KiB per program per burst, e.g. 64,8,320")
+    pr.add_argument("--gap-us", type=_nonneg_floats, required=True, help="compute gap after each burst (us), e.g. 10,0,100")
     pr.add_argument("--sync", action="store_true", help="grid barrier between bursts: the grid's span per burst")
     pr.add_argument("--read-fence", type=_ints, default=(),
                     help="bursts (0-based, e.g. 4,8) whose start holds a read that waits for the program's own stores "
-                         "to drain, as the train kernel before session 20 (data.legacy_read_bursts); default none")
+                         "to drain, as in the legacy train kernel (data.legacy_read_bursts); default none")
 
     rp = sub.add_parser("reproduce", help="run every notebook through papermill into a run folder")
     try:  # the notebook stack is an extra: GPU nodes may run sweeps without it
@@ -325,14 +343,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 if args.chunks is not None:
                     raise ValueError("--chunks is for the overlapped baseline, which --traffic-ranks does not run")
-                print(run_traffic(args.out, args.traffic_ranks, world_size=args.ranks if one else args.world_size,
+                print(run_traffic(args.out, args.traffic_ranks, world_size=args.ranks,
                                   shapes=shapes, repeats=args.repeats, tune=not args.no_tune, command=command,
                                   world=args.world, link=args.link,
                                   **({"methods": list(args.methods)} if args.methods else {})))
                 return 0
             if not one and args.link is not None:
                 raise ValueError(f"--link {args.link} is for --world one-gpu (the gpus world's peers are NVLink peers)")
-            print(run_ulysses(args.out, world_size=args.ranks if one else args.world_size, repeats=args.repeats,
+            print(run_ulysses(args.out, world_size=args.ranks, repeats=args.repeats,
                               shapes=shapes, tune=not args.no_tune, command=command, chunks=args.chunks,
                               world=args.world, link=args.link,
                               **({"methods": list(args.methods)} if args.methods else {})))
@@ -348,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError("--world one-gpu needs --link local or --link host")
             # predictions: the stage model of the link the combine crosses (one GPU: its host link's fit)
             prm = recorded_params if args.world == "gpus" else (lambda: recorded_params("h200x1"))
-            print(run_megamoe(args.out, prm, world_size=args.world_size, dtypes=args.dtypes,
+            print(run_megamoe(args.out, prm, world_size=args.ranks, dtypes=args.dtypes,
                               cases=cases, schedules=args.schedules, repeats=args.repeats,
                               max_minutes=args.max_minutes, command=command, assignment=args.assignment,
                               world=args.world, link=args.link, traffic_ranks=args.traffic_ranks))
@@ -356,10 +374,12 @@ def main(argv: list[str] | None = None) -> int:
             from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 
             targets = args.targets or default_targets()
-            if len(args.kib) != 2 or len(args.gap_us) != 2:
-                raise ValueError(f"--kib and --gap-us take two numbers (low,high), got {args.kib}, {args.gap_us}")
+            for opt, rng in (("--burst-kib-range", args.burst_kib_range), ("--gap-us-range", args.gap_us_range)):
+                if len(rng) != 2 or rng[0] > rng[1] or (opt == "--burst-kib-range" and rng[0] <= 0):
+                    raise ValueError(f"{opt} takes LOW,HIGH with {'0 < ' if opt == '--burst-kib-range' else '0 <= '}"
+                                     f"LOW <= HIGH, got {','.join(f'{x:g}' for x in rng)}")
             grid = TrainGrid(seed=args.seed, count=args.count, n_bursts=args.bursts, programs=args.programs,
-                             kib=args.kib, gap_us=args.gap_us, per_program=args.per_program, family=args.family,
+                             kib=args.burst_kib_range, gap_us=args.gap_us_range, per_program=args.per_program, family=args.family,
                              preload=args.preload, load_probe=args.load_probe,
                              targets=targets, repeats=args.repeats, world_size=world_for(targets) if args.world_size is None else args.world_size)
             params = None
@@ -409,11 +429,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "predict":
             from .model import KIB, load_params, predict_train
 
-            prm = load_params(args.data, args.link)
+            link = args.link or _fitted_link(args.data)
+            if len(args.burst_kib) != len(args.gap_us):
+                raise ValueError(f"--burst-kib has {len(args.burst_kib)} bursts and --gap-us {len(args.gap_us)} gaps: "
+                                 "give one gap per burst")
+            prm = load_params(args.data, link)
             t = predict_train(prm, args.programs, [b * KIB for b in args.burst_kib], [g * 1e3 for g in args.gap_us],
                               sync=args.sync, read_fence=args.read_fence)
             what = "grid span" if args.sync else "median program's issue time"
-            print(f"{args.link}, {args.programs} programs, {what} per burst (ns):")
+            print(f"{link}, {args.programs} programs, {what} per burst (ns):")
             print(" ".join(f"{x:.1f}" for x in t))
         elif args.cmd == "reproduce":
             if getattr(args, "missing", None):
