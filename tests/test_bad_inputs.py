@@ -155,7 +155,7 @@ DATA_CASES = [
     ("sidecar-lacks-driver", BW, lambda f: _edit_meta(f, BW, lambda m: m.pop("driver") and None),
      r"lacks provenance fields \['driver'\]"),
     ("sidecar-other-version", BW, lambda f: _edit_meta(f, BW, lambda m: m.update(schema_version=99)),
-     r"holds schema 'bandwidth' v99, expected 'bandwidth' v1"),
+     r"holds schema 'bandwidth' version 99, expected 'bandwidth' version 1"),
 ]
 
 

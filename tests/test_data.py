@@ -54,7 +54,7 @@ def test_missing_files_are_named(recorded_copy):
 
 @pytest.mark.parametrize("breakage,match", [
     (lambda m: m.pop("driver"), r"lacks provenance fields \['driver'\]"),
-    (lambda m: m.update(schema_version=99), "schema 'bandwidth' v99"),
+    (lambda m: m.update(schema_version=99), "schema 'bandwidth' version 99"),
     (lambda m: m.update(schema="burst_gap"), "schema 'burst_gap'"),
 ])
 def test_malformed_sidecar(recorded_copy, breakage, match):

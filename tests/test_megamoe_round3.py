@@ -27,7 +27,7 @@ def test_recorded_host_sweep_reads_as_tiles_version_1_and_its_grid_matches():
     default tiles (Linear-2 BN2 = 256 for bf16) would not."""
     df, meta = studies.megamoe_world_data("one-gpu", "host")
     assert meta["schema_version"] == 2
-    for dt, (n1, n2, k, w, st) in data.MEGAMOE_TILES_V1.items():
+    for dt, (n1, n2, k, w, st) in data.MEGAMOE_FIRST_TILES.items():
         d = df[df.dtype == dt]
         assert len(d) and (d.block_n1 == n1).all() and (d.block_n2 == n2).all() and (d.block_k == k).all()
         assert (d.num_warps == w).all() and (d.num_stages == st).all()
@@ -60,9 +60,9 @@ def test_version_2_records_load_with_tiles_version_1_and_refuse_v3_rows(tmp_path
     data.write_json_atomic(tmp_path / "megamoe.json", meta)
     df, got = data.load(tmp_path, data.MEGAMOE)
     assert got["schema_version"] == 2 and list(df.columns)[:len(data.MEGAMOE.columns)] == list(data.MEGAMOE.columns)
-    want = MP.TileConfig(1, *data.MEGAMOE_TILES_V1[dt])
+    want = MP.TileConfig(1, *data.MEGAMOE_FIRST_TILES[dt])
     assert MP.tiles_of_row(df.iloc[0]) == want
-    with pytest.raises(data.DataError, match="holds schema v2; record v4 elsewhere"):
+    with pytest.raises(data.DataError, match="holds schema version 2; record version 4 elsewhere"):
         data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {}))
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -77,7 +77,7 @@ def test_tma_column_round_trips_and_a_malformed_value_is_a_clear_error(tmp_path)
         with pytest.raises(data.DataError, match=r"megamoe.csv has a malformed value: tma must be True or False"
                                                  r".*line 3"):
             data.load(d, data.MEGAMOE)
-    with pytest.raises(data.DataError, match="holds schema v3; record v4 elsewhere"):
+    with pytest.raises(data.DataError, match="holds schema version 3; record version 4 elsewhere"):
         data.start_file("data/h200x1/megamoe_host_v2", data.MEGAMOE, env.provenance("test", {}))
 
 

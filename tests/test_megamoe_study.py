@@ -47,7 +47,7 @@ def synthetic_rows(configs=CONFIGS, dtypes=("bf16", "fp8"), schedules=moe_plan.S
                     layer_ms=k + rng.uniform(0.05, 0.3), unfused_ms=unfused,
                     grouped_mm_ms=compute * rng.uniform(0.5, 1.4) if grouped_mm else np.nan,
                     predicted_ms=k * rng.uniform(0.9, 1.1), predicted_speedup=pred,
-                    **dict(zip(data.MEGAMOE_TILE_COLUMNS, data.MEGAMOE_TILES_V1[dt]))))   # tiles version 1
+                    **dict(zip(data.MEGAMOE_TILE_COLUMNS, data.MEGAMOE_FIRST_TILES[dt]))))   # tiles version 1
     df = pd.DataFrame(rows)
     for col, dtype in data.MEGAMOE.columns.items():   # any column the schema gains later: a neutral value
         if col not in df:

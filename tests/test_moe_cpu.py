@@ -731,5 +731,5 @@ def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
     assert len(df) == 1 and df.compute_sched_ms.isna().all()
     assert (df.block_n2 == 128).all() and (df.num_stages == 3).all()     # tiles version 1, explicitly
     assert df.tma.dtype == bool and not df.tma.any()                      # the pointer main loops
-    with pytest.raises(data.DataError, match="holds schema v1; record v4 elsewhere"):
+    with pytest.raises(data.DataError, match="holds schema version 1; record version 4 elsewhere"):
         data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {}))

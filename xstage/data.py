@@ -69,28 +69,28 @@ BURST_GAP = Schema(
 #   barrier_ns   the grid barrier after this burst (sync runs)
 #   idle_ns      previous burst's issue end -> this burst's issue start: all store-free time (fence, barrier, gap)
 # Older schema versions that load with a documented migration (the file itself is never rewritten):
-#   burst_gap v1 had no grid barrier between bursts, so every v1 row is sync=False.
-#   burst_gap v2 did not record barrier_ns / idle_ns (NaN).
-#   megamoe v1 timed the compute-only control for expert_wave only (compute_ms); compute_sched_ms is NaN.
-#   megamoe v1 and v2 rows name only block_m of their tiles: they ran with MegaMoE's tiles version 1, whose other
-#   fields are MEGAMOE_TILES_V1[dtype] (xstage.moe_plan.gpu_tiles(dtype, block_m, version=1)); read so, explicitly,
+#   burst_gap version 1 had no grid barrier between bursts, so every version 1 row is sync=False.
+#   burst_gap version 2 did not record barrier_ns / idle_ns (NaN).
+#   megamoe version 1 timed the compute-only control for expert_wave only (compute_ms); compute_sched_ms is NaN.
+#   megamoe versions 1 and 2 rows name only block_m of their tiles: they ran with the first MegaMoE kernels' tiles, whose other
+#   fields are MEGAMOE_FIRST_TILES[dtype]; read so, explicitly,
 #   so that a later default never reinterprets them.
-#   megamoe_gemm v1 had no per-task timings (task_* columns NaN).
-#   megamoe v1-v3 and megamoe_gemm v1-v2 rows have no tma column: megamoe rows ran the pointer main loops (tma
-#   False); a megamoe_gemm row ran the TMA main loops exactly where its tiles label names them (" tma": round 6's
-#   study tiles6, xstage.moe_gemm.tile_label), else the pointer loops.
-# MegaMoE tiles version 1 per dtype, after block_m: (block_n1, block_n2, block_k, num_warps, num_stages).
-MEGAMOE_TILES_V1 = {"bf16": (128, 128, 64, 8, 3), "fp8": (128, 128, 128, 8, 2)}
+#   megamoe_gemm version 1 had no per-task timings (task_* columns NaN).
+#   megamoe versions 1-3 and megamoe_gemm versions 1-2 rows have no tma column: megamoe rows ran the pointer main loops (tma
+#   False); a megamoe_gemm row ran the TMA main loops exactly where its tiles label names them (" tma",
+#   xstage.moe_gemm.tile_label), else the pointer loops.
+# The first MegaMoE kernels' tiles per dtype, after block_m: (block_n1, block_n2, block_k, num_warps, num_stages).
+MEGAMOE_FIRST_TILES = {"bf16": (128, 128, 64, 8, 3), "fp8": (128, 128, 128, 8, 2)}
 MEGAMOE_TILE_COLUMNS = ("block_n1", "block_n2", "block_k", "num_warps", "num_stages")
 MEGAMOE_TASK_COLUMNS = ("task_l1_us", "task_l2_us", "task_busy", "task_span_us", "task_waited")
 
 
-def _megamoe_tiles_v1(df):
-    """Old megamoe rows: the tiles version 1 of their dtype (a dtype without one is an error, never a guess)."""
-    bad = sorted(set(df["dtype"]) - set(MEGAMOE_TILES_V1))
+def _megamoe_first_tiles(df):
+    """Old megamoe rows: the first kernels' tiles of their dtype (a dtype without one is an error, never a guess)."""
+    bad = sorted(set(df["dtype"]) - set(MEGAMOE_FIRST_TILES))
     if bad:
-        raise DataError(f"megamoe rows of dtype {bad} predate schema v3 and have no recorded tiles version 1")
-    cols = {c: df["dtype"].map({d: v[i] for d, v in MEGAMOE_TILES_V1.items()})
+        raise DataError(f"megamoe rows of dtype {bad} predate schema version 3 and have no recorded first-kernel tiles")
+    cols = {c: df["dtype"].map({d: v[i] for d, v in MEGAMOE_FIRST_TILES.items()})
             for i, c in enumerate(MEGAMOE_TILE_COLUMNS)}
     return df.assign(**cols)
 
@@ -98,14 +98,14 @@ def _megamoe_tiles_v1(df):
 def _megamoe_gemm_tma(df):
     """Old megamoe_gemm rows: tma from the tiles label (the only place those rows name their main loops)."""
     if "tiles" not in df.columns:
-        raise DataError("megamoe_gemm rows before schema v3 need a tiles column to tell their main loops")
+        raise DataError("megamoe_gemm rows before schema version 3 need a tiles column to tell their main loops")
     return df.assign(tma=df["tiles"].astype(str).str.endswith(" tma"))
 
 
 MIGRATIONS = {("burst_gap", 1): lambda df: df.assign(sync=False, barrier_ns=float("nan"), idle_ns=float("nan")),
               ("burst_gap", 2): lambda df: df.assign(barrier_ns=float("nan"), idle_ns=float("nan")),
-              ("megamoe", 1): lambda df: _megamoe_tiles_v1(df.assign(compute_sched_ms=float("nan"), tma=False)),
-              ("megamoe", 2): lambda df: _megamoe_tiles_v1(df.assign(tma=False)),
+              ("megamoe", 1): lambda df: _megamoe_first_tiles(df.assign(compute_sched_ms=float("nan"), tma=False)),
+              ("megamoe", 2): lambda df: _megamoe_first_tiles(df.assign(tma=False)),
               ("megamoe", 3): lambda df: df.assign(tma=False),
               ("megamoe_gemm", 1): lambda df: _megamoe_gemm_tma(
                   df.assign(**{c: float("nan") for c in MEGAMOE_TASK_COLUMNS})),
@@ -151,17 +151,17 @@ BURST_PROGRAM = Schema(
 # folder and from the same runs: one row per (train, target, programs, rank, repeat, program, burst); smid is
 # the SM the program ran on (%smid), start_ns its issue start after the launch's earliest program start and
 # issue_ns its issue end - issue start. burst_train's statistics of those runs are these rows summarised.
-# v2 (session 22): load_ns, the load probe's time after the burst's issue end (``--load-probe``; NaN without one,
-# and in v1 records, which had none).
+# Schema version 2: load_ns, the load probe's time after the burst's issue end (``--load-probe``; NaN without one,
+# and in version 1 records, which had none).
 LEGACY_READ_PERIOD = 4   # int64 entries per 32-byte sector of the train kernel's per-burst parameter arrays
 
 
 def legacy_read_bursts(meta: dict, n_bursts: int) -> tuple[int, ...]:
     """The bursts of a burst_train / burst_program record whose issue times also hold a wait that is no store's:
-    recorded on a GPU before session 20 (the grid has no ``preload``, or it is False), the train kernel read each
+    recorded on a GPU by the legacy train kernel (the grid has no ``preload``, or it is False), which read each
     burst's size, offset and gap at the burst's top, and at bursts 4, 8, ... (a new 32-byte sector of its int64
-    arrays, an L1 miss) that read waited behind the program's outstanding stores inside the timed issue (lab
-    notebook, runs S20-1 / S20-2). ``fit.observations`` and ``studies.score_trains`` leave them out on request
+    arrays, an L1 miss) that read waited behind the program's outstanding stores inside the timed issue
+    (docs/findings.md). ``fit.observations`` and ``studies.score_trains`` leave them out on request
     (``drop_legacy_reads``); simulated records have none."""
     params = meta.get("params") or {}
     if params.get("source", "gpu") != "gpu" or (params.get("grid") or {}).get("preload", False):
@@ -199,7 +199,7 @@ MEGAMOE = Schema(
 #                      also on fp8 rows); routing layout and task lists are built outside all timed regions
 #   grouped_mm_ms      the GEMM phases alone in torch: torch._grouped_mm Linear-1, SwiGLU, torch._grouped_mm
 #                      Linear-2 on this rank's rows in bf16 (no communication); compare with compute_ms
-#   compute_sched_ms   this schedule's kernel with every combine store local (v2; NaN in v1 records, which have
+#   compute_sched_ms   this schedule's kernel with every combine store local (schema version 2; NaN in version 1 records, which have
 #                      the compute-only control of expert_wave alone, compute_ms): kernel_ms - compute_sched_ms is
 #                      what the remote combine costs this schedule, compute_sched_ms - compute_ms its tile order
 #   predicted_ms       the Burst-Gap prediction of kernel_ms (xstage.moe_plan; max over ranks)
@@ -208,8 +208,8 @@ MEGAMOE = Schema(
 #                      one (xstage.moe_plan: chunk=<row blocks> for interleaved, group=<row blocks> for lag; absent =
 #                      version 1, one tile at a time; order version 2 wrote no chunk of 1, version 3, the sidecar's
 #                      order_version, names every chunk)
-#   block_m .. num_stages  the tiles the kernel ran with (v3; older rows: tiles version 1, MEGAMOE_TILES_V1)
-#   tma                the main loops through TMA tensor descriptors (v4; older rows: False, the pointer loops)
+#   block_m .. num_stages  the tiles the kernel ran with (schema version 3; older rows: MEGAMOE_FIRST_TILES)
+#   tma                the main loops through TMA tensor descriptors (schema version 4; older rows: False, the pointer loops)
 
 # megamoe_traffic (xstage.traffic; `xstage sweep megamoe --traffic-ranks 8 --out data/h200x2/traffic8`): MegaMoE rows
 # of 8-rank traffic on 2 GPUs, in a file of their own so that no reader of megamoe.csv takes them for 8 GPUs. The
@@ -244,12 +244,12 @@ MEGAMOE_GEMM = Schema(
 #              order: the default tiles' compute-only time per schedule x assignment
 #   method     ours (the experts kernel, every combine store local) | torch._grouped_mm | torch._scaled_grouped_mm
 #   variant    the tile variant's name (xstage.moe_gemm.VARIANTS); tiles: BM x BN1 x BN2 x BK, warps, stages
-#   tma        (v3) the main loops through TMA tensor descriptors (older rows: read from the tiles label)
+#   tma        (schema version 3) the main loops through TMA tensor descriptors (older rows: read from the tiles label)
 #   status     ok | unavailable (the library call failed: note says why; times NaN, never 0)
 #   rel_l2     rank 0's combine vs the float32 reference (fp8: its quantisation emulated), checked before timing
 #   ms         median over n_timed round-robin runs of calls_per_run back-to-back calls (per call); tflops from it
 #   note       model_guided's chosen candidate (order), or why a library call is unavailable
-#   task_*     (v2; study controls, NaN elsewhere) one extra launch with per-task device timestamps: median
+#   task_*     (schema version 2; study controls, NaN elsewhere) one extra launch with per-task device timestamps: median
 #              Linear-1 / Linear-2 tile time (start -> last store issued, us), task_busy = sum of task times /
 #              (programs x span), task_span_us = first start -> last end, task_waited = share of Linear-2 tasks
 #              whose dependency wait polled at least once (the kernel's wait status)
@@ -488,7 +488,7 @@ def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
     if csv.exists() and side.exists():
         old = read_meta(side, schema)
         if old["schema_version"] != schema.version:
-            raise DataError(f"{csv} holds schema v{old['schema_version']}; record v{schema.version} elsewhere")
+            raise DataError(f"{csv} holds schema version {old['schema_version']}; record version {schema.version} elsewhere")
         old.setdefault("runs", []).append({k: meta[k] for k in ("git_commit", "date_utc", "command", "params")})
         meta = {**old, **integrity(read_bytes(csv))}  # as the file is now (it may have been cut back by hand)
     elif csv.exists():
@@ -554,8 +554,8 @@ def read_meta(side: Path, schema: Schema) -> dict:
     if meta["schema"] == schema.name and (schema.name, meta["schema_version"]) in MIGRATIONS:
         return meta
     if meta["schema"] != schema.name or meta["schema_version"] != schema.version:
-        raise DataError(f"{side} holds schema {meta['schema']!r} v{meta['schema_version']}, "
-                        f"expected {schema.name!r} v{schema.version}")
+        raise DataError(f"{side} holds schema {meta['schema']!r} version {meta['schema_version']}, "
+                        f"expected {schema.name!r} version {schema.version}")
     return meta
 
 

@@ -267,7 +267,7 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 
 
 # Tile versions (the tiles a recorded MegaMoE row ran with are in the row: block_m .. num_stages, schema megamoe
-# v3; rows of older records read as TILES_V1, xstage.data.MEGAMOE_TILES_V1). v2 = the GEMM ladder's winners
+# v3; rows of older records read as TILES_V1, xstage.data.MEGAMOE_FIRST_TILES). v2 = the GEMM ladder's winners
 # (data/h200x1/megamoe_gemm, study ladder): bf16 Linear-2 tiles BM x 256 with 4 stages (bn2_256_s4, 1.044 of
 # torch._grouped_mm on its 4 configurations against 0.898), fp8 3 stages (s3, 0.946 of _scaled_grouped_mm
 # against 0.685) with BM = 128 (2 stages, the ladder's bm128) where experts get >= FP8_BM128_ROWS rows on average
@@ -332,8 +332,8 @@ def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileCon
     more; 5: version 4's tiles, only default_tiles' fp8 row-block rule differs; 6, the current default: version 5
     with fp8's pipeline one stage deeper again)."""
     if version == 1:
-        from .data import MEGAMOE_TILES_V1
-        return TileConfig(block_m, *MEGAMOE_TILES_V1[dtype])
+        from .data import MEGAMOE_FIRST_TILES
+        return TileConfig(block_m, *MEGAMOE_FIRST_TILES[dtype])
     if version not in TILES_VERSIONS:
         raise ValueError(f"tiles version must be one of {', '.join(map(str, TILES_VERSIONS))}, got {version}")
     if dtype == "fp8":
