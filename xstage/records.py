@@ -173,10 +173,10 @@ RECORDS: tuple[Record, ...] = _records(
            "xstage sweep trains --out DIR --targets host --per-program --programs 16,66,132,264 --family random --repeats 3 --no-preload",
            "the same trains recorded beside trains_clean with the legacy read inside each burst"),
     Record("trains_independent", "h200x1", "host", "independent", "burst_train",
-           "xstage sweep trains --out DIR --seed 7 --count 16 --kib 4,1024 --gap-us 1,300 --targets host",
+           "xstage sweep trains --out DIR --seed 7 --count 16 --burst-kib-range 4,1024 --gap-us-range 1,300 --targets host",
            "trains of other sizes and gaps (seed 7), never fitted: the held-out score"),
     Record("trains_independent_clean", "h200x1", "host", "independent_clean", "burst_train",
-           "xstage sweep trains --out DIR --repeats 3 --targets host --seed 7 --count 16 --kib 4,1024 --gap-us 1,300",
+           "xstage sweep trains --out DIR --repeats 3 --targets host --seed 7 --count 16 --burst-kib-range 4,1024 --gap-us-range 1,300",
            "trains_independent recorded with the clean kernel"),
     Record("trains_programs", "h200x1", "host", "train_programs", "burst_train",
            "xstage sweep trains --out DIR --targets host --per-program --repeats 3",
@@ -194,10 +194,10 @@ RECORDS: tuple[Record, ...] = _records(
            "xstage sweep trains --out DIR --repeats 3 --targets host --programs 24,40,80,120,160,200 --seed 11 --count 6",
            "trains_new_programs recorded with the clean kernel"),
     Record("trains_small_bursts", "h200x1", "host", "trains_small_bursts", "burst_train",
-           "xstage sweep trains --out DIR --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50 --repeats 3",
+           "xstage sweep trains --out DIR --targets host --per-program --programs 66,100,132,200 --seed 18 --count 10 --burst-kib-range 2,48 --gap-us-range 0.5,50 --repeats 3",
            "trains of small bursts (contention below the knee), per program"),
     Record("trains_small_bursts_clean", "h200x1", "host", "train_small_clean", "burst_train",
-           "xstage sweep trains --out DIR --repeats 3 --targets host --programs 66,100,132,200 --seed 18 --count 10 --kib 2,48 --gap-us 0.5,50",
+           "xstage sweep trains --out DIR --repeats 3 --targets host --programs 66,100,132,200 --seed 18 --count 10 --burst-kib-range 2,48 --gap-us-range 0.5,50",
            "trains_small_bursts recorded with the clean kernel"),
     Record("trains_other_seed", "h200x1", "host", "train_seed22_clean", "burst_train",
            "xstage sweep trains --out DIR --repeats 3 --targets host --seed 22",
@@ -362,3 +362,30 @@ def archive_index(machine: str) -> str:
              "Superseded records a finding in docs/findings.md rests on; generated from xstage/records.py.", ""]
     lines += [f"- `{r.folder}/` ({r.study}, {r.link}): {r.shows}" for r in archived(machine)]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m xstage.records [STUDY [MACHINE [LINK]]]``: the current records, one per line, as
+    ``study machine link folder<TAB>command`` (scripts/device_session.sh's ``record:`` stage reads it)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 3 or any(a.startswith("-") for a in args):
+        print("usage: python -m xstage.records [STUDY [MACHINE [LINK]]]", file=sys.stderr)
+        return 2
+    study, machine, link = (list(args) + [None] * 3)[:3]
+    if study is not None and study not in STUDIES:
+        print(f"xstage.records: error: unknown study {study!r}; studies: {', '.join(STUDIES)}", file=sys.stderr)
+        return 2
+    found = records(study, machine, link)
+    if not found:
+        print(f"xstage.records: error: no current record of {study} on {machine or 'any machine'}", file=sys.stderr)
+        return 2
+    for r in found:
+        print(f"{r.study} {r.machine} {r.link} {r.folder}\t{r.command}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
