@@ -1379,3 +1379,46 @@ def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str
             out.append(dict(zip(keys, (name, tokens, routing, P, dtype)), schedule=sched, model_ms=ms,
                             model_speedup=base / ms, imbalance=max(i for _, i in v)))
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------- a study's selection (notebook parameters)
+BASELINE = "expert_wave"       # the schedule every kernel speedup divides
+
+
+def _names(value, what: str, allowed: tuple[str, ...]) -> list[str]:
+    """A non-empty list of distinct names, each in ``allowed``; ValueError naming the parameter otherwise."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list of names, e.g. {list(allowed[:2])}, got {value!r}")
+    bad = [v for v in value if v not in allowed]
+    if bad:
+        raise ValueError(f"{what}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)}")
+    if not value:
+        raise ValueError(f"{what} must name at least one of {', '.join(allowed)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{what} lists a name twice: {list(value)}")
+    return list(value)
+
+
+def selection(dtypes=None, schedules=None, shapes=None) -> dict[str, list[str]]:
+    """Checked notebook parameters of the MegaMoE study (None = all): ``dtypes`` of xstage.moe_plan.DTYPES_GPU,
+    ``schedules`` of xstage.moe_plan.SCHEDULES (compared with expert_wave, which is always added as the baseline;
+    at least one other), ``shapes`` by name of xstage.moe_plan.SHAPES. Returns them as lists (table order)."""
+    shape_names = tuple(s.name for s in SHAPES)
+    sel = {"dtypes": _names(list(DTYPES_GPU) if dtypes is None else dtypes, "dtypes", DTYPES_GPU),
+           "schedules": _names(list(SCHEDULES) if schedules is None else schedules, "schedules", SCHEDULES),
+           "shapes": _names(list(shape_names) if shapes is None else shapes, "shapes", shape_names)}
+    others = [s for s in SCHEDULES if s != BASELINE]
+    if not set(sel["schedules"]) & set(others):
+        raise ValueError(f"schedules must name at least one of {', '.join(others)} (compared with "
+                         f"{BASELINE}), got {sel['schedules']}")
+    sel["schedules"] = [s for s in SCHEDULES if s in sel["schedules"] or s == BASELINE]
+    sel["dtypes"] = [d for d in DTYPES_GPU if d in sel["dtypes"]]
+    sel["shapes"] = [s for s in shape_names if s in sel["shapes"]]
+    return sel
+
+
+def expected_configs(shapes=None) -> list[str]:
+    """Names of the configurations a complete record holds per dtype: the 84 of xstage.moe_plan.CASES, or those of
+    ``shapes`` (table order)."""
+    shapes = selection(shapes=shapes)["shapes"]
+    return [c.name for c in CASES if c.shape.name in shapes]
