@@ -22,7 +22,8 @@ import xstage.ranks
 from xstage.ranks import free_port
 import torch
 
-from xstage import data, env, studies
+from xstage import data, env
+from xstage import megamoe_analysis as analysis
 from xstage import moe as M
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -613,7 +614,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
             assert np.median(r["kernel_ms"]) == pytest.approx(row.kernel_ms) and min(r["kernel_ms"]) == pytest.approx(
                 row.kernel_ms_min)
             assert np.median(r["layer_ms"]) == pytest.approx(row.layer_ms)
-        summ = studies.megamoe_summary(df)
+        summ = analysis.summary(df)
         assert list(summ.schedule) == list(MP.SCHEDULES) and (summ.configs == 2).all()
         assert summ.geomean_speedup.notna().all() and summ.max_config.iloc[1:].notna().all()
     finally:

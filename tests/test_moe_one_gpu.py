@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from xstage import data, env, studies
+from xstage import data, env
+from xstage import megamoe_analysis as analysis
 from xstage import moe as M
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -67,7 +68,7 @@ def test_one_process_sweep_end_to_end_on_the_emulated_world(tmp_path, monkeypatc
     MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                    None, "dynamic")
     assert len(data.load(tmp_path / "dynamic", data.MEGAMOE)[0]) == 4
-    summ = studies.megamoe_summary(df)
+    summ = analysis.summary(df)
     assert (summ.configs == 2).all() and summ.geomean_speedup.notna().all()
 
 
