@@ -217,10 +217,10 @@ PRO_LIKE = (7168, 3072, 16, 2, 1024, "uniform")
 
 @pytest.mark.gpu
 def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
-    """fp8, link host: the default lists of a Pro-sized layer with BM 64 tiles (tiles version 4's at its 256 rows per
-    expert) name chunk=1 (order version 3) and the tile swizzle, differ from order version 1, and the whole layer
-    matches the float32 reference with every schedule x assignment bit-identical on both ranks (fresh seed, combine
-    poisoned first); so does the same layer with the version-5 default (BM 128: two expert waves)."""
+    """fp8, link host: the default lists of a Pro-sized layer with BM 64 tiles (the other row block at its 256 rows
+    per expert) name chunk=1 and the tile swizzle, differ from the single-tile lists, and the whole layer matches
+    the float32 reference with every schedule x assignment bit-identical on both ranks (fresh seed, combine
+    poisoned first); so does the same layer with the default tiles (BM 128: two expert waves)."""
     from xstage.ranks import OneGPUWorld
 
     world = OneGPUWorld(2, link="host")
@@ -228,7 +228,7 @@ def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
     case = MP.as_case(PRO_LIKE, seed)
     s = case.shape
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = MP.default_tiles("fp8", case.tokens * 2 * s.topk / s.experts, version=4)
+    tiles = MP.gpu_tiles("fp8", 64)
     assert tiles.block_m == 64 and MP.default_tiles("fp8", case.tokens * 2 * s.topk / s.experts).block_m == 128
     lay = MP.routing_of(case, 2)[2][0]
     grid = MP.TileGrid.of(lay, s.hidden, s.intermediate, tiles, MP.TILE_SWIZZLE)
@@ -236,7 +236,7 @@ def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
     il = MP.build_schedule("interleaved", grid, sms)
     assert il.param == f"chunk=1,swizzle={MP.TILE_SWIZZLE}", il.param
     assert not np.array_equal(il.tasks, MP.build_schedule("interleaved", grid, sms, order=1).tasks)
-    for label, t in (("BM 64 (v4)", tiles), ("default (v5, BM 128)", None)):
+    for label, t in (("BM 64", tiles), ("default (BM 128)", None)):
         res = M.check_job(world, [PRO_LIKE], seed, "fp8", t, MP.SCHEDULES, None, M.MAX_POLLS, None, MP.ASSIGNMENTS)
         print(f"one GPU, link host, fp8, Pro-sized layer, {label}, seed {seed}: " + "; ".join(
             f"rank {r['rank']}: rel_l2 {r['rel_l2']:.3g} ({r['runs']} runs bit-identical)" for r in res))
