@@ -51,7 +51,7 @@ def synthetic_rows(configs=CONFIGS, dtypes=("bf16", "fp8"), schedules=moe_plan.S
                     layer_ms=k + rng.uniform(0.05, 0.3), unfused_ms=unfused,
                     grouped_mm_ms=compute * rng.uniform(0.5, 1.4) if grouped_mm else np.nan,
                     predicted_ms=k * rng.uniform(0.9, 1.1), predicted_speedup=pred,
-                    **dict(zip(data.MEGAMOE_TILE_COLUMNS, data.MEGAMOE_TILES_V1[dt]))))   # tiles version 1
+                    **dict(zip(data.MEGAMOE_TILE_COLUMNS, data.MEGAMOE_TILES_V1[dt]))))   # the first kernels' tiles
     df = pd.DataFrame(rows)
     for col, dtype in data.MEGAMOE.columns.items():   # any column the schema gains later: a neutral value
         if col not in df:
@@ -441,7 +441,7 @@ def test_revised_model_on_recorded_rows(rows):
     assert len(sub.groupby(["shape", "tokens"])) == 2
     meta = {"sm_count": 132, "params": {}}
     revised, table = model_analysis.revised_model(sub, meta)
-    rp = moe_plan.repredict(sub, BurstGapParams.reference(), 132)
+    rp = model_analysis.repredict(sub, BurstGapParams.reference(), 132)
     assert (rp[rp.schedule == "expert_wave"].model_speedup == 1).all()
     for _, g in rp.groupby(["shape", "tokens", "dtype"]):
         ew = g[g.schedule == "expert_wave"].model_ms.iloc[0]
@@ -453,16 +453,16 @@ def test_revised_model_on_recorded_rows(rows):
     bad = sub.copy()
     bad.loc[bad.schedule == "model_guided", "schedule_param"] = "banana"
     with pytest.raises(ValueError, match="model_guided's recorded choice 'banana' names no candidate"):
-        moe_plan.repredict(bad, BurstGapParams.reference(), 132)
+        model_analysis.repredict(bad, BurstGapParams.reference(), 132)
 
 
 def test_order_cost_splits_order_and_communication_when_recorded(rows):
-    """Schema v2 rows carry each schedule's compute-only control: order_ms = its control - Expert-Wave's,
-    comm_ms = its kernel - its control, and the line reports both; v1 rows (NaN) leave them out."""
-    v2 = rows.copy()
-    v2["compute_sched_ms"] = v2.compute_ms * np.where(v2.schedule == "expert_wave", 1.0, 1.1)
-    cost = model_analysis.order_cost(v2, 300.0)
-    ew = v2[v2.schedule == "expert_wave"].set_index(["shape", "tokens", "routing", "dtype"])
+    """Rows with each schedule's compute-only control: order_ms = its control - Expert-Wave's, comm_ms = its
+    kernel - its control, and the line reports both; rows without the control (NaN) leave them out."""
+    ctl = rows.copy()
+    ctl["compute_sched_ms"] = ctl.compute_ms * np.where(ctl.schedule == "expert_wave", 1.0, 1.1)
+    cost = model_analysis.order_cost(ctl, 300.0)
+    ew = ctl[ctl.schedule == "expert_wave"].set_index(["shape", "tokens", "routing", "dtype"])
     for r in cost.sample(5, random_state=1).itertuples():
         e = ew.loc[(r.shape, r.tokens, r.routing, r.dtype)]
         assert r.order_ms == pytest.approx(0.1 * e.compute_ms)

@@ -19,6 +19,7 @@ import torch
 from xstage import data, env
 from xstage import megamoe_analysis as analysis
 from xstage import moe as M
+from xstage import moe_unfused as MU
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
 from xstage.model import BurstGapParams
@@ -82,7 +83,7 @@ def test_one_process_unfused_baseline_equals_the_fused_layer():
     bufs = _buffers(world, prob)
     tasks = {r: M.build_tasks(prob, "interleaved", 2, r) for r in range(P)}
     want = M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
-    run = M.make_unfused_one_process(world, prob.inputs, {r: M.hi_weights(prob.inputs[r].weights)
+    run = MU.make_unfused_one_process(world, prob.inputs, {r: M.hi_weights(prob.inputs[r].weights)
                                                           for r in range(P)}, observed=1)
     got = run.full()
     for r in range(P):

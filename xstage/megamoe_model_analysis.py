@@ -5,6 +5,7 @@ current model re-predicting a record (``revised_model``, ``repredicted_speedups`
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -13,12 +14,87 @@ import pandas as pd
 from . import data
 from .megamoe_analysis import BASELINE, KEYS, MODEL_TOLERANCE, speedups, world_data
 from .model import BurstGapParams, load_params, params_from_dict
-from .moe_plan import CASES, OUT_DTYPES, record_stall, record_wait, repredict, routing_of
+from .moe_plan import (CASES, OUT_DTYPES, CostModel, MoECase, TaskList, TileConfig, TileGrid, calibrate_rate,
+                       predict_kernel_ns, record_stall, record_wait, routing_of, schedule_of_param, tiles_of_row)
 from .numeric import geomean
 from .sources import LINK_MACHINES
 from .traffic import TRAFFIC_RANKS, PlayedWorld, TrafficWorld, egress
 
 STALL_MODELS_SCORED = ("issuers", "round", "round_shared")   # the stall models the host record is rescored under
+
+
+# -------------------------------------------------------- the cost model on recorded rows (rebuilt lists)
+@functools.lru_cache(maxsize=4096)
+def _recorded_task_list(case: MoECase, P: int, r: int, tiles: TileConfig, n_sms: int, schedule: str,
+                        param: str) -> tuple[TaskList, np.ndarray]:
+    """Rank ``r``'s task list of a recorded row (:func:`schedule_of_param` on the seeded routing's grid) and its
+    remote rows per block. Independent of the stage parameters, so memoised: every re-prediction of the same
+    record (another parameter set, another wait model) reuses the lists the first one built and checked."""
+    s = case.shape
+    layouts = _layouts_of(case, P)
+    grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
+    return schedule_of_param(schedule, param, grid, n_sms), grid.remote_rows_per_block(layouts[r])
+
+
+@functools.lru_cache(maxsize=256)
+def _layouts_of(case: MoECase, P: int) -> tuple:
+    return tuple(routing_of(case, P)[2])
+
+
+def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
+              wait: str | None = None, stall: str | None = None, recorded: str | None = None,
+              observed_rank: int | None = None) -> pd.DataFrame:
+    """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
+    per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
+    recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
+    taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
+    on static records: what a dynamic run should show, with the static compute-only calibration); ``recorded``: the
+    assignment the rows' compute-only time was measured under, which the rate is calibrated with (None: ``assignment``,
+    as the sweep calibrates). Returns the
+    rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
+    (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``);
+    ``stall``: the stall model (None: STALL_DEFAULT). ``observed_rank``: the rows are that rank's times alone (a
+    one-GPU record: its ranks run one after another and only the observed rank is timed, sidecar
+    ``params.observed_rank``): its compute-only time calibrates that rank's rate and the prediction is that rank's,
+    not the maximum over ranks."""
+    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
+    out = []
+    keys = ["shape", "tokens", "routing", "P", "dtype"]
+    for (name, tokens, routing, P, dtype), g in df.groupby(keys, sort=False):
+        c = cases.get((name, tokens, routing))
+        if c is None:
+            raise ValueError(f"{name} T={tokens} {routing} is not one of the 84 configurations")
+        s = c.shape
+        rows = g.drop_duplicates("schedule").set_index("schedule")
+        tiles = tiles_of_row(rows.iloc[0])     # the tiles the row ran with (the first kernels' rows: theirs)
+        out_bytes = OUT_DTYPES[dtype].itemsize
+        pred: dict[str, list] = {}
+        if observed_rank is not None and not 0 <= int(observed_rank) < int(P):
+            raise ValueError(f"observed_rank {observed_rank} is not a rank of a {int(P)}-rank world")
+        for r in (range(int(P)) if observed_rank is None else (int(observed_rank),)):
+            ew, remote = _recorded_task_list(c, int(P), r, tiles, n_sms, "expert_wave",
+                                             str(rows.schedule_param.get("expert_wave", "")))
+            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
+                                  recorded or assignment, wait)
+            cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait, stall)
+            for sched, row in rows.iterrows():
+                par = str(row.schedule_param)
+                if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
+                    ch = par.split("|")
+                    par = ch[r] if len(ch) == int(P) else ch[0]
+                try:
+                    tl_ = ew if sched == "expert_wave" else _recorded_task_list(c, int(P), r, tiles, n_sms,
+                                                                                sched, par)[0]
+                except ValueError as e:
+                    raise ValueError(f"{name} T={tokens} {routing} {dtype}: {e}") from e
+                p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)
+                pred.setdefault(sched, []).append((p["total_ns"] / 1e6, p["imbalance"]))
+        base = max(t for t, _ in pred["expert_wave"]) if "expert_wave" in pred else float("nan")
+        for sched, v in pred.items():
+            ms = max(t for t, _ in v)
+            out.append(dict(zip(keys, (name, tokens, routing, P, dtype)), schedule=sched, model_ms=ms,
+                            model_speedup=base / ms, imbalance=max(i for _, i in v)))
+    return pd.DataFrame(out)
 
 
 def order_cost(df: pd.DataFrame, drain_gbps: float) -> pd.DataFrame:
@@ -104,7 +180,7 @@ def revised_model(df: pd.DataFrame, meta: dict) -> tuple[pd.DataFrame, pd.DataFr
 def repredicted_speedups(df: pd.DataFrame, meta: dict, prm, wait: str | None = None,
                          stall: str | None = None) -> pd.DataFrame:
     """A recorded MegaMoE sweep's speedups over Expert-Wave (:func:`speedups`, the baseline's rows
-    dropped) with ``predicted_speedup`` re-predicted by the cost model (``moe_plan.repredict``) from stage
+    dropped) with ``predicted_speedup`` re-predicted by the cost model (``repredict``) from stage
     parameters ``prm``, wait model ``wait`` (None: the record's own, moe_plan.record_wait) and stall model
     ``stall`` (None: the record's own, moe_plan.record_stall), for the record's SM count and task assignment, and
     for its observed rank where it timed one (a one-GPU record, sidecar ``params.observed_rank``)."""
@@ -133,7 +209,7 @@ def stage_model(df: pd.DataFrame, meta: dict, link: str = "nvlink") -> pd.DataFr
 
 def host_rescore(df: pd.DataFrame, meta: dict, drain_gbps: float | None = None, wait: str | None = None,
                  stall: str | None = None, prm=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The cost model (``moe_plan.repredict``) on a recorded host-link sweep (schema ``megamoe``) with the stage
+    """The cost model (``repredict``) on a recorded host-link sweep (schema ``megamoe``) with the stage
     parameters it recorded (its sidecar's ``prm``; or ``prm``, e.g. the host link's full model now,
     ``xstage.model.load_params``), the drain rate replaced by ``drain_gbps`` when given (the
     combine's measured rate), wait model ``wait`` and stall model ``stall`` (None: the record's own,
@@ -197,7 +273,7 @@ def host_full_model() -> pd.DataFrame:
 # ------------------------------------------------------------- 8-rank traffic on 2 GPUs (xstage.traffic)
 def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link: str = "nvlink",
                        assignment: str = "dynamic"):
-    """What the MegaMoE cost model (``xstage.moe_plan.repredict``, the stage model of ``link`` fitted in data/)
+    """What the MegaMoE cost model (``repredict``, the stage model of ``link`` fitted in data/)
     predicts for each schedule over Expert-Wave on recorded 2-rank rows ``df`` (schema megamoe; ``meta`` its
     sidecar), once as recorded (P = 2) and once with each GPU's layer and egress those of a rank of a
     ``traffic_ranks``-rank layer (P = traffic_ranks layouts; the per-program GEMM rate calibrated on the recorded

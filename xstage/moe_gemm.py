@@ -36,12 +36,13 @@ from . import bench, data, env
 from .data import MEGAMOE_GEMM
 from .kernels.moe import megamoe_kernel, megamoe_tma_kernel
 from .model import params_from_dict
-from .moe import (MAX_POLLS, _unfused_gemms, _unfused_plan, build_tasks, check_close, dequantize_fp8, dispatch,
+from .moe import (MAX_POLLS, build_tasks, check_close, dequantize_fp8, dispatch,
                   hi_weights, make_problem, megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights,
                   run_experts)
 from .moe_plan import (CASES, FP8_BLOCK, KIND_L1, LAG_VERSION, ORDER_VERSION, OUT_DTYPES, SCHEDULES, STALL_DEFAULT,
                        TILE_SWIZZLE, TILES_VERSION, WAIT_DEFAULT, CostModel, TileConfig, calibrate_rate, cases_by_name,
                        default_tiles, gemm_flops, gpu_tiles)
+from .moe_unfused import _unfused_gemms, _unfused_plan
 from .numeric import check_bit_identical
 from .ranks import OneGPUWorld
 from .resume import pending

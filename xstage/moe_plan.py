@@ -125,7 +125,7 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 
 # The default tiles on an H200 (sm_90a), the tile rule a sidecar names as params.tiles_version (TILES_VERSION); the
 # tiles a recorded MegaMoE row ran with are in the row (block_m .. num_stages, tma; rows of records older than
-# those columns read as xstage.data.MEGAMOE_TILES_V1, the first kernels'). bf16: Linear-2 tiles BM x 256, 4
+# those columns read as the first kernels' tiles, xstage.data). bf16: Linear-2 tiles BM x 256, 4
 # stages, the main loops through TMA tensor descriptors (x, W1, W2); BM 64 where experts get < BF16_BM64_ROWS rows
 # on average, else 128. fp8: BN1 = BN2 = BK = 128 (the scale block), through TMA, BM 64 with 5 stages, or BM 128
 # with 4 where experts get >= FP8_BM128_ROWS rows on average. Each choice won an A/B in the same rounds on one H200
@@ -408,7 +408,7 @@ ORDER_VERSIONS = (1, 3, ORDER_VERSION)  # the list forms build_schedule builds
 # row blocks that read one weight column block run back to back (as a grouped GEMM rasterises for L2 reuse). Why:
 # with row-block-major tiles a Linear-1 tile re-reads its weight column block one row block (N1 tiles, ~43 MB for
 # DeepSeek-V4-Pro fp8) later, about the H200's 50 MB L2, and a mixing list puts Linear-2 tiles in between: an LRU
-# model of the L2 over the list order (``l2_traffic``) gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes,
+# model of the L2 over the list order (at commit 8ed668e) gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes,
 # and their measured compute-only cost followed it (1.14-1.15x Expert-Wave's geomean, swizzled 1.00-1.01x).
 TILE_SWIZZLE = 8
 
@@ -726,128 +726,6 @@ def routing_of(case: MoECase, P: int) -> tuple[list, list, list[RankLayout]]:
     rw = [route(case.tokens, s.experts, s.topk, case.routing, case.seed, r) for r in range(P)]
     ids, wts = [a for a, _ in rw], [b for _, b in rw]
     return ids, wts, build_layouts(ids, s.experts)
-
-
-L2_CACHE_BYTES = 50 * 2**20     # the H200's L2 (the model below; a model parameter, not measured here)
-
-
-def l2_traffic(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, act_bytes: int,
-               cache_bytes: float = L2_CACHE_BYTES) -> dict:
-    """A model of the DRAM bytes a task list reads (computed, never measured): an LRU cache of ``cache_bytes``
-    walked in list order (dynamic assignment starts tasks in list order), each task reading its operand blocks --
-    Linear-1: the x row block (BM x Hd) and the W1 column block (Hd x 2 BN1), then writing the intermediate row
-    block (BM x I, kept in the cache, not read); Linear-2: the intermediate row block and the W2 column block
-    (I x BN2) -- in ``act_bytes`` per element (scales left out). A block not in the cache costs its bytes. It
-    ignores that ~n_sms tiles run at once (tiles in flight share what it counts as misses), so it overstates
-    misses whose reuse distance is under a round. Returns {'bytes': the modelled DRAM bytes, 'weights': of them
-    W1 + W2, 'unique': every operand block read once}."""
-    from collections import OrderedDict
-
-    bm, bn1, bn2 = tiles.block_m, tiles.block_n1, tiles.block_n2
-    size = {0: bm * hidden * act_bytes, 1: hidden * 2 * bn1 * act_bytes, 2: bm * inter * act_bytes,
-            3: inter * bn2 * act_bytes}                    # x, W1, intermediate, W2 blocks
-    lru: OrderedDict = OrderedDict()
-    used = miss = wmiss = 0
-    seen = set()
-
-    def touch(key: tuple, read: bool = True) -> None:
-        nonlocal used, miss, wmiss
-        seen.add(key)
-        if key in lru:
-            lru.move_to_end(key)
-            return
-        if read:
-            miss += size[key[0]]
-            wmiss += size[key[0]] if key[0] in (1, 3) else 0
-        lru[key] = None
-        used += size[key[0]]
-        while used > cache_bytes and lru:
-            k, _ = lru.popitem(last=False)
-            used -= size[k[0]]
-
-    for kind, e, rb, cb, _ in tl_.tasks.tolist():
-        if kind == KIND_L1:
-            touch((0, e, rb))
-            touch((1, e, cb))
-            touch((2, e, rb), read=False)
-        else:
-            touch((2, e, rb))
-            touch((3, e, cb))
-    return dict(bytes=float(miss), weights=float(wmiss), unique=float(sum(size[k[0]] for k in seen)))
-
-
-# --------------------------------------------------------------------------------- the model on recorded rows
-@functools.lru_cache(maxsize=4096)
-def _recorded_task_list(case: MoECase, P: int, r: int, tiles: TileConfig, n_sms: int, schedule: str,
-                        param: str) -> tuple[TaskList, np.ndarray]:
-    """Rank ``r``'s task list of a recorded row (:func:`schedule_of_param` on the seeded routing's grid) and its
-    remote rows per block. Independent of the stage parameters, so memoised: every re-prediction of the same
-    record (another parameter set, another wait model) reuses the lists the first one built and checked."""
-    s = case.shape
-    layouts = _layouts_of(case, P)
-    grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
-    return schedule_of_param(schedule, param, grid, n_sms), grid.remote_rows_per_block(layouts[r])
-
-
-@functools.lru_cache(maxsize=256)
-def _layouts_of(case: MoECase, P: int) -> tuple:
-    return tuple(routing_of(case, P)[2])
-
-
-def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
-              wait: str | None = None, stall: str | None = None, recorded: str | None = None,
-              observed_rank: int | None = None) -> pd.DataFrame:
-    """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
-    per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
-    recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
-    taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
-    on static records: what a dynamic run should show, with the static compute-only calibration); ``recorded``: the
-    assignment the rows' compute-only time was measured under, which the rate is calibrated with (None: ``assignment``,
-    as the sweep calibrates). Returns the
-    rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
-    (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``);
-    ``stall``: the stall model (None: STALL_DEFAULT). ``observed_rank``: the rows are that rank's times alone (a
-    one-GPU record: its ranks run one after another and only the observed rank is timed, sidecar
-    ``params.observed_rank``): its compute-only time calibrates that rank's rate and the prediction is that rank's,
-    not the maximum over ranks."""
-    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
-    out = []
-    keys = ["shape", "tokens", "routing", "P", "dtype"]
-    for (name, tokens, routing, P, dtype), g in df.groupby(keys, sort=False):
-        c = cases.get((name, tokens, routing))
-        if c is None:
-            raise ValueError(f"{name} T={tokens} {routing} is not one of the 84 configurations")
-        s = c.shape
-        rows = g.drop_duplicates("schedule").set_index("schedule")
-        tiles = tiles_of_row(rows.iloc[0])     # the tiles the row ran with (old records: TILES_V1)
-        out_bytes = OUT_DTYPES[dtype].itemsize
-        pred: dict[str, list] = {}
-        if observed_rank is not None and not 0 <= int(observed_rank) < int(P):
-            raise ValueError(f"observed_rank {observed_rank} is not a rank of a {int(P)}-rank world")
-        for r in (range(int(P)) if observed_rank is None else (int(observed_rank),)):
-            ew, remote = _recorded_task_list(c, int(P), r, tiles, n_sms, "expert_wave",
-                                             str(rows.schedule_param.get("expert_wave", "")))
-            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
-                                  recorded or assignment, wait)
-            cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait, stall)
-            for sched, row in rows.iterrows():
-                par = str(row.schedule_param)
-                if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
-                    ch = par.split("|")
-                    par = ch[r] if len(ch) == int(P) else ch[0]
-                try:
-                    tl_ = ew if sched == "expert_wave" else _recorded_task_list(c, int(P), r, tiles, n_sms,
-                                                                                sched, par)[0]
-                except ValueError as e:
-                    raise ValueError(f"{name} T={tokens} {routing} {dtype}: {e}") from e
-                p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)
-                pred.setdefault(sched, []).append((p["total_ns"] / 1e6, p["imbalance"]))
-        base = max(t for t, _ in pred["expert_wave"]) if "expert_wave" in pred else float("nan")
-        for sched, v in pred.items():
-            ms = max(t for t, _ in v)
-            out.append(dict(zip(keys, (name, tokens, routing, P, dtype)), schedule=sched, model_ms=ms,
-                            model_speedup=base / ms, imbalance=max(i for _, i in v)))
-    return pd.DataFrame(out)
 
 
 # ------------------------------------------------------------------- a study's selection (notebook parameters)

@@ -35,12 +35,13 @@ from .bench import median
 from .data import MEGAMOE
 from .model import BurstGapParams, params_from_dict
 from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, hi_weights,
-                  make_problem, make_unfused, make_unfused_one_process, megamoe_layer, moe_buffers, poison_combine,
+                  make_problem, megamoe_layer, moe_buffers, poison_combine,
                   rank_weights, run_experts, topk_reduce, world_label)
 from .moe_plan import (ASSIGNMENT_REGISTRY, ASSIGNMENTS, CASES, DTYPES_GPU, HOT_FRACTION, LAG_VERSION, ORDER_VERSION,
                        OUT_DTYPES, SCHEDULES, STALL_DEFAULT, TILE_SWIZZLE, TILES_VERSION, UNFUSED_REL_L2, WAIT_DEFAULT,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
                        predict_kernel_ns, remote_combine_bytes, routing_of, selection)
+from .moe_unfused import make_unfused, make_unfused_one_process
 from .numeric import check_bit_identical, rel_l2
 from .ranks import ONE_GPU_LINKS, OneGPUWorld, spawn
 from .resume import pending
@@ -189,9 +190,9 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
             dispatch(world, bufs, prob.inputs, check=False, ranks=me),
             run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn, ranks=me),
             topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
-    # TIMING (session 17): every schedule's kernel, compute-only and layer runs in rounds, one run of each per round,
-    # so that a drift of the machine over the configuration falls on every schedule alike (timed one schedule after
-    # another, the kernel's runs rose ~10 % from first to last on the host link: docs/lab-notebook.md, S17-3)
+    # TIMING: every schedule's kernel, compute-only and layer runs in rounds, one run of each per round, so that a
+    # drift of the machine over the configuration falls on every schedule alike (timed one schedule after another,
+    # the kernel's runs rose ~10 % from first to last on the host link: docs/findings.md)
     world.barrier()
     ms = bench.round_robin_ms(fns, repeats, warmup=warmup, before=world.barrier)
     for name in schedules:
