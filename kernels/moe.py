@@ -42,21 +42,22 @@ Version ladder (constexprs of one kernel; each a bar of the MegaMoE figure):
      Needs BLOCK_N1 = BLOCK_N2 = BLOCK_K = 128. Not runnable under the interpreter (no fp8 there): compiled for
      sm_90 in the tests, run on GPUs only.
   +  TIMED: global-timer ns at each task's start and after its last store was issued (CTA barrier first).
-  3. TMA (``megamoe_tma_kernel``, bf16 / fp16; round 6): the main loops load x, W1 and W2 through tensor
+  3. TMA (``megamoe_tma_kernel``, bf16 / fp16): the main loops load x, W1 and W2 through tensor
      descriptors made per tile (``cp.async.bulk.tensor`` into shared memory, completing on mbarriers) instead of
      pointer loads with cp.async; h stays pointer-loaded (written by other programs in this launch). sm_90a
      (ptxas, BM 128, dynamic): 255 registers and 0 B spilled against the pointer loops' 8 B; same shared memory.
      Output bit-identical to the pointer loops (GPU tests). One H200, compute only, ours / torch._grouped_mm on
-     the 56 configurations with >= 2048 rows on rank 0, same rounds (data/h200x1/megamoe_round6_gemm, study
-     tiles6; geomean / min / below 0.9): pointer loops 1.062 / 0.844 / 13 -> TMA 1.138 / 0.911 / 0 (a second
+     the 56 configurations with >= 2048 rows on rank 0, same rounds (geomean / min / below 0.9; the record is at
+     commit 8ed668e): pointer loops 1.062 / 0.844 / 13 -> TMA 1.138 / 0.911 / 0 (a second
      run: 1.074 / 0.849 / 11 -> 1.158 / 0.928 / 0); TMA with 3 stages 1.082 / 0.869 / 2; TMA with tile swizzle
      16 1.140 / 0.921 / 0. Over all 84: pointer loops 1.092 -> TMA 1.154 (geomean). Peak 626 TFLOP/s (TMA)
      against 523 (pointer loops) and grouped_mm's 592 in the same rounds.
-  4. TMA with FP8 (round 8; the fp8 default since tiles version 4, xstage.moe_plan.gpu_tiles): x, W1, W2 e4m3
+  4. TMA with FP8 (the fp8 default, xstage.moe_plan.gpu_tiles): x, W1, W2 e4m3
      through descriptors, the scales pointer-loaded by the same helpers as the pointer loops
      (:func:`_linear1_scales`, :func:`_linear2_scales`), one pipeline stage more than the pointer loops could
-     afford (BM 64: 4, BM 128: 3). Bit-identical to the pointer loops on all 84 configurations; their time 0.834x
-     (geomean), fp8 / torch._scaled_grouped_mm 0.961 -> 1.153 (data/h200x1/megamoe_round8_gemm, study gemm8).
+     afford (the default tiles add one more: BM 64: 5, BM 128: 4). Bit-identical to the pointer loops on all 84
+     configurations; their time 0.834x (geomean), fp8 / torch._scaled_grouped_mm 0.961 -> 1.153 (the record is at
+     commit 8ed668e; the current one: data/h200x1/megamoe_gemm_fp8).
 A second kernel here is the dispatch (push): each rank stores its tokens' rows into the owners' receive buffers.
 
 Legend: P = ranks, E = experts, El = E / P local experts, K = top-k, T = tokens per rank, Hd = hidden,
@@ -126,7 +127,7 @@ def _linear1_acc_tma(x_ptr, xs_ptr, w1_ptr, w1s_ptr, e64, rows64, row_ok, row0, 
     """Linear-1's main loop through TMA: (x W_gate^T, x W_up^T) fp32 [BM, BN] each. Descriptors are made per tile:
     x from the tile's first row with the expert's remaining rows as its extent (rows past the expert's end read as
     zero, as the pointer loop's ``other=0``), W1 of the expert [2I, Hd]. Both were written before this launch (no
-    proxy fence needed). FP8 (round 8): e4m3 operands, each 128-deep K block's MMA scaled and added in fp32 exactly
+    proxy fence needed). FP8: e4m3 operands, each 128-deep K block's MMA scaled and added in fp32 exactly
     as the pointer loop does (the same expression, so the same bits); the scales stay pointer loads."""
     xd = tl.make_tensor_descriptor(x_ptr + row0.to(tl.int64) * Hd, shape=[row_end - row0, Hd], strides=[Hd, 1],
                                    block_shape=[BLOCK_M, BLOCK_K])                     # [rows left, Hd]
@@ -178,7 +179,7 @@ def _linear1_tile(x_ptr, xs_ptr, w1_ptr, w1s_ptr, h_ptr, hs_ptr, meta_ptr, count
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
                   TMA: tl.constexpr = False):
     """h[rows, cols] = silu(x W_gate^T) * (x W_up^T) * router weight, then release the row block's counter.
-    TMA: the main loop of :func:`_linear1_acc_tma` (bf16, or fp8 since round 8); the epilogue is the same code."""
+    TMA: the main loop of :func:`_linear1_acc_tma` (bf16 or fp8); the epilogue is the same code."""
     rows = row0 + tl.arange(0, BLOCK_M)                                # [BM] received rows of this expert
     row_ok = rows < row_end
     rows64 = rows.to(tl.int64)
@@ -360,8 +361,7 @@ def megamoe_tma_kernel(
     FP8: tl.constexpr, TIMED: tl.constexpr, DEVICE: tl.constexpr, DYNAMIC: tl.constexpr = False,
 ):
     """:func:`megamoe_kernel` (the same arguments) with the TMA main loops (:func:`_linear1_acc_tma`,
-    :func:`_linear2_acc_tma`): bf16 / fp16, and (round 8) fp8 e4m3 with its scales; the default of both since
-    tiles version 4. A kernel of its own, so that the pointer loops' signature and compiled code stay as they
+    :func:`_linear2_acc_tma`): bf16 / fp16, and fp8 e4m3 with its scales; the default of both on GPUs. A kernel of its own, so that the pointer loops' signature and compiled code stay as they
     were."""
     _megamoe_program(x_ptr, xs_ptr, w1_ptr, w1s_ptr, w2_ptr, w2s_ptr, h_ptr, hs_ptr, meta_ptr, offs_ptr, tasks_ptr,
                      counters_ptr, combine_table, comb_ptr, status_ptr, ts_ptr, ticket_ptr, n_tasks, rank, T, Hd, I,

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# MegaMoE on ONE GPU (issue 15): install, the one-GPU bit-exact tests, then the host-link sweep (time-bounded,
-# resumable) into $OUT/h200x1/megamoe_host/, seeded from data/h200x1/megamoe_host/ when that holds part of it.
+# MegaMoE on ONE GPU: install, the one-GPU bit-exact tests, then the host-link sweep (time-bounded, resumable) into
+# $OUT/h200x1/megamoe_pcie/ (LINK local: megamoe_local/), seeded from data/h200x1/<that folder>/ when it holds part of it.
 #   scripts/megamoe_one_gpu.sh TEST_SECS BF16_MINUTES FP8_MINUTES [LINK]   (LINK: host (default) or local)
 set -u
 : "${OUT:?set OUT}"
 TEST_SECS=${1:-180}; BF16_MIN=${2:-2}; FP8_MIN=${3:-2}; LINK=${4:-host}
-SUB=megamoe_$LINK
+SUB=$([ "$LINK" = host ] && echo megamoe_pcie || echo "megamoe_$LINK")
 DEST=$OUT/h200x1/$SUB
 mkdir -p "$OUT/logs" "$DEST"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from xstage import data, fit, studies
+from xstage import data, fit, megamoe_analysis, studies
+from xstage.megamoe_model_analysis import host_rescore
 from xstage.model import StageParams, load_params, params_from_dict
 
 H = data.machine_dir("h200x1")
@@ -49,9 +50,7 @@ def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
 
 
 def test_host_rescore_takes_other_parameters():
-    from xstage.moe_round6 import host_rescore
-
-    df, meta = studies.megamoe_world_data("one-gpu", "host", record=studies.MEGAMOE_ROUND14_HOST)
+    df, meta = megamoe_analysis.world_data("one-gpu", "host")
     one = df[(df["shape"] == df["shape"].iloc[0]) & (df.tokens == df.tokens.iloc[0])]
     own, _ = host_rescore(one, meta)
     same, _ = host_rescore(one, meta, prm=params_from_dict(meta["params"]["prm"]))

@@ -22,8 +22,10 @@ import xstage.ranks
 from xstage.ranks import free_port
 import torch
 
-from xstage import data, env, studies
+from xstage import data, env
+from xstage import megamoe_analysis as analysis
 from xstage import moe as M
+from xstage import moe_unfused as MU
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
 from xstage.numeric import check_bit_identical, rel_l2
@@ -257,7 +259,7 @@ def test_sweep_parameters_and_gpus_checked_before_anything_runs(tmp_path):
     data.start_file(tmp_path, data.MEGAMOE, env.provenance("test", {"assignment": "static"}))
     with pytest.raises(ValueError, match=r"holds a static-assignment sweep; record the dynamic one in another"):
         MS.run_megamoe(tmp_path, PRM, assignment="dynamic")
-    blocks = tmp_path / "blocks"          # a record from before session 17: its schedules timed one after another
+    blocks = tmp_path / "blocks"          # a record whose schedules were timed one after another
     data.start_file(blocks, data.MEGAMOE, env.provenance("test", {"assignment": "dynamic"}))
     with pytest.raises(ValueError, match=r"timed as 'blocks'; record the 'round_robin' one in another folder"):
         MS.run_megamoe(blocks, PRM, assignment="dynamic")
@@ -364,7 +366,7 @@ def test_schedule_properties():
     model = (MP.CostModel.from_tflops(BurstGapParams.reference(), 100.0, n_sms), np.full(GRID.n_pool, 16), 64, 64,
              TILES)
     lists = {name: MP.build_schedule(name, GRID, n_sms, model=model) for name in MP.SCHEDULES}
-    lists.update({f"lag{L}": MP.build_schedule("lag", GRID, n_sms, lag=L) for L in (0, 3, 1000)})
+    lists.update({f"lag={L}": MP.build_schedule("lag", GRID, n_sms, lag=L) for L in (0, 3, 1000)})
     for name, tl_ in lists.items():
         _check_independently(tl_.tasks, GRID)
         assert tl_.n_tasks == GRID.n_pool * (GRID.n1 + GRID.n2)
@@ -382,7 +384,7 @@ def test_schedule_properties():
         pos_l1 = [j for j, t in enumerate(il) if t[0] == 0 and t[1] in b]
         assert min(pos_l1) < max(pos_l2) and min(pos_l2) < max(pos_l1)
     for L in (0, 3):       # a Linear-2 tile comes once L more Linear-1 tiles followed its last producer
-        tl_ = [tuple(t) for t in lists[f"lag{L}"].tasks]
+        tl_ = [tuple(t) for t in lists[f"lag={L}"].tasks]
         l1_pos = {}
         for j, t in enumerate(tl_):
             if t[0] == 0:
@@ -394,7 +396,7 @@ def test_schedule_properties():
             if t[0] == 1:
                 before = sum(1 for u in tl_[:j] if u[0] == 0)
                 assert before >= last[t[4]] + L + 1 or before == len(l1_pos)
-    assert all(t[0] == 1 for t in lists["lag1000"].tasks[-GRID.n_pool * GRID.n2:])   # huge lag: L2 all at the end
+    assert all(t[0] == 1 for t in lists["lag=1000"].tasks[-GRID.n_pool * GRID.n2:])   # huge lag: L2 all at the end
     assert lists["lag"].param == f"lag={n_sms},group={MP.order_group(GRID, n_sms)}" and lists["model_guided"].param
     bad = lists["expert_wave"].tasks
     with pytest.raises(ValueError, match="exactly once"):
@@ -416,8 +418,8 @@ def test_burst_gap_prediction_of_schedules():
     tiles = MP.TileConfig(128, 128, 128, 64)
     grid = MP.TileGrid(expert_rows=(512,) * 16, block_m=128, n1=inter // 128, n2=hidden // 128)
     prm = BurstGapParams(issue_ns_per_kib=18.8, drain_gbps=360.0, capacity_kib=976.0)
-    # the stall model of the 2-H200 records (issuers); under the default since session 15 (round_shared, here
-    # round: fluid parameters) Expert-Wave still stalls more than interleaved
+    # the stall model of the 2-H200 records (issuers); under the default (round_shared, here
+    # as issuers on fluid parameters) Expert-Wave still stalls more than interleaved
     cost = dataclasses.replace(MP.CostModel.from_tflops(prm, 500.0, n), stall="issuers")
     remote = np.full(grid.n_pool, 64)                     # half of every row block comes from the other rank
     rs = {s: MP.predict_kernel_ns(MP.build_schedule(s, grid, n, order=1), remote, MP.CostModel.from_tflops(prm, 500.0, n),
@@ -432,7 +434,7 @@ def test_burst_gap_prediction_of_schedules():
     assert pred["interleaved"]["imbalance"] > 1.2 > pred["expert_wave"]["imbalance"]
     assert pred["interleaved"]["total_ns"] > pred["expert_wave"]["total_ns"]
     # programs that claim the next task (dynamic assignment) even the load out: interleaving wins again (with the
-    # positional wait term; the event walk, the dynamic default since session 14, evens the load as well)
+    # positional wait term; the event walk, the dynamic default, evens the load as well)
     dyn = MP.CostModel.from_tflops(prm, 500.0, n)
     for wait in ("positions", "time"):
         d = MP.CostModel(dyn.prm, dyn.flop_per_ns_per_program, n, assignment="dynamic", wait=wait, stall="issuers")
@@ -450,9 +452,9 @@ def test_burst_gap_prediction_of_schedules():
         assert p["stall_ns"] == 0 and p["drain_ns"] == 0
         assert p["total_ns"] == pytest.approx(p["compute_ns"] + p["wait_ns"])
     assert none["interleaved"]["compute_ns"] > none["expert_wave"]["compute_ns"]   # same work, worse spread
-    lag0 = MP.predict_kernel_ns(MP.build_schedule("lag", grid, n, lag=0), np.zeros(grid.n_pool), cost, hidden, inter,
+    lag_zero = MP.predict_kernel_ns(MP.build_schedule("lag", grid, n, lag=0), np.zeros(grid.n_pool), cost, hidden, inter,
                                tiles)
-    assert lag0["wait_ns"] > 0 == MP.predict_kernel_ns(MP.build_schedule("lag", grid, n, lag=n), np.zeros(grid.n_pool),
+    assert lag_zero["wait_ns"] > 0 == MP.predict_kernel_ns(MP.build_schedule("lag", grid, n, lag=n), np.zeros(grid.n_pool),
                                                       cost, hidden, inter, tiles)["wait_ns"]   # consumers spin
     mg = MP.build_schedule("model_guided", grid, n, model=(cost, remote, hidden, inter, tiles))
     cands = [MP.build_schedule("expert_wave", grid, n), MP.build_schedule("interleaved", grid, n)] + \
@@ -528,7 +530,7 @@ def _gloo_worker(rank, P, port, case, seed, want):
                                       device=lambda r: torch.device("cpu"))
         prob = M.make_problem(world, MP.as_case(case, seed), "fp32", TILES, weight_seed=seed)
         inp = prob.inputs[rank]
-        run = M.make_unfused(world, inp, (inp.weights.w1, inp.weights.w2))
+        run = MU.make_unfused(world, inp, (inp.weights.w1, inp.weights.w2))
         for _ in range(2):
             err = rel_l2(run(), want[rank])
             assert err < MP.UNFUSED_REL_L2["fp32"], f"rank {rank}: unfused vs fused {err}"
@@ -553,10 +555,10 @@ def test_unfused_baseline_equals_the_fused_layer_on_gloo():
 def test_grouped_mm_fallback_says_why(monkeypatch, capsys):
     a, b = torch.randn(10, 16), torch.randn(3, 16, 8)
     want = torch.cat([a[:4] @ b[0], a[4:10] @ b[2]])
-    assert torch.allclose(M.grouped_mm(a, b, torch.tensor([4, 4, 10], dtype=torch.int32), [4, 4, 10]), want)
+    assert torch.allclose(MU.grouped_mm(a, b, torch.tensor([4, 4, 10], dtype=torch.int32), [4, 4, 10]), want)
     monkeypatch.delattr(torch, "_grouped_mm")
-    monkeypatch.setattr(M, "_GROUPED_MM_WARNED", [False])
-    assert torch.allclose(M.grouped_mm(a, b, None, [4, 4, 10]), want)
+    monkeypatch.setattr(MU, "_GROUPED_MM_WARNED", [False])
+    assert torch.allclose(MU.grouped_mm(a, b, None, [4, 4, 10]), want)
     assert "has no torch._grouped_mm; the unfused baseline uses a per-expert matmul loop" in capsys.readouterr().err
 
 
@@ -613,7 +615,7 @@ def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing
             assert np.median(r["kernel_ms"]) == pytest.approx(row.kernel_ms) and min(r["kernel_ms"]) == pytest.approx(
                 row.kernel_ms_min)
             assert np.median(r["layer_ms"]) == pytest.approx(row.layer_ms)
-        summ = studies.megamoe_summary(df)
+        summ = analysis.summary(df)
         assert list(summ.schedule) == list(MP.SCHEDULES) and (summ.configs == 2).all()
         assert summ.geomean_speedup.notna().all() and summ.max_config.iloc[1:].notna().all()
     finally:

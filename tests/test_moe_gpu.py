@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from xstage import data, studies
+from xstage import data, sources
+from xstage import megamoe_analysis as analysis
 from xstage import moe as M
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -33,16 +34,16 @@ def test_missing_dependency_times_out_with_report_on_two_gpus():
 
 def test_sweep_writes_and_resumes(tmp_path):
     cases = [MP.as_case((1024, 512, 8, 2, 128, "uniform"), 1), MP.as_case((1024, 512, 8, 2, 256, "hot"), 2)]
-    csv = MS.run_megamoe(tmp_path, studies.recorded_params, cases=cases, repeats=20, warmup=1)
+    csv = MS.run_megamoe(tmp_path, sources.recorded_params, cases=cases, repeats=20, warmup=1)
     n1 = len(open(csv).readlines())
     assert n1 == 1 + len(cases) * len(MP.DTYPES_GPU) * len(MP.SCHEDULES)
-    MS.run_megamoe(tmp_path, studies.recorded_params, cases=cases, repeats=20, warmup=1)   # all done: no rows
+    MS.run_megamoe(tmp_path, sources.recorded_params, cases=cases, repeats=20, warmup=1)   # all done: no rows
     assert len(open(csv).readlines()) == n1
     df, meta = data.load(tmp_path, data.MEGAMOE)
     assert meta["params"]["prm"]["drain_gbps"] > 0 and meta["gpu_count"] >= 2
     assert (df.kernel_ms > 0).all() and (df.layer_ms >= df.kernel_ms * 0.5).all() and (df.unfused_ms > 0).all()
     assert (df.remote_bytes > 0).all() and (df.compute_ms > 0).all() and (df.predicted_ms > 0).all()
     assert (df.grouped_mm_ms > 0).all() and (df.compute_sched_ms > 0).all()
-    summ = studies.megamoe_summary(df)
+    summ = analysis.summary(df)
     print(summ.to_string(index=False))
     assert set(summ.dtype) == {"bf16", "fp8"} and summ.geomean_speedup.notna().all()

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from xstage import data, env, studies
+from xstage import data, env
+from xstage import megamoe_analysis as analysis
 from xstage import moe as M
+from xstage import moe_unfused as MU
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
 from xstage.model import BurstGapParams
@@ -67,7 +69,7 @@ def test_one_process_sweep_end_to_end_on_the_emulated_world(tmp_path, monkeypatc
     MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                    None, "dynamic")
     assert len(data.load(tmp_path / "dynamic", data.MEGAMOE)[0]) == 4
-    summ = studies.megamoe_summary(df)
+    summ = analysis.summary(df)
     assert (summ.configs == 2).all() and summ.geomean_speedup.notna().all()
 
 
@@ -81,7 +83,7 @@ def test_one_process_unfused_baseline_equals_the_fused_layer():
     bufs = _buffers(world, prob)
     tasks = {r: M.build_tasks(prob, "interleaved", 2, r) for r in range(P)}
     want = M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES)
-    run = M.make_unfused_one_process(world, prob.inputs, {r: M.hi_weights(prob.inputs[r].weights)
+    run = MU.make_unfused_one_process(world, prob.inputs, {r: M.hi_weights(prob.inputs[r].weights)
                                                           for r in range(P)}, observed=1)
     got = run.full()
     for r in range(P):
@@ -216,10 +218,10 @@ PRO_LIKE = (7168, 3072, 16, 2, 1024, "uniform")
 
 @pytest.mark.gpu
 def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
-    """fp8, link host: the default lists of a Pro-sized layer with BM 64 tiles (tiles version 4's at its 256 rows per
-    expert) name chunk=1 (order version 3) and the tile swizzle, differ from order version 1, and the whole layer
-    matches the float32 reference with every schedule x assignment bit-identical on both ranks (fresh seed, combine
-    poisoned first); so does the same layer with the version-5 default (BM 128: two expert waves)."""
+    """fp8, link host: the default lists of a Pro-sized layer with BM 64 tiles (the other row block at its 256 rows
+    per expert) name chunk=1 and the tile swizzle, differ from the single-tile lists, and the whole layer matches
+    the float32 reference with every schedule x assignment bit-identical on both ranks (fresh seed, combine
+    poisoned first); so does the same layer with the default tiles (BM 128: two expert waves)."""
     from xstage.ranks import OneGPUWorld
 
     world = OneGPUWorld(2, link="host")
@@ -227,7 +229,7 @@ def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
     case = MP.as_case(PRO_LIKE, seed)
     s = case.shape
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = MP.default_tiles("fp8", case.tokens * 2 * s.topk / s.experts, version=4)
+    tiles = MP.gpu_tiles("fp8", 64)
     assert tiles.block_m == 64 and MP.default_tiles("fp8", case.tokens * 2 * s.topk / s.experts).block_m == 128
     lay = MP.routing_of(case, 2)[2][0]
     grid = MP.TileGrid.of(lay, s.hidden, s.intermediate, tiles, MP.TILE_SWIZZLE)
@@ -235,7 +237,7 @@ def test_chunk_of_one_row_block_and_swizzled_tiles_on_one_gpu():
     il = MP.build_schedule("interleaved", grid, sms)
     assert il.param == f"chunk=1,swizzle={MP.TILE_SWIZZLE}", il.param
     assert not np.array_equal(il.tasks, MP.build_schedule("interleaved", grid, sms, order=1).tasks)
-    for label, t in (("BM 64 (v4)", tiles), ("default (v5, BM 128)", None)):
+    for label, t in (("BM 64", tiles), ("default (BM 128)", None)):
         res = M.check_job(world, [PRO_LIKE], seed, "fp8", t, MP.SCHEDULES, None, M.MAX_POLLS, None, MP.ASSIGNMENTS)
         print(f"one GPU, link host, fp8, Pro-sized layer, {label}, seed {seed}: " + "; ".join(
             f"rank {r['rank']}: rel_l2 {r['rel_l2']:.3g} ({r['runs']} runs bit-identical)" for r in res))

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import xstage.ranks
-from xstage import data, env, records, studies
+from xstage import data, env, records
+from xstage import megamoe_analysis as analysis
+from xstage import megamoe_model_analysis as model_analysis
 from xstage import moe as M
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -265,7 +267,7 @@ def test_sweep_job_flow_records_traffic_rows(tmp_path, monkeypatch, cpu_timing):
     assert (df.P == 8).all() and df.unfused_ms.isna().all() and (df.kernel_ms > 0).all()
     assert (df.remote_bytes > 0).all() and (df.predicted_ms > 0).all() and side["params"]["traffic_ranks"] == 8
     assert not (tmp_path / "megamoe.csv").exists()
-    summ = studies.megamoe_summary(df)                # what notebook 03 would show of a record (no record yet)
+    summ = analysis.summary(df)                # what notebook 03 would show of a record (no record yet)
     assert list(summ.schedule) == scheds and summ.geomean_speedup.notna().all() and summ.fused_geomean.isna().all()
     MS.megamoe_job(tw, cases, str(tmp_path), meta, ["fp16"], scheds, 2, 1, PRM.as_dict(), 3, None, "dynamic")
     assert len(data.load(tmp_path, data.MEGAMOE_TRAFFIC)[0]) == 2          # resumed: nothing new
@@ -343,9 +345,9 @@ def test_predictions_from_the_recorded_two_gpu_rows():
     is 1, every schedule has both predictions."""
     df, meta = data.load(records.folder("megamoe", "h200x2", "nvlink"), data.MEGAMOE)
     one = df[(df["shape"] == "qwen3_235b") & (df.tokens == 256) & (df.routing == "uniform")]
-    d = TR.drain_bound(one)
+    d = model_analysis.drain_bound(one)
     assert len(d) == 2 and (abs(d.remote_bytes_traffic / d.remote_bytes_p2 - 1.75) < 0.2).all(), d
     assert ((d.drain_ms_traffic > d.drain_ms_p2) & (d.drain_ms_traffic < d.compute_ms)).all(), d
-    p = TR.predicted_speedups(one[one.dtype == "bf16"], meta)
+    p = model_analysis.predicted_speedups(one[one.dtype == "bf16"], meta)
     assert len(p) == 4 and p[["model_p2", "model_traffic"]].notna().all().all()
     assert (p[p.schedule == "expert_wave"][["measured_p2", "model_p2", "model_traffic"]] == 1).all().all()

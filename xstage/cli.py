@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "sweep" and args.study == "megamoe":
             from .moe_plan import cases_by_name
             from .moe_sweep import run_megamoe
-            from .studies import recorded_params
+            from .sources import recorded_params
 
             cases = cases_by_name(args.cases) if args.cases else None
             if args.world == "gpus" and args.link is not None:

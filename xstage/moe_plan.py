@@ -31,13 +31,12 @@ all Linear-1 tasks of its row block -- ``check_tasks`` -- so the persistent kern
                 (L1(0), L2(0) + L1(1), ..., L2(W-2) + L1(W-1), L2(W-1)): each round mixes compute-only tiles with
                 storing tiles, so computation sits between bursts.
   lag           one stream of Linear-1 tiles (expert-major); the Linear-2 tiles of a row block follow once ``lag``
-                further Linear-1 tiles have been listed after its last producer (lag = n_sms in version 1: one
-                round, so a consumer rarely spins; LAG_VERSION / ``lag_of_rule``: version 2, the default, takes
-                the smallest of 1, 1.5, 2 rounds that the compute-only walk finds as fast as the best).
+                further Linear-1 tiles have been listed after its last producer (``lag_of_rule``: the smallest of
+                1, 1.5, 2 rounds of n_sms tiles that the compute-only walk finds as fast as the best).
   model_guided  the candidate (expert_wave, interleaved, lag = 0, n/2, n, 2n, 4n) with the best time predicted
                 by the Burst-Gap model (below); its ``param`` names the choice.
 Inside an expert every schedule lists its tiles in the grid's order (``TileGrid.swizzle``): row-block-major in
-every record before round 4, since then in groups of TILE_SWIZZLE row blocks with the weight column blocks outer
+the first kernels, the current ones in groups of TILE_SWIZZLE row blocks with the weight column blocks outer
 (``swizzle=G`` in schedule_param); ``l2_traffic`` models what either order reads from DRAM.
 
 Prediction of a schedule's kernel time (``predict_kernel_ns``), documented formula. Program i % n runs task i,
@@ -47,7 +46,7 @@ calibrated so that the model's time of expert_wave without remote bytes equals t
 combine store sent to a local buffer (``compute_ms``; a given TFLOP/s when not measured). A Linear-2 task less
 than a round behind its last producer (distance d < n positions) spins w = c1 (1 - d / n) (wait model
 ``positions``); wait model ``time`` (``wait_walk``) places every claim in time instead (a consumer spins until its
-producers have ended: under dynamic claims short Linear-2 tiles bring a consumer's claim forward, session 8); which
+producers have ended: under dynamic claims short Linear-2 tiles bring a consumer's claim forward); which
 one a CostModel uses: its ``wait``, else WAIT_DEFAULT of its assignment. Tasks are assigned
 statically, task i to program i % n, so the compute part is the busiest program's:
     compute = max over programs p of sum over its tasks (c1 or c2, plus w)
@@ -74,7 +73,6 @@ Dtypes: ``bf16`` and ``fp8`` (e4m3 with 1x128 activation / 128x128 weight scales
 from __future__ import annotations
 
 import functools
-import heapq
 import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -85,155 +83,15 @@ import pandas as pd
 import torch
 
 from . import env
-from .kernels import moe as _device
-from .model import BurstGapParams, StageParams, drain_time, issue_time, recover
-from .registry import Choice, Registry, by_name
-
-TOKENS_PER_RANK = (128, 256, 512, 1024, 2048, 4096, 8192)
-ZIPF_EXPONENT = 1.0         # expert popularity p_e ~ 1 / rank_e^s (ranks in a seeded random order of experts)
-HOT_FRACTION = 0.5          # "hot": this fraction of tokens routes one slot to the hot expert; no others do
-LAG_CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0)   # model_guided's lags, in units of n_sms Linear-1 tiles
-WAVE_FILL = 2               # expert_wave: a wave's Linear-1 tiles reach WAVE_FILL x n_sms
-# Layout constants of the kernel (defined once, in xstage.kernels.moe; re-exported for the host):
-TASK_FIELDS = _device.TASK_FIELDS.value            # kind, expert, row block, column block, pool block
-META_FIELDS = _device.META_FIELDS.value            # source rank, token, slot, router weight bits
-FP8_BLOCK = _device.FP8_BLOCK.value                # scale block edge
-STATUS_FIELDS = _device.STATUS_FIELDS.value        # a wait's record (xstage.kernels.sync.wait_flag)
-KIND_L1, KIND_L2 = 0, 1
-INT32_MAX = 2**31 - 1
-
-
-# ------------------------------------------------------------------------------------------------- dtypes
-@dataclass(frozen=True)
-class MoEDtype:
-    """What a dtype name means to the layer."""
-
-    act: torch.dtype                 # activations and expert weights (the kernel's GEMM inputs)
-    out: torch.dtype                 # combine buffer and layer output (and the tokens before an fp8 dispatch)
-    gpu: bool                        # runs on GPUs; else under Triton's interpreter only
-    rel_l2_floor: float | None       # check: allowed relative L2 error = 2 x PyTorch's own + this (None: fp8)
-    unfused_rel_l2: float            # check: fused layer vs the unfused baseline
-
-
-DTYPE_REGISTRY = Registry("dtype", (
-    Choice("bf16", "bfloat16 (GPUs)", MoEDtype(torch.bfloat16, torch.bfloat16, True, 1e-3, 3e-2)),
-    Choice("fp16", "float16 (Triton's interpreter)", MoEDtype(torch.float16, torch.float16, False, 1e-4, 1e-2)),
-    Choice("fp32", "float32 (Triton's interpreter)", MoEDtype(torch.float32, torch.float32, False, 1e-6, 1e-4)),
-    Choice("fp8", "e4m3 with 1x128 activation / 128x128 weight scales, bf16 output (GPUs)",
-           MoEDtype(torch.float8_e4m3fn, torch.bfloat16, True, None, 0.1)),
-))
-DTYPES_GPU = tuple(n for n, c in DTYPE_REGISTRY.items() if c.impl.gpu)
-DTYPES_INTERPRETER = tuple(n for n, c in DTYPE_REGISTRY.items() if not c.impl.gpu)
-ACT_DTYPES = {n: c.impl.act for n, c in DTYPE_REGISTRY.items()}
-OUT_DTYPES = {n: c.impl.out for n, c in DTYPE_REGISTRY.items()}
-REL_L2_FLOOR = {n: c.impl.rel_l2_floor for n, c in DTYPE_REGISTRY.items() if c.impl.rel_l2_floor is not None}
-UNFUSED_REL_L2 = {n: c.impl.unfused_rel_l2 for n, c in DTYPE_REGISTRY.items()}   # fused vs the unfused baseline
-
-
-# ------------------------------------------------------------------------------------------------ routings
-def _route_uniform(tokens: int, experts: int, topk: int, g: torch.Generator, shared: torch.Generator):
-    return torch.rand(tokens, experts, generator=g).topk(topk, dim=1).indices
-
-
-def _route_zipf(tokens: int, experts: int, topk: int, g: torch.Generator, shared: torch.Generator):
-    order = torch.randperm(experts, generator=shared)                     # order[i] = the (i+1)-th most popular
-    logp = torch.empty(experts)
-    logp[order] = -ZIPF_EXPONENT * torch.log(torch.arange(1, experts + 1, dtype=torch.float32))
-    gumbel = -torch.log(-torch.log(torch.rand(tokens, experts, generator=g).clamp_min(1e-20)))
-    return (logp + gumbel).topk(topk, dim=1).indices
-
-
-def _route_hot(tokens: int, experts: int, topk: int, g: torch.Generator, shared: torch.Generator):
-    hot = int(torch.randint(experts, (1,), generator=shared))
-    is_hot = torch.rand(tokens, generator=g) < HOT_FRACTION
-    scores = torch.rand(tokens, experts, generator=g)
-    scores[:, hot] = -1.0                                                 # nobody else picks the hot expert
-    scores[is_hot, hot] = 2.0                                             # ... the hot tokens always do
-    return scores.topk(topk, dim=1).indices
-
-
-ROUTING_REGISTRY = Registry("routing", (
-    Choice("uniform", "every expert alike", _route_uniform),
-    Choice("zipf", "expert popularity 1 / rank^s over a seeded order of experts (K drawn without replacement)",
-           _route_zipf),
-    Choice("hot", "one seeded expert gets one slot of HOT_FRACTION of the tokens (and no other token)", _route_hot),
-))
-ROUTINGS = ROUTING_REGISTRY.names
-
-
-# ------------------------------------------------------------------------------------------- shapes, cases
-@dataclass(frozen=True)
-class MoEShape:
-    """One MoE layer's model shape."""
-
-    name: str
-    hidden: int          # Hd
-    intermediate: int    # I (per expert)
-    experts: int         # E
-    topk: int            # K
-
-
-SHAPES = (
-    MoEShape("deepseek_v4_flash", 4096, 2048, 256, 6),
-    MoEShape("deepseek_v4_pro", 7168, 3072, 384, 6),
-    MoEShape("qwen3_235b", 4096, 1536, 128, 8),
-    MoEShape("mixtral_8x7b", 4096, 14336, 8, 2),
-)
-
-
-@dataclass(frozen=True)
-class MoECase:
-    """One configuration: a shape, tokens per rank, a routing distribution and its seed."""
-
-    shape: MoEShape
-    tokens: int          # T per rank
-    routing: str
-    seed: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.shape.name}_T{self.tokens}_{self.routing}"
-
-    def key(self, P: int, dtype: str) -> tuple:
-        """The sweep's resume key (schema ``megamoe``)."""
-        return (self.shape.name, self.tokens, self.routing, P, dtype)
-
-
-# The 84 configurations, one table: seed = position in the table (stable: shapes, tokens, routings in order).
-CASES = tuple(MoECase(s, t, r, seed=i) for i, (s, t, r) in
-              enumerate(itertools.product(SHAPES, TOKENS_PER_RANK, ROUTINGS)))
-
-
-def cases_by_name(names: Sequence[str]) -> list[MoECase]:
-    """Cases of the table by name (``<shape>_T<tokens>_<routing>``); an unknown name is a ValueError."""
-    return by_name(CASES, names, "case")
-
-
-def as_case(c, seed: int = 0) -> MoECase:
-    """An MoECase, or (hidden, intermediate, experts, topk, tokens, routing) -> an ad hoc case."""
-    if isinstance(c, MoECase):
-        return c
-    hidden, inter, experts, topk, tokens, routing = c
-    return MoECase(MoEShape(f"H{hidden}_I{inter}_E{experts}_K{topk}", hidden, inter, experts, topk), tokens,
-                   routing, seed)
-
-
-# --------------------------------------------------------------------------------------------------- counts
-def gemm_flops(rows: int, hidden: int, inter: int) -> int:
-    """GEMM FLOPs of the experts on ``rows`` routed rows: Linear-1 (gate and up) plus Linear-2."""
-    return 2 * rows * hidden * 2 * inter + 2 * rows * inter * hidden
-
-
-def remote_combine_bytes(remote_rows: int, hidden: int, out_bytes: int = 2) -> int:
-    """Bytes a rank's Linear-2 epilogues store to other ranks: its received rows whose source is another rank."""
-    return remote_rows * hidden * out_bytes
-
-
-def dispatch_bytes(remote_items: int, hidden: int, act_bytes: int = 2, fp8: bool = False) -> int:
-    """Bytes a rank's dispatch pushes to other ranks: rows (+ 1x128 fp32 scales with fp8) + 16 B of meta."""
-    scales = hidden // FP8_BLOCK * 4 if fp8 else 0
-    return remote_items * (hidden * act_bytes + scales + META_FIELDS * 4)
-
+from .model import BurstGapParams
+from .moe_cases import (ACT_DTYPES, CASES, DTYPE_REGISTRY, DTYPES_GPU, DTYPES_INTERPRETER, FP8_BLOCK, HOT_FRACTION,
+                        INT32_MAX, KIND_L1, KIND_L2, META_FIELDS, OUT_DTYPES, REL_L2_FLOOR, ROUTING_REGISTRY, ROUTINGS,
+                        SHAPES, STATUS_FIELDS, TASK_FIELDS, TOKENS_PER_RANK, UNFUSED_REL_L2, ZIPF_EXPONENT, MoECase,
+                        MoEDtype, MoEShape, as_case, cases_by_name, dispatch_bytes, gemm_flops, remote_combine_bytes)
+from .moe_cost import (ASSIGNMENT_REGISTRY, ASSIGNMENTS, STALL_DEFAULT, STALL_MODELS, WAIT_DEFAULT, WAIT_MODELS,
+                       CostModel, calibrate_rate, claim_walk, predict_kernel_ns, record_stall, record_wait,
+                       stall_model_of, stall_stage, wait_model_of, wait_walk)
+from .registry import Choice, Registry
 
 # ---------------------------------------------------------------------------------------------- tile config
 @dataclass(frozen=True)
@@ -246,8 +104,7 @@ class TileConfig:
     block_k: int = 64     # 128 with fp8 (the scale block)
     num_warps: int = 8
     num_stages: int = 3
-    tma: bool = False     # the main loops load x, W1, W2 through TMA tensor descriptors (bf16; fp8 since round 8;
-    #                       the default of both since tiles version 4)
+    tma: bool = False     # the main loops load x, W1, W2 through TMA tensor descriptors (the GPU default)
 
     def validate(self, dtype: str | None = None) -> None:
         for name in ("block_m", "block_n1", "block_n2", "block_k"):
@@ -266,87 +123,39 @@ class TileConfig:
 INTERPRETER_TILES = TileConfig(16, 32, 32, 32, 4, 1)
 
 
-# Tile versions (the tiles a recorded MegaMoE row ran with are in the row: block_m .. num_stages, schema megamoe
-# v3; rows of older records read as TILES_V1, xstage.data.MEGAMOE_FIRST_TILES). v2 = the GEMM ladder's winners
-# (data/h200x1/megamoe_gemm, study ladder): bf16 Linear-2 tiles BM x 256 with 4 stages (bn2_256_s4, 1.044 of
-# torch._grouped_mm on its 4 configurations against 0.898), fp8 3 stages (s3, 0.946 of _scaled_grouped_mm
-# against 0.685) with BM = 128 (2 stages, the ladder's bm128) where experts get >= FP8_BM128_ROWS rows on average
-# (the one ladder configuration of that class, Mixtral T2048 with 1024 rows per expert: 468 TFLOP/s against s3's
-# 405; the three with 24-192 rows per expert were faster with s3). v3 = v2 with bf16's main loops through TMA
-# tensor descriptors (tma = True; round 6's study tiles6, data/h200x1/megamoe_round6_gemm: ours / grouped_mm
-# >= 0.911 on all 56 configurations with >= 2048 rows in two runs, against the pointer loops' 0.844, bit-identical
-# output); fp8 keeps the pointer loops (v2's fp8 tiles). Rows record tma (schema megamoe v4 / megamoe_gemm v3;
-# older rows read tma = False, or for megamoe_gemm its tiles label: what they ran). v4 (session 11) = v3 with fp8's
-# main loops through TMA and one pipeline stage more (BM 64: 4 stages, BM 128: 3; round 8's tma_s,
-# xstage.moe_gemm.gemm8_variants): bit-identical to the pointer loops on all 84 configurations, 0.834x their time
-# (study gemm8, data/h200x1/megamoe_round8_gemm: fp8 / torch._scaled_grouped_mm geomean 0.961 -> 1.153), each
-# schedule's compute-only time / Expert-Wave's 0.988-0.990 (study controls8, data/h200x1/megamoe_round8_controls);
-# bf16 as v3. v5 (session 14) = v4 with fp8's BM 128 from FP8_BM128_ROWS = 96 rows per expert on average (v2-v4:
-# FP8_BM128_ROWS_V2 = 512): study gemm9 (data/h200x1/megamoe_round9_gemm) timed both row blocks on the 56
-# configurations with >= 2048 rows, and BM 128 was faster from 96 rows (0.77-1.00x of BM 64's time), slower at 64
-# and below (1.00-1.27x); the threshold was read off that run, so study gemm10 re-times both on all 84 (the 28 small
-# configurations never seen). Every record says its version in its sidecar (params.tiles_version) and its tiles in
-# every row.
-# Version 6 (session 15): version 5 with one pipeline stage more for fp8 (BM 64: 5 stages, BM 128: 4), study gemm10's
-# s_plus, faster in two runs (data/h200x1/megamoe_round10_gemm, megamoe_round11_gemm_repeat: 0.977 / 0.981 of
-# version 5's time, geomean over the 84; faster in both runs on 68 of 84). bf16 unchanged.
+# The default tiles on an H200 (sm_90a), the tile rule a sidecar names as params.tiles_version (TILES_VERSION); the
+# tiles a recorded MegaMoE row ran with are in the row (block_m .. num_stages, tma; rows of records older than
+# those columns read as the first kernels' tiles, xstage.data). bf16: Linear-2 tiles BM x 256, 4
+# stages, the main loops through TMA tensor descriptors (x, W1, W2); BM 64 where experts get < BF16_BM64_ROWS rows
+# on average, else 128. fp8: BN1 = BN2 = BK = 128 (the scale block), through TMA, BM 64 with 5 stages, or BM 128
+# with 4 where experts get >= FP8_BM128_ROWS rows on average. Each choice won an A/B in the same rounds on one H200
+# (docs/findings.md; the GEMM records data/h200x1/megamoe_gemm_bf16 and megamoe_gemm_fp8 hold the last ones).
 TILES_VERSION = 6
-TILES_VERSIONS = (1, 2, 3, 4, 5, 6)
-FP8_BM128_ROWS = 96         # fp8 (tiles version >= 5): average rows per expert from which BM = 128 (else 64)
-FP8_BM128_ROWS_V2 = 512     # the same in tiles versions 2-4
+FP8_BM128_ROWS = 96         # fp8: average rows per expert from which BM = 128 (else 64)
 BF16_BM64_ROWS = 96         # bf16: average rows per expert below which BM = 64 (else 128)
 
 
-def default_tiles(dtype: str, rows_per_expert: float | None = None, version: int = TILES_VERSION) -> TileConfig:
-    """H200 (sm_90), 8 warps, tiles version ``version`` (default TILES_VERSION = 5). bf16: BN1 = 128, BN2 = 256,
-    BK = 64, 4 stages, through the TMA main loops (tma = True; since version 3), BM = 64 when experts get few rows
-    (< BF16_BM64_ROWS on average), else 128. fp8: BN1 = BN2 = BK = 128 (the scale block), through the TMA main
-    loops (since version 4) with BM = 64 and 4 stages, or BM = 128 and 3 stages where experts get >=
-    FP8_BM128_ROWS (96) rows on average. Version 4: version 5 with fp8's BM 128 from FP8_BM128_ROWS_V2 (512) rows.
-    Version 3: bf16 as version 4, fp8 the pointer loops with BM 64 3 stages / BM
-    128 2 stages (ptxas: 32 B spilled); version 2: version 3 with bf16's pointer loops. Version 1 (every record
-    before schema megamoe v3): bf16 BN2 = 128 with 3 stages (same BM rule), fp8 BM = 64 with 2 stages always.
-    Small tiles (pointer loops) under the interpreter."""
+def default_tiles(dtype: str, rows_per_expert: float | None = None) -> TileConfig:
+    """The default tiles of ``dtype`` where experts get ``rows_per_expert`` rows on average (None: unknown, BM 64
+    for fp8, 128 for bf16): :func:`gpu_tiles` with the row-block rule above; small tiles (pointer loops) under the
+    interpreter."""
     if env.interpreted():
         return INTERPRETER_TILES
     rpe = rows_per_expert
     if dtype == "fp8":
-        return gpu_tiles(dtype, fp8_block_m(rpe, version), version)
-    return gpu_tiles(dtype, 64 if rpe is not None and rpe < BF16_BM64_ROWS else 128, version)
+        return gpu_tiles(dtype, 128 if rpe is not None and rpe >= FP8_BM128_ROWS else 64)
+    return gpu_tiles(dtype, 64 if rpe is not None and rpe < BF16_BM64_ROWS else 128)
 
 
-def fp8_block_m(rows_per_expert: float | None, version: int = TILES_VERSION) -> int:
-    """fp8's row block in tiles version ``version`` where experts get ``rows_per_expert`` rows on average (None:
-    unknown): 128 from FP8_BM128_ROWS (version >= 5) / FP8_BM128_ROWS_V2 (versions 2-4), else 64; version 1: 64."""
-    if version not in TILES_VERSIONS:
-        raise ValueError(f"tiles version must be one of {', '.join(map(str, TILES_VERSIONS))}, got {version}")
-    rpe = rows_per_expert
-    big = version != 1 and rpe is not None and rpe >= (FP8_BM128_ROWS if version >= 5 else FP8_BM128_ROWS_V2)
-    return 128 if big else 64
-
-
-def gpu_tiles(dtype: str, block_m: int, version: int = TILES_VERSION) -> TileConfig:
-    """The H200 tiles of ``dtype`` with row blocks of ``block_m`` in tiles version ``version`` (1: what every
-    MegaMoE record before schema megamoe v3 ran with; 2: the pointer loops of rounds 3-6; 3: version 2 with bf16's
-    main loops through TMA (rounds 7-8); 4: version 3 with fp8's main loops through TMA and one pipeline stage
-    more; 5: version 4's tiles, only default_tiles' fp8 row-block rule differs; 6, the current default: version 5
-    with fp8's pipeline one stage deeper again)."""
-    if version == 1:
-        from .data import MEGAMOE_FIRST_TILES
-        return TileConfig(block_m, *MEGAMOE_FIRST_TILES[dtype])
-    if version not in TILES_VERSIONS:
-        raise ValueError(f"tiles version must be one of {', '.join(map(str, TILES_VERSIONS))}, got {version}")
+def gpu_tiles(dtype: str, block_m: int) -> TileConfig:
+    """The H200 tiles of ``dtype`` with row blocks of ``block_m`` (the rule above), through the TMA main loops."""
     if dtype == "fp8":
-        stages = 2 if block_m == 128 else 3
-        if version >= 4:                      # round 8's tma_s: the stage the pointer loops could not afford
-            return TileConfig(block_m, 128, 128, 128, 8, stages + (2 if version >= 6 else 1), tma=True)
-        return TileConfig(block_m, 128, 128, 128, 8, stages)
-    return TileConfig(block_m, 128, 256, 64, 8, 4, tma=version >= 3)
+        return TileConfig(block_m, 128, 128, 128, 8, 4 if block_m == 128 else 5, tma=True)
+    return TileConfig(block_m, 128, 256, 64, 8, 4, tma=True)
 
 
 def tiles_of_row(row) -> TileConfig:
-    """The tiles a recorded MegaMoE row (schema megamoe v4 / megamoe_gemm v3, or an older one read through its
-    migration: tma False) ran with."""
+    """The tiles a recorded MegaMoE row ran with (an older row read through its migration: tma False)."""
     return TileConfig(int(row.block_m), int(row.block_n1), int(row.block_n2), int(row.block_k), int(row.num_warps),
                       int(row.num_stages), bool(row.tma))
 
@@ -484,6 +293,10 @@ def build_layouts(ids: Sequence[torch.Tensor], experts: int) -> list[RankLayout]
     return out
 
 
+LAG_CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0)   # model_guided's lags, in units of n_sms Linear-1 tiles
+WAVE_FILL = 2               # expert_wave: a wave's Linear-1 tiles reach WAVE_FILL x n_sms
+
+
 # --------------------------------------------------------------------------------------- tiles, schedules
 @dataclass(frozen=True)
 class TileGrid:
@@ -577,38 +390,31 @@ def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
     return out
 
 
-# Order versions of the schedules that mix Linear-1 and Linear-2 tiles (recorded in schedule_param: absent = 1).
-# 1: one tile at a time (interleaved spreads single Linear-2 tiles among the next wave's Linear-1 tiles; lag lists
-#    a row block's Linear-2 tiles as soon as it is ready). 2: in chunks of ``order_group`` row blocks, so that the
-#    tiles running at the same time share operands as Expert-Wave's do (a chunk's Linear-2 tiles read the same
-#    intermediate rows and the same weight columns; spread one by one, each concurrent Linear-2 tile streams its
-#    own W2 columns from memory, as DeepGEMM's scheduler avoids by claiming Linear-2 tiles in pool-block order);
-#    a chunk of one row block was version 1 there (no param: DeepSeek-V4-Pro fp8's lists in
-#    data/h200x1/megamoe_round3/ ran version 1 and read so). 3 (ORDER_VERSION): version 2 with every chunk named
-#    in schedule_param (``chunk=G`` / ``lag=L,group=G``, G >= 1): a chunk of one row block is a chunk, not
-#    version 1. (lag's version-1 list releases each ready row block at once, which is group 1's list too.)
-#    4 (ORDER_VERSION since session 16): version 3, and lag's releases never split a swizzle group of row blocks
-#    (``align=1`` in lag's schedule_param; interleaved's lists are version 3's). Why (session 16, docs/lab-notebook.md
-#    "lag's releases split experts"): with the swizzle an expert's row blocks become ready one Linear-1 tile apart,
-#    and a release of G ready row blocks that ends between them puts the expert's second row block's Linear-2
-#    tiles a release (G x N1 Linear-1 tiles) after its first's, so each W2 column block is read twice: on
-#    DeepSeek-V4-Pro T2048 uniform bf16 (96 experts of 2 row blocks, 96 of 1; W2 44 MB an expert, the L2 50 MB)
-#    the LRU model (``l2_traffic``) gives lag 1.097x Expert-Wave's DRAM bytes, measured 1.045-1.060x its
-#    compute-only time in three runs; aligned, 1.00x.
+# The list forms of the schedules that mix Linear-1 and Linear-2 tiles (``order``; named in schedule_param, so a
+# recorded row rebuilds the list it ran, :func:`parse_schedule_param`):
+#   1  one tile at a time: interleaved spreads single Linear-2 tiles among the next wave's Linear-1 tiles; lag lists
+#      a row block's Linear-2 tiles as soon as it is ready (no chunk in the param: the first kernels' lists).
+#   3  in chunks of ``order_group`` row blocks (``chunk=G`` / ``lag=L,group=G``), so that the tiles running at the
+#      same time share operands as Expert-Wave's do (a chunk's Linear-2 tiles read the same intermediate rows and
+#      the same weight columns, as DeepGEMM's scheduler claims Linear-2 tiles in pool-block order).
+#   4  (ORDER_VERSION, the default) 3, and lag's releases never split a swizzle group of row blocks (``align=1``;
+#      interleaved's lists are 3's): a release that ends between an expert's two row blocks reads each of its W2
+#      column blocks twice (DeepSeek-V4-Pro T2048 uniform bf16: lag 1.045-1.060x Expert-Wave's compute-only time,
+#      aligned 1.00x; docs/findings.md).
 ORDER_VERSION = 4
-ORDER_VERSIONS = (1, 3, ORDER_VERSION)  # what build_schedule builds; version 2's lists are 1's or 3's (its param)
+ORDER_VERSIONS = (1, 3, ORDER_VERSION)  # the list forms build_schedule builds
 # Tile order inside an expert (every schedule; ``TileGrid.swizzle``, recorded as ``swizzle=G`` in schedule_param,
-# absent = 0, row-block-major, what every record before round 4 ran): groups of TILE_SWIZZLE row blocks, column
-# blocks outer, so the row blocks that read one weight column block run back to back (as a grouped GEMM
-# rasterises for L2 reuse). Why (round 4, docs/lab-notebook.md, "MegaMoE on one GPU, round 4"): with row-block-major tiles a Linear-1 tile
-# re-reads its weight column block one row block (N1 tiles, ~43 MB for DeepSeek-V4-Pro fp8) later, about the
-# H200's 50 MB L2, and a mixing list puts Linear-2 tiles in between: an LRU model of the L2 over the list order
-# gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes, and their measured compute-only cost follows it.
+# absent = 0, row-block-major, the first kernels'): groups of TILE_SWIZZLE row blocks, column blocks outer, so the
+# row blocks that read one weight column block run back to back (as a grouped GEMM rasterises for L2 reuse). Why:
+# with row-block-major tiles a Linear-1 tile re-reads its weight column block one row block (N1 tiles, ~43 MB for
+# DeepSeek-V4-Pro fp8) later, about the H200's 50 MB L2, and a mixing list puts Linear-2 tiles in between: an LRU
+# model of the L2 over the list order (at commit 8ed668e) gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes,
+# and their measured compute-only cost followed it (1.14-1.15x Expert-Wave's geomean, swizzled 1.00-1.01x).
 TILE_SWIZZLE = 8
 
 
 def order_group(grid: TileGrid, n_sms: int) -> int:
-    """Row blocks per chunk (order version 2): about half the programs' worth of Linear-2 tiles
+    """Row blocks per chunk (list forms 3 and 4): about half the programs' worth of Linear-2 tiles
     (n_sms / (2 x N2)), at least one row block."""
     return max(1, int(round(n_sms / (2 * max(grid.n2, 1)))))
 
@@ -793,315 +599,6 @@ def _task_list(name: str, param: str, rows: list[tuple], grid: TileGrid) -> Task
     return TaskList(name, param, tasks, grid, checked=True)
 
 
-@dataclass(frozen=True)
-class CostModel:
-    """What ``predict_kernel_ns`` needs: the Burst-Gap parameters, the GEMM rate, programs, output bytes, and how
-    tasks go to programs (``ASSIGNMENTS``)."""
-
-    prm: BurstGapParams | StageParams     # fluid parameters, or a link's stage model (xstage.model.load_params)
-    flop_per_ns_per_program: float
-    n_programs: int
-    out_bytes: int = 2
-    assignment: str = "static"
-    wait: str | None = None               # WAIT_MODELS name; None: WAIT_DEFAULT[assignment]
-    stall: str | None = None              # STALL_MODELS name; None: STALL_DEFAULT
-
-    @classmethod
-    def from_tflops(cls, prm: BurstGapParams, tflops: float, n_programs: int, out_bytes: int = 2) -> "CostModel":
-        return cls(prm, tflops * 1e3 / n_programs, n_programs, out_bytes)
-
-
-def _claim_order(work: np.ndarray, n: int) -> np.ndarray:
-    """Dynamic assignment: task i goes to the program that becomes free first (list order, ties to the lowest
-    program), as an atomic ticket hands them out. Returns each task's program."""
-    free = [(0.0, p) for p in range(n)]
-    heapq.heapify(free)
-    prog = np.empty(len(work), dtype=np.int64)
-    for i, w in enumerate(work.tolist()):
-        t, p = heapq.heappop(free)
-        prog[i] = p
-        heapq.heappush(free, (t + w, p))
-    return prog
-
-
-def _static_order(work: np.ndarray, n: int) -> np.ndarray:
-    """Static assignment: task i on program i % n (program p walks tasks p, p + n, ...)."""
-    return np.arange(len(work)) % n
-
-
-ASSIGNMENT_REGISTRY = Registry("assignment", (
-    Choice("static", "task i on program i % n_programs", _static_order),
-    Choice("dynamic", "programs claim the next task in list order (an atomic ticket)", _claim_order),
-))
-ASSIGNMENTS = ASSIGNMENT_REGISTRY.names
-
-
-def wait_walk(tasks: np.ndarray, work: np.ndarray, n: int, assignment: str = "dynamic"
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """The event walk of a task list in time (computed, not measured): task i goes to its program (``dynamic``:
-    the program free first, in list order, ties to the lowest, as the kernel's atomic ticket; ``static``: program
-    i % n) when that program is free; a Linear-1 tile then takes ``work[i]``; a Linear-2 tile spins until the last
-    Linear-1 tile of its row block has ended, then takes ``work[i]``. Every producer precedes its consumers in the
-    list (``check_tasks``), so one pass in list order places every claim. Returns (program of each task int64 [n_tasks],
-    spin of each task float64 [n_tasks], 0 for Linear-1 tiles and for consumers whose producers had ended)."""
-    tasks = np.asarray(tasks)
-    dyn = ASSIGNMENT_REGISTRY.check(assignment).name == "dynamic"
-    free = [(0.0, p) for p in range(n)]
-    heapq.heapify(free)
-    at = np.zeros(n)                             # static: each program's free time
-    done: dict[int, float] = {}                  # pool block -> end of its latest Linear-1 tile so far
-    prog = np.empty(len(tasks), dtype=np.int64)
-    spin = np.zeros(len(tasks))
-    for i, (kind, pool, w) in enumerate(zip(tasks[:, 0].tolist(), tasks[:, 4].tolist(), np.asarray(work).tolist())):
-        if dyn:
-            t, p = heapq.heappop(free)
-        else:
-            p = i % n
-            t = float(at[p])
-        if kind == KIND_L1:
-            end = t + w
-            done[pool] = max(done.get(pool, 0.0), end)
-        else:
-            s_ = max(0.0, done.get(pool, 0.0) - t)
-            spin[i] = s_
-            end = t + s_ + w
-        prog[i] = p
-        if dyn:
-            heapq.heappush(free, (end, p))
-        else:
-            at[p] = end
-    return prog, spin
-
-
-def claim_walk(tasks: np.ndarray, t1: float, t2: float, n: int) -> tuple[float, float]:
-    """An event model of the dynamic assignment (computed, not measured; ``wait_walk`` with every Linear-1 tile
-    ``t1`` and every Linear-2 tile ``t2``): ``n`` programs claim the tasks of the list in order as each becomes
-    free (the kernel's atomic ticket); a Linear-2 tile, claimed at t, spins until the last Linear-1 tile of its row
-    block has ended. Returns (makespan, share of Linear-2 tiles that spun). Unlike the positional wait term, it
-    places each claim in time, so short Linear-2 tiles between a producer and its consumer bring the consumer's
-    claim forward (scripts/megamoe_wait_model.py); ``predict_kernel_ns`` uses it with wait model ``time``."""
-    tasks = np.asarray(tasks).reshape(-1, TASK_FIELDS)
-    is2 = tasks[:, 0] == KIND_L2
-    work = np.where(is2, float(t2), float(t1))
-    prog, spin = wait_walk(tasks, work, n, "dynamic")
-    load = np.bincount(prog, weights=work + spin, minlength=n)
-    return float(load.max()) if len(tasks) else 0.0, float((spin[is2] > 0).mean()) if is2.any() else 0.0
-
-
-def _wait_positions(tasks: np.ndarray, c: np.ndarray, c1: float, n: int, assignment: str, n_pool: int):
-    """Wait model ``positions``: a consumer d < n list positions behind its last producer spins c1 (1 - d / n)
-    (a round of n positions lasting one Linear-1 tile); programs by ``assignment`` over work + spin."""
-    is2 = tasks[:, 0] == KIND_L2
-    pos = np.arange(len(tasks))
-    last_l1 = np.full(max(n_pool, 1), -1)
-    np.maximum.at(last_l1, tasks[~is2, 4], pos[~is2])
-    spin = np.where(is2, c1 * np.clip(1.0 - (pos - last_l1[tasks[:, 4]]) / n, 0.0, 1.0), 0.0)
-    return ASSIGNMENT_REGISTRY.check(assignment).impl(c + spin, n), spin
-
-
-def _wait_time(tasks: np.ndarray, c: np.ndarray, c1: float, n: int, assignment: str, n_pool: int):
-    """Wait model ``time``: the event walk (``wait_walk``): each consumer spins until its producers have ended
-    in time, under the assignment's claims."""
-    return wait_walk(tasks, c, n, assignment)
-
-
-# How predict_kernel_ns counts a Linear-2 tile's spin on its row block's Linear-1 tiles. impl(tasks, compute per
-# task, c1, n, assignment, n_pool) -> (program of each task, spin of each task).
-WAIT_MODELS = Registry("wait model", (
-    Choice("positions", "a consumer d < n list positions behind its producer spins c1 (1 - d / n)", _wait_positions),
-    Choice("time", "the event walk: claims placed in time, a consumer spins until its producers end", _wait_time),
-))
-# The wait model a CostModel without one uses, per assignment. Dynamic: ``time`` since session 14 (before:
-# ``positions``, which every earlier record predicted and chose with; a record's sidecar names its own as
-# params.wait_default, :func:`record_wait`). Measured: the positional term prices a half-round lag (lag = 66 of 132
-# programs) at 5 % of compute where the kernel pays 12 % (fp8 Qwen3 T8192 hot, controls8 twice: 1.126 / 1.122 of
-# Expert-Wave, 17 % of its tasks waited; the event walk predicts 1.17), so model_guided chose it for the host link;
-# under the walk it picks lag 132 (1.014). Session 8's lists6 measured the walk's choices on the 61 pairs they change
-# (model_guided's compute-only worst 1.090 -> 1.047 bf16, fp8 1.042 -> 1.045; Mixtral T128 lost 4-10 % of a mixing
-# gain neither model sees). On round 9's host sweep both models hold 75-87 % of the speedups within 10 %
-# (moe_round6.host_rescore).
-WAIT_DEFAULT = {"static": "positions", "dynamic": "time"}
-WAIT_BEFORE_V14 = "positions"     # the wait model of every record whose sidecar names none
-
-
-def record_wait(meta: dict) -> str:
-    """The wait model a recorded MegaMoE sweep or study predicted and chose with: its sidecar's
-    params.wait_default for its assignment, else (every record before session 14) ``positions``."""
-    p = meta.get("params", {}) if meta else {}
-    wd = p.get("wait_default")
-    return WAIT_MODELS.check(wd[p.get("assignment", "static")] if wd else WAIT_BEFORE_V14).name
-
-
-def wait_model_of(cost: "CostModel") -> str:
-    """The wait model ``cost`` predicts with (its own, else WAIT_DEFAULT of its assignment)."""
-    ASSIGNMENT_REGISTRY.check(cost.assignment)
-    return WAIT_MODELS.check(cost.wait or WAIT_DEFAULT[cost.assignment]).name
-
-
-def _stall_issuers(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> tuple[float, float]:
-    """Stall model ``issuers``: the b issuing programs issue and stall T (``issue_time``, the stage draining
-    throughout T); the round is charged b T / m. Returns (stall charged, stage bytes after)."""
-    T, q_end = issue_time(B / b, b, q, prm_k)
-    return b * float(T) / m, float(q_end)
-
-
-def _stall_round(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> tuple[float, float]:
-    """Stall model ``round``: as ``issuers``, but the stage drains only during time the kernel is charged: the
-    round cannot end before the bytes that do not fit in the stage (q + B - C_b) have drained at D, so the charge
-    is max(b T / m, (q + B - C_b) / D), and the stage after it q + B - D x charge, within [0, C_b]. Where every
-    program of the round issues (b = m) the two models agree; in a mixed round ``issuers`` credits the link with
-    the drain of the issuers' whole T while charging b T / m, and can predict a kernel faster than its bytes / D."""
-    s_, _ = _stall_issuers(B, b, m, q, prm_k)
-    C, D = prm_k.capacity_bytes, prm_k.drain_gbps
-    s = max(s_, (q + B - C) / D)
-    return s, float(min(max(q + B - D * s, 0.0), C))
-
-
-@dataclass(frozen=True, kw_only=True)
-class OwnSlotsStage(BurstGapParams):
-    """The fluid parameters of a round (``capacity_kib`` = phi C(b), the whole stage) with the two parts stall model
-    ``round_burst`` chooses between: ``shared_kib`` = phi C_0 (the stage's shared part) and ``own_kib`` = phi c_p
-    (one program's own slots), both of the stage fit (``stall_stage``)."""
-
-    shared_kib: float
-    own_kib: float
-
-
-def _stall_burst(B: float, b: int, m: int, q: float, prm_k: BurstGapParams) -> tuple[float, float]:
-    """Stall model ``round_burst`` (a candidate, session 16 helper): ``round`` with the whole stage phi C(b) when a
-    program's own slots hold two of its bursts (2 B / b <= phi c_p: the burst it issues while its previous one
-    drains), else with the shared part phi C_0 only (``round_shared``). ``prm_k``: an :class:`OwnSlotsStage`."""
-    if not isinstance(prm_k, OwnSlotsStage):
-        raise ValueError("stall model 'round_burst' needs the stage's parts (an OwnSlotsStage from stall_stage of a "
-                         "StageParams with base_capacity_kib > 0)")
-    if not (b >= 1 and B > 0):
-        raise ValueError(f"round_burst needs B > 0 bytes from b >= 1 issuers, got B={B}, b={b}")
-    whole = 2.0 * B / b <= prm_k.own_kib * 1024.0
-    return _stall_round(B, b, m, q, replace(prm_k, capacity_kib=prm_k.capacity_kib if whole else prm_k.shared_kib))
-
-
-# How predict_kernel_ns charges a round's remote stores. impl(bytes B, issuers b, programs m, stage bytes q after
-# the round's compute, the fluid parameters of b issuers) -> (stall charged to the round, stage bytes after).
-STALL_MODELS = Registry("stall model", (
-    Choice("issuers", "the issuers' stall T spread over the round (b T / m); the stage drains for all of T",
-           _stall_issuers),
-    Choice("round", "as issuers, but the round lasts until the bytes beyond the stage have drained: the stage "
-                    "drains only in charged time", _stall_round),
-    Choice("round_shared", "round, with only the stage's shared part phi C_0 for every round (a stage model's "
-                           "base_capacity_kib; the programs' own slots not the combine's)", _stall_round),
-    Choice("round_burst", "round with the whole stage phi C(b) where a program's own slots hold two of its bursts "
-                          "(2 B / b <= phi c_p), else round_shared's phi C_0 (a candidate, session 16)", _stall_burst),
-))
-# Stall models that see only the shared part of a StageParams stage (phi C_0) instead of phi C(b).
-STALL_SHARED = ("round_shared",)
-# Stall models that choose per round between the two parts (stall_stage hands them an OwnSlotsStage).
-STALL_BURST = ("round_burst",)
-
-
-def stall_stage(prm: "BurstGapParams | StageParams", b: int, stall: str) -> BurstGapParams:
-    """The fluid parameters a round of ``b`` issuing programs sees under stall model ``stall``: a stage model's
-    ``fluid(b)`` (phi C(b)), or for STALL_SHARED its shared part phi C_0 (a stage without one is an error); fluid
-    parameters as they are, without the harness's overhead. STALL_BURST: an :class:`OwnSlotsStage` (phi C(b) with
-    phi C_0 and phi c_p beside it; fluid parameters, or a stage without a shared part, are an error)."""
-    name = STALL_MODELS.check(stall).name
-    if name in STALL_BURST:
-        if not isinstance(prm, StageParams) or prm.base_capacity_kib <= 0:
-            raise ValueError(f"stall model {stall!r} needs a stage model with a shared part (StageParams, "
-                             "base_capacity_kib > 0)")
-        f = prm.fluid(b)
-        return OwnSlotsStage(issue_ns_per_kib=f.issue_ns_per_kib, drain_gbps=f.drain_gbps, capacity_kib=f.capacity_kib,
-                             overhead_ns=0.0, shared_kib=prm.base_capacity_kib * prm.stalled_fraction,
-                             own_kib=prm.capacity_per_program_kib * prm.stalled_fraction)
-    if not isinstance(prm, StageParams):
-        return replace(prm, overhead_ns=0.0)
-    f = prm.fluid(b)
-    if name in STALL_SHARED:
-        if prm.base_capacity_kib <= 0:
-            raise ValueError(f"stall model {stall!r} needs a stage with a shared part (base_capacity_kib > 0)")
-        f = replace(f, capacity_kib=prm.base_capacity_kib * prm.stalled_fraction)
-    return f
-# The stall model a CostModel without one uses. ``issuers`` is the model of every record before session 15 (a
-# record's sidecar names its own as params.stall_default, :func:`record_stall`). ``round`` (session 15, helper): on
-# the host link it lifts the largest layers' mixed lists from below their bytes / D to that floor; ``round_shared``
-# also gives the combine only the host stage's shared part phi C_0 (no constant chosen on a record: the host fit's
-# C_0, phi, D), within 10 % on 494 of round 10's 504 speedups (before: 405) and 458 of round 9's (before: 401; its
-# misses are fp8 BM-64 rows) (docs/lab-notebook.md, session 15, "Host-link MegaMoE model"); the sweep's and the
-# studies' sidecars name it (params.stall_default, xstage.moe_sweep / xstage.moe_gemm). ``round_shared`` is the default. Held out: round 12's host sweep (data/h200x1/megamoe_round12_host,
-# tiles version 6 and lag version 2, recorded after the model's form was committed, predicted with ``issuers``)
-# rescored: within 10 % on 482 of 504 speedups (issuers 411, round 431), worst |error| 10-17 % (issuers 17-31 %).
-STALL_DEFAULT = "round_shared"
-STALL_BEFORE_V14 = "issuers"      # the stall model of every record whose sidecar names none
-
-
-def record_stall(meta: dict) -> str:
-    """The stall model a recorded MegaMoE sweep predicted and chose with: its sidecar's params.stall_default,
-    else (every record before it was named) ``issuers``."""
-    p = meta.get("params", {}) if meta else {}
-    return STALL_MODELS.check(p.get("stall_default") or STALL_BEFORE_V14).name
-
-
-def stall_model_of(cost: "CostModel") -> str:
-    """The stall model ``cost`` predicts with (its own, else STALL_DEFAULT)."""
-    return STALL_MODELS.check(cost.stall or STALL_DEFAULT).name
-
-
-def predict_kernel_ns(tl_: TaskList, remote_rows_per_block: np.ndarray, cost: CostModel,
-                      hidden: int, inter: int, tiles: TileConfig) -> dict:
-    """The module docstring's formula: {'total_ns', 'compute_ns', 'wait_ns', 'stall_ns', 'drain_ns', 'rounds',
-    'imbalance'}. Compute and waits are the busiest program's (``cost.assignment``: static round-robin, task i on
-    program i % n, or dynamic, each task to the program free first; ``imbalance`` = its load / the mean load);
-    stalls and the final drain come from the Burst-Gap stage, round by round."""
-    waits = WAIT_MODELS.check(wait_model_of(cost)).impl
-    stall_name = stall_model_of(cost)
-    stalls = STALL_MODELS.check(stall_name).impl
-    stage = isinstance(cost.prm, StageParams)   # the per-link stage model: C(P) of the round's issuers
-    prm = cost.prm.fluid(cost.n_programs) if stage else replace(cost.prm, overhead_ns=0.0)  # overhead: the harness's
-    n = max(1, cost.n_programs)
-    F = cost.flop_per_ns_per_program
-    c1 = 2.0 * tiles.block_m * hidden * 2 * tiles.block_n1 / F
-    c2 = 2.0 * tiles.block_m * inter * tiles.block_n2 / F
-    tasks = tl_.tasks
-    is2 = tasks[:, 0] == KIND_L2
-    # a consumer whose producers have not ended spins (the wait model: list positions, or the claims in time)
-    prog, wait = waits(tasks, np.where(is2, c2, c1), c1, n, cost.assignment, tl_.grid.n_pool)
-    work = np.where(is2, c2, c1) + wait
-    remote = np.where(is2, remote_rows_per_block[tasks[:, 4]] * float(tiles.block_n2 * cost.out_bytes), 0.0)
-    # Program p walks tasks p, p + n, ... (a static round-robin): the kernel lasts as long as its busiest program,
-    # so a list whose expensive tiles land on the same programs is slower than its round averages say.
-    load = np.bincount(prog, weights=work, minlength=n)
-    busiest = int(np.argmax(load))
-    compute = float(np.bincount(prog, weights=work - wait, minlength=n)[busiest])
-    waited = float(np.bincount(prog, weights=wait, minlength=n)[busiest])
-    imbalance = float(load.max() / load.mean()) if load.mean() > 0 else 1.0
-    q = 0.0
-    stall = 0.0
-    n_rounds = -(-len(tasks) // n)
-    for k in range(n_rounds):
-        sl = slice(k * n, (k + 1) * n)
-        m = len(work[sl])                                 # programs busy in this round (n but in the last)
-        c_k = float(work[sl].sum()) / m
-        b = int(is2[sl].sum())
-        B = float(remote[sl].sum())
-        q = float(recover(q, c_k, prm))                  # the stage drains during the round's compute
-        if B > 0:
-            prm_k = stall_stage(cost.prm, b, stall_name)  # the stage the b issuing programs see
-            s_k, q = stalls(B, b, m, q, prm_k)           # issuers: b programs issue (and stall) T, the others
-            stall += s_k                                  # compute; round: and the link drains in charged time
-    drain = float(drain_time(q, prm))
-    return dict(total_ns=compute + waited + stall + drain, compute_ns=compute, wait_ns=waited, stall_ns=stall,
-                drain_ns=drain, rounds=n_rounds, imbalance=imbalance)
-
-
-def calibrate_rate(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, n_programs: int,
-                   compute_ms: float, assignment: str = "static", wait: str | None = None) -> float:
-    """Per-program FLOP/ns such that the model's compute-only time of ``tl_`` equals ``compute_ms`` (the kernel
-    measured with every combine store local, tasks assigned by ``assignment``; ``wait``: the wait model, None =
-    WAIT_DEFAULT's). Every term of the compute-only time scales with 1 / rate, so one unit-rate walk suffices."""
-    unit = CostModel(BurstGapParams.reference(), 1.0, n_programs, assignment=assignment, wait=wait)
-    none = np.zeros(max(tl_.grid.n_pool, 1), dtype=np.int64)
-    return predict_kernel_ns(tl_, none, unit, hidden, inter, tiles)["total_ns"] / (compute_ms * 1e6)
-
-
 def _expert_wave(grid: TileGrid, n_sms: int, lag, model, group, order) -> TaskList:
     return _task_list("expert_wave", "", schedule_expert_wave(grid, n_sms), grid)
 
@@ -1125,61 +622,35 @@ def _interleaved(grid: TileGrid, n_sms: int, lag, model, group: int | None, orde
     return _task_list("interleaved", "" if g is None else f"chunk={g}", schedule_interleaved(grid, n_sms, g), grid)
 
 
-# Lag versions: what schedule ``lag``'s lag is when none is given. Every list's schedule_param names the lag it
-# used (``lag=N``), so a recorded row re-predicts the same under any version (schedule_of_param reads N); a sidecar
-# names the version its defaults used as params.lag_version (:func:`record_lag_version`; absent: 1).
-#  1 (every record before session 15's lags11): lag = n_sms, one round of Linear-1 tiles.
-#  2 (LAG_VERSION since session 15, measured by study lags11, data/h200x1/megamoe_round11_lags: compute only,
-#    dynamic, tiles version 5, lag / Expert-Wave geomean / worst bf16 0.990 / 1.0497, fp8 0.986 / 1.030, against
-#    version 1's 0.993 / 1.0497 and 0.989 / 1.084 in the same run): the smallest of LAG_RULE_CANDIDATES x n_sms whose compute-only walk
-#    (``lag_walk_time``) is within LAG_RULE_TOLERANCE of the least of them. Why (session 14, helper lag): on
-#    Mixtral T512 hot fp8 (8 row blocks of 112 Linear-1 tiles, the swizzle ends both row blocks of an expert on
-#    its last tile) lag n releases the third expert's Linear-2 tiles inside the last round of Linear-1 tiles, so
-#    the fourth expert's 64 Linear-2 tiles run alone after the last producers end, half the programs idle: the
-#    walk 1.091-1.095 of Expert-Wave, measured 1.076 (span) / 1.080 (median), 25 % of Linear-2 tiles waited (the
-#    walk: 25 %); lag 2n holds both last experts to the end, as Expert-Wave's last wave (the walk: 1.000).
+# Schedule ``lag``'s lag when none is given (the rule a sidecar names as params.lag_version, LAG_VERSION; every
+# list's schedule_param names the lag it used, ``lag=N``, so a recorded row re-predicts the same whatever the rule):
+# the smallest of LAG_RULE_CANDIDATES x n_sms whose compute-only walk (``lag_walk_time``) is within
+# LAG_RULE_TOLERANCE of the least of them. Why (docs/findings.md): a fixed one-round lag can release an expert's
+# Linear-2 tiles inside the last round of Linear-1 tiles and leave the last expert's tiles alone at the end (fp8
+# Mixtral T512 hot: 1.08x Expert-Wave's compute-only time); two rounds hold both last experts to the end.
 LAG_VERSION = 2
-LAG_VERSIONS = (1, 2)
-LAG_RULE_CANDIDATES = (1.0, 1.5, 2.0)    # version 2's lags, in units of n_sms Linear-1 tiles (up to 2n: lag
-#                                         stays a mixing list; 3n-4n hold most Linear-2 tiles to the end)
-LAG_RULE_TOLERANCE = 0.005                          # version 2: ties within 0.5 % of the least walk go to the smaller lag
-
-
-def _check_lag_version(v: int) -> None:
-    if v not in LAG_VERSIONS:
-        raise ValueError(f"lag version must be one of {', '.join(map(str, LAG_VERSIONS))}, got {v}")
+LAG_RULE_CANDIDATES = (1.0, 1.5, 2.0)    # units of n_sms Linear-1 tiles (up to 2n: lag stays a mixing list)
+LAG_RULE_TOLERANCE = 0.005               # ties within 0.5 % of the least walk go to the smaller lag
 
 
 def lag_walk_time(grid: TileGrid, n_sms: int, lag: int, group: int | None, align: bool = False) -> float:
-    """Compute-only makespan (units of one Linear-1 tile) of lag's list (order version 3 with ``group``, 4 with
-    ``align`` too, None: version 1) under dynamic claims: ``claim_walk`` with every Linear-1 tile 1 and every
-    Linear-2 tile c2 / c1 = N1 / (2 N2) (the FLOP ratio of predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2
-    BN1)); no rate, no link."""
+    """Compute-only makespan (units of one Linear-1 tile) of lag's list (chunks of ``group`` row blocks, releases
+    aligned to swizzle groups with ``align``; None: each ready row block at once) under dynamic claims:
+    ``claim_walk`` with every Linear-1 tile 1 and every Linear-2 tile c2 / c1 = N1 / (2 N2) (the FLOP ratio of
+    predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2 BN1)); no rate, no link."""
     tasks = np.array(schedule_lag(grid, lag, group, align), dtype=np.int64).reshape(-1, TASK_FIELDS)
     return 0.0 if not len(tasks) else claim_walk(tasks, 1.0, grid.n1 / (2.0 * max(grid.n2, 1)), n_sms)[0]
 
 
-def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, version: int | None = None,
-                align: bool = False) -> int:
-    """Lag's lag under lag ``version`` (None: LAG_VERSION) for ``grid``, ``group`` row blocks per chunk (None:
-    order version 1): version 1 n_sms; version 2 the smallest of LAG_RULE_CANDIDATES x n_sms whose
+def lag_of_rule(grid: TileGrid, n_sms: int, group: int | None = None, align: bool = False) -> int:
+    """Lag's lag for ``grid`` and ``group`` row blocks per chunk: the smallest of LAG_RULE_CANDIDATES x n_sms whose
     :func:`lag_walk_time` is within LAG_RULE_TOLERANCE of the least (computed, from the grid alone)."""
-    v = LAG_VERSION if version is None else version
-    _check_lag_version(v)
-    if v == 1 or not grid.n_pool:
+    if not grid.n_pool:
         return n_sms
     lags = [int(round(f * n_sms)) for f in LAG_RULE_CANDIDATES]
     t = [lag_walk_time(grid, n_sms, L, group, align) for L in lags]
     best = min(t)
     return next(L for L, x in zip(lags, t) if x <= best * (1.0 + LAG_RULE_TOLERANCE))
-
-
-def record_lag_version(meta: dict) -> int:
-    """The lag version a recorded sweep or study's defaults used: its sidecar's params.lag_version, else 1
-    (every record before it was named). Re-predictions never need it: each list's param names its lag."""
-    v = int((meta or {}).get("params", {}).get("lag_version", 1))
-    _check_lag_version(v)
-    return v
 
 
 def _lag(grid: TileGrid, n_sms: int, lag: int | None, model, group: int | None, order: int) -> TaskList:
@@ -1224,9 +695,9 @@ def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None
     """The task list of schedule ``name`` (SCHEDULE_REGISTRY) for one rank's tiles; checked by ``check_tasks``.
 
     ``lag`` (schedule ``lag``): Linear-1 tiles between a row block's last producer and its Linear-2 tiles
-    (default ``lag_of_rule`` of LAG_VERSION: version 2's rule; version 1 n_sms). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
+    (default ``lag_of_rule``). ``model`` (``model_guided``): (CostModel, remote rows per block [n_pool], hidden,
     intermediate, TileConfig); the candidate with the least predicted time wins. ``order`` (interleaved, lag and
-    model_guided's candidates): the order version, None = ORDER_VERSION (chunks of ``group`` row blocks, None =
+    model_guided's candidates): the list form, None = ORDER_VERSION (chunks of ``group`` row blocks, None =
     ``order_group``; every chunk named in the param) or 1 (single tiles, ``group`` must be None)."""
     if n_sms < 1:
         raise ValueError(f"n_sms must be >= 1, got {n_sms}")
@@ -1236,9 +707,8 @@ def build_schedule(name: str, grid: TileGrid, n_sms: int, lag: int | None = None
 
 def schedule_of_param(schedule: str, param: str, grid: TileGrid, n_sms: int) -> TaskList:
     """The task list a recorded row ran (schedule and schedule_param; model_guided: its recorded choice), on
-    ``grid`` with the row's tile order (``swizzle=G``; none: row-block-major). A param without a chunk is order
-    version 1 (what every record before order version 2 ran, and version 2 where its
-    chunk was one row block)."""
+    ``grid`` with the row's tile order (``swizzle=G``; none: row-block-major). A param without a chunk is list form 1
+    (the first kernels' lists)."""
     p = parse_schedule_param(param)
     if schedule == "model_guided":
         ch = p["choice"]
@@ -1258,124 +728,44 @@ def routing_of(case: MoECase, P: int) -> tuple[list, list, list[RankLayout]]:
     return ids, wts, build_layouts(ids, s.experts)
 
 
-L2_CACHE_BYTES = 50 * 2**20     # the H200's L2 (the model below; a model parameter, not measured here)
+# ------------------------------------------------------------------- a study's selection (notebook parameters)
+BASELINE = "expert_wave"       # the schedule every kernel speedup divides
 
 
-def l2_traffic(tl_: TaskList, hidden: int, inter: int, tiles: TileConfig, act_bytes: int,
-               cache_bytes: float = L2_CACHE_BYTES) -> dict:
-    """A model of the DRAM bytes a task list reads (computed, never measured): an LRU cache of ``cache_bytes``
-    walked in list order (dynamic assignment starts tasks in list order), each task reading its operand blocks --
-    Linear-1: the x row block (BM x Hd) and the W1 column block (Hd x 2 BN1), then writing the intermediate row
-    block (BM x I, kept in the cache, not read); Linear-2: the intermediate row block and the W2 column block
-    (I x BN2) -- in ``act_bytes`` per element (scales left out). A block not in the cache costs its bytes. It
-    ignores that ~n_sms tiles run at once (tiles in flight share what it counts as misses), so it overstates
-    misses whose reuse distance is under a round. Returns {'bytes': the modelled DRAM bytes, 'weights': of them
-    W1 + W2, 'unique': every operand block read once}."""
-    from collections import OrderedDict
-
-    bm, bn1, bn2 = tiles.block_m, tiles.block_n1, tiles.block_n2
-    size = {0: bm * hidden * act_bytes, 1: hidden * 2 * bn1 * act_bytes, 2: bm * inter * act_bytes,
-            3: inter * bn2 * act_bytes}                    # x, W1, intermediate, W2 blocks
-    lru: OrderedDict = OrderedDict()
-    used = miss = wmiss = 0
-    seen = set()
-
-    def touch(key: tuple, read: bool = True) -> None:
-        nonlocal used, miss, wmiss
-        seen.add(key)
-        if key in lru:
-            lru.move_to_end(key)
-            return
-        if read:
-            miss += size[key[0]]
-            wmiss += size[key[0]] if key[0] in (1, 3) else 0
-        lru[key] = None
-        used += size[key[0]]
-        while used > cache_bytes and lru:
-            k, _ = lru.popitem(last=False)
-            used -= size[k[0]]
-
-    for kind, e, rb, cb, _ in tl_.tasks.tolist():
-        if kind == KIND_L1:
-            touch((0, e, rb))
-            touch((1, e, cb))
-            touch((2, e, rb), read=False)
-        else:
-            touch((2, e, rb))
-            touch((3, e, cb))
-    return dict(bytes=float(miss), weights=float(wmiss), unique=float(sum(size[k[0]] for k in seen)))
+def _names(value, what: str, allowed: tuple[str, ...]) -> list[str]:
+    """A non-empty list of distinct names, each in ``allowed``; ValueError naming the parameter otherwise."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list of names, e.g. {list(allowed[:2])}, got {value!r}")
+    bad = [v for v in value if v not in allowed]
+    if bad:
+        raise ValueError(f"{what}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)}")
+    if not value:
+        raise ValueError(f"{what} must name at least one of {', '.join(allowed)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{what} lists a name twice: {list(value)}")
+    return list(value)
 
 
-# --------------------------------------------------------------------------------- the model on recorded rows
-@functools.lru_cache(maxsize=4096)
-def _recorded_task_list(case: MoECase, P: int, r: int, tiles: TileConfig, n_sms: int, schedule: str,
-                        param: str) -> tuple[TaskList, np.ndarray]:
-    """Rank ``r``'s task list of a recorded row (:func:`schedule_of_param` on the seeded routing's grid) and its
-    remote rows per block. Independent of the stage parameters, so memoised: every re-prediction of the same
-    record (another parameter set, another wait model) reuses the lists the first one built and checked."""
-    s = case.shape
-    layouts = _layouts_of(case, P)
-    grid = TileGrid.of(layouts[r], s.hidden, s.intermediate, tiles)
-    return schedule_of_param(schedule, param, grid, n_sms), grid.remote_rows_per_block(layouts[r])
+def selection(dtypes=None, schedules=None, shapes=None) -> dict[str, list[str]]:
+    """Checked notebook parameters of the MegaMoE study (None = all): ``dtypes`` of xstage.moe_plan.DTYPES_GPU,
+    ``schedules`` of xstage.moe_plan.SCHEDULES (compared with expert_wave, which is always added as the baseline;
+    at least one other), ``shapes`` by name of xstage.moe_plan.SHAPES. Returns them as lists (table order)."""
+    shape_names = tuple(s.name for s in SHAPES)
+    sel = {"dtypes": _names(list(DTYPES_GPU) if dtypes is None else dtypes, "dtypes", DTYPES_GPU),
+           "schedules": _names(list(SCHEDULES) if schedules is None else schedules, "schedules", SCHEDULES),
+           "shapes": _names(list(shape_names) if shapes is None else shapes, "shapes", shape_names)}
+    others = [s for s in SCHEDULES if s != BASELINE]
+    if not set(sel["schedules"]) & set(others):
+        raise ValueError(f"schedules must name at least one of {', '.join(others)} (compared with "
+                         f"{BASELINE}), got {sel['schedules']}")
+    sel["schedules"] = [s for s in SCHEDULES if s in sel["schedules"] or s == BASELINE]
+    sel["dtypes"] = [d for d in DTYPES_GPU if d in sel["dtypes"]]
+    sel["shapes"] = [s for s in shape_names if s in sel["shapes"]]
+    return sel
 
 
-@functools.lru_cache(maxsize=256)
-def _layouts_of(case: MoECase, P: int) -> tuple:
-    return tuple(routing_of(case, P)[2])
-
-
-def repredict(df: pd.DataFrame, prm: BurstGapParams, n_sms: int, assignment: str = "static",
-              wait: str | None = None, stall: str | None = None, recorded: str | None = None,
-              observed_rank: int | None = None) -> pd.DataFrame:
-    """The current ``predict_kernel_ns`` applied to recorded MegaMoE rows (a model, computed, never measured):
-    per configuration and dtype, every rank's task list is rebuilt from the seeded routing (model_guided: the
-    recorded choice), the per-program GEMM rate calibrated on the recorded compute-only time, and the prediction
-    taken as the maximum over ranks. ``assignment``: predict as if the kernel had assigned tasks so (``dynamic``
-    on static records: what a dynamic run should show, with the static compute-only calibration); ``recorded``: the
-    assignment the rows' compute-only time was measured under, which the rate is calibrated with (None: ``assignment``,
-    as the sweep calibrates; until session 17 this was always static, which mis-calibrated dynamic records). Returns the
-    rows' keys + schedule with ``model_ms`` and ``model_speedup`` (expert_wave / schedule) and ``imbalance``
-    (busiest program / mean, max over ranks). ``wait``: the wait model (None: WAIT_DEFAULT of ``assignment``);
-    ``stall``: the stall model (None: STALL_DEFAULT). ``observed_rank``: the rows are that rank's times alone (a
-    one-GPU record: its ranks run one after another and only the observed rank is timed, sidecar
-    ``params.observed_rank``): its compute-only time calibrates that rank's rate and the prediction is that rank's,
-    not the maximum over ranks (until session 18 every rank was calibrated on the observed rank's time and the
-    slowest taken, which on hot routing predicted another rank's kernel)."""
-    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
-    out = []
-    keys = ["shape", "tokens", "routing", "P", "dtype"]
-    for (name, tokens, routing, P, dtype), g in df.groupby(keys, sort=False):
-        c = cases.get((name, tokens, routing))
-        if c is None:
-            raise ValueError(f"{name} T={tokens} {routing} is not one of the 84 configurations")
-        s = c.shape
-        rows = g.drop_duplicates("schedule").set_index("schedule")
-        tiles = tiles_of_row(rows.iloc[0])     # the tiles the row ran with (old records: TILES_V1)
-        out_bytes = OUT_DTYPES[dtype].itemsize
-        pred: dict[str, list] = {}
-        if observed_rank is not None and not 0 <= int(observed_rank) < int(P):
-            raise ValueError(f"observed_rank {observed_rank} is not a rank of a {int(P)}-rank world")
-        for r in (range(int(P)) if observed_rank is None else (int(observed_rank),)):
-            ew, remote = _recorded_task_list(c, int(P), r, tiles, n_sms, "expert_wave",
-                                             str(rows.schedule_param.get("expert_wave", "")))
-            rate = calibrate_rate(ew, s.hidden, s.intermediate, tiles, n_sms, float(rows.compute_ms.iloc[0]),
-                                  recorded or assignment, wait)
-            cost = CostModel(prm, rate, n_sms, out_bytes, assignment, wait, stall)
-            for sched, row in rows.iterrows():
-                par = str(row.schedule_param)
-                if sched == "model_guided":   # the recorded choice of this rank ("a|b": rank 0's, rank 1's)
-                    ch = par.split("|")
-                    par = ch[r] if len(ch) == int(P) else ch[0]
-                try:
-                    tl_ = ew if sched == "expert_wave" else _recorded_task_list(c, int(P), r, tiles, n_sms,
-                                                                                sched, par)[0]
-                except ValueError as e:
-                    raise ValueError(f"{name} T={tokens} {routing} {dtype}: {e}") from e
-                p = predict_kernel_ns(tl_, remote, cost, s.hidden, s.intermediate, tiles)
-                pred.setdefault(sched, []).append((p["total_ns"] / 1e6, p["imbalance"]))
-        base = max(t for t, _ in pred["expert_wave"]) if "expert_wave" in pred else float("nan")
-        for sched, v in pred.items():
-            ms = max(t for t, _ in v)
-            out.append(dict(zip(keys, (name, tokens, routing, P, dtype)), schedule=sched, model_ms=ms,
-                            model_speedup=base / ms, imbalance=max(i for _, i in v)))
-    return pd.DataFrame(out)
+def expected_configs(shapes=None) -> list[str]:
+    """Names of the configurations a complete record holds per dtype: the 84 of xstage.moe_plan.CASES, or those of
+    ``shapes`` (table order)."""
+    shapes = selection(shapes=shapes)["shapes"]
+    return [c.name for c in CASES if c.shape.name in shapes]

@@ -35,15 +35,18 @@ from .bench import median
 from .data import MEGAMOE
 from .model import BurstGapParams, params_from_dict
 from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, hi_weights,
-                  make_problem, make_unfused, make_unfused_one_process, megamoe_layer, moe_buffers, poison_combine,
+                  make_problem, megamoe_layer, moe_buffers, poison_combine,
                   rank_weights, run_experts, topk_reduce, world_label)
-from .moe_plan import (ASSIGNMENT_REGISTRY, CASES, DTYPES_GPU, HOT_FRACTION, OUT_DTYPES, SCHEDULES, UNFUSED_REL_L2,
+from .moe_plan import (ASSIGNMENT_REGISTRY, ASSIGNMENTS, CASES, DTYPES_GPU, HOT_FRACTION, LAG_VERSION, ORDER_VERSION,
+                       OUT_DTYPES, SCHEDULES, STALL_DEFAULT, TILE_SWIZZLE, TILES_VERSION, UNFUSED_REL_L2, WAIT_DEFAULT,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,
-                       LAG_VERSION, ORDER_VERSION, STALL_DEFAULT, TILE_SWIZZLE, TILES_VERSION, WAIT_DEFAULT,
-                       predict_kernel_ns,
-                       remote_combine_bytes, routing_of)
+                       predict_kernel_ns, remote_combine_bytes, routing_of, selection)
+from .moe_unfused import make_unfused, make_unfused_one_process
 from .numeric import check_bit_identical, rel_l2
+from .ranks import ONE_GPU_LINKS, OneGPUWorld, spawn
 from .resume import pending
+from .sources import NoRecordedData, recorded_params, source_data
+from .traffic import TrafficWorld, check_schedules, validate_traffic
 
 CALLS_TARGET_MS = 2.0       # back-to-back calls per timed run so that a run lasts >= ~2 ms ...
 CALLS_MAX = 16              # ... at most this many (CUDA events around one short call include its launch)
@@ -146,7 +149,6 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
     unfused = unfused_cache[c.name]
     traffic = getattr(world, "traffic_ranks", None)
     if traffic:   # 8-rank traffic on 2 GPUs: where every combine row lands, the reference, bit-identical schedules
-        from .traffic import check_schedules
         check_schedules(world, prob, bufs, lists_of, schedules, t, dyn, weight_seed)
     want = {}
     for name in ([] if traffic else schedules):
@@ -188,9 +190,9 @@ def _measure_case(world, prob: Problem, bufs: MoEBuffers, schedules: Sequence[st
             dispatch(world, bufs, prob.inputs, check=False, ranks=me),
             run_experts(world, bufs, prob.inputs, tasks, t, check=False, dynamic=dyn, ranks=me),
             topk_reduce(bufs.combine_view(rank, c.tokens))), inner)
-    # TIMING (session 17): every schedule's kernel, compute-only and layer runs in rounds, one run of each per round,
-    # so that a drift of the machine over the configuration falls on every schedule alike (timed one schedule after
-    # another, the kernel's runs rose ~10 % from first to last on the host link: docs/lab-notebook.md, S17-3)
+    # TIMING: every schedule's kernel, compute-only and layer runs in rounds, one run of each per round, so that a
+    # drift of the machine over the configuration falls on every schedule alike (timed one schedule after another,
+    # the kernel's runs rose ~10 % from first to last on the host link: docs/findings.md)
     world.barrier()
     ms = bench.round_robin_ms(fns, repeats, warmup=warmup, before=world.barrier)
     for name in schedules:
@@ -322,6 +324,11 @@ def megamoe_job(world, cases: Sequence[MoECase], folder: str, meta: dict, dtypes
             torch.cuda.empty_cache()
 
 
+def traffic_sweep_job(world, traffic_ranks: int, *args) -> None:
+    """:func:`megamoe_job` on the traffic world over this process's GPU (what ``spawn`` runs)."""
+    megamoe_job(TrafficWorld(world, traffic_ranks), *args)
+
+
 def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapParams], world_size: int = 2,
                 dtypes: Sequence[str] = DTYPES_GPU, cases: Sequence[MoECase] | None = None,
                 schedules: Sequence[str] = SCHEDULES, repeats: int = 20, warmup: int = 3, seed: int = 0,
@@ -329,7 +336,7 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
                 world: str = "gpus", link: str | None = None, traffic_ranks: int | None = None) -> Path:
     """Run (or resume) the MegaMoE sweep on ``world_size`` GPUs into ``out``/megamoe.csv; returns its path.
     ``prm``: Burst-Gap parameters of the predictions, or a function that returns them, called once the parameters
-    and the GPUs have been checked (e.g. ``xstage.studies.recorded_params``: fitted to a machine's recorded
+    and the GPUs have been checked (e.g. ``xstage.sources.recorded_params``: fitted to a machine's recorded
     burst-gap sweep). ``max_minutes``: start no new (case, dtype) after that long (a re-run resumes).
     ``assignment``: how the kernel's programs take tasks (``ASSIGNMENT_REGISTRY``); one folder holds one
     assignment (recorded in the sidecar's params). Parameters are validated before the GPUs are checked and
@@ -343,8 +350,6 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     ``traffic_ranks`` (``xstage.traffic``): 8-rank traffic on 2 GPUs, each GPU playing one rank of a
     ``traffic_ranks``-rank layer (its experts, rows and egress); the gpus world of 2 ranks only, into a folder of
     its own named ``traffic<N>`` (e.g. data/h200x2/traffic8), schema ``megamoe_traffic``."""
-    from .ranks import ONE_GPU_LINKS
-
     if world not in WORLDS:
         raise ValueError(f"world must be one of {', '.join(WORLDS)}, got {world!r}")
     links = ONE_GPU_LINKS if world == "one-gpu" else ("nvlink",)
@@ -366,8 +371,6 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     if len({c.name for c in cases}) != len(cases):
         raise ValueError("case names must be unique")
     if traffic_ranks is not None:   # 8-rank traffic on 2 GPUs (xstage.traffic)
-        from .traffic import validate_traffic
-
         if world != "gpus":
             raise ValueError(f"traffic ranks are for the gpus world (2 GPUs, NVLink peers), got world {world!r}")
         validate_traffic(traffic_ranks, world_size, [c.shape.experts for c in cases])
@@ -410,8 +413,6 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
             raise ValueError(f"{side.parent} holds a sweep timed as {had_params.get('timing', 'blocks')!r}; record "
                              f"the {TIMING!r} one in another folder")
     env.require_gpus(1 if world == "one-gpu" else world_size, "the MegaMoE sweep")
-    from .ranks import OneGPUWorld, spawn
-
     prm = prm() if callable(prm) else prm
     params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
@@ -428,9 +429,55 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
         env.apply_safe_env()
         megamoe_job(OneGPUWorld(world_size, link=link, observed=0), *args)
     elif traffic_ranks is not None:
-        from .traffic import sweep_job
-
-        spawn(sweep_job, world_size, traffic_ranks, *args)
+        spawn(traffic_sweep_job, world_size, traffic_ranks, *args)
     else:
         spawn(megamoe_job, world_size, *args)
     return Path(out) / f"{MEGAMOE.name}.csv"
+
+
+def megamoe_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
+                 dtypes=None, shapes=None, assignment: str = "static") -> tuple[pd.DataFrame, dict]:
+    """MegaMoE rows (schema xstage.data.MEGAMOE: per configuration, dtype, schedule) and provenance.
+
+    source:  recorded (data/<machine>/megamoe.csv or .csv.gz), gpu (run or resume the sweep on every visible
+             GPU into ``out``), or auto (gpu when two GPUs are visible, else recorded). No simulated source.
+    machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
+             machine's GPUs, ``xstage.sources.default_out``).
+    out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
+    dtypes, shapes: the selection (``xstage.moe_plan.selection``; None = all): what a gpu sweep runs and which
+             recorded rows are returned.
+    assignment: static (data/<machine>/megamoe/) or dynamic (data/<machine>/dynamic/): how the kernel's programs
+             took tasks (``xstage.moe_plan.ASSIGNMENTS``); a gpu sweep runs with it.
+    Recorded data that is not there (no file, or no row of the selection) raises
+    :class:`xstage.sources.NoRecordedData`.
+    """
+    if assignment not in ASSIGNMENTS:
+        raise ValueError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
+    sel = selection(dtypes=dtypes, shapes=shapes)
+    sub = "dynamic" if assignment == "dynamic" else ""
+
+    def recorded() -> Path:
+        folder = data.machine_dir(machine) / (sub or "megamoe")
+        if not data.paths(folder, MEGAMOE)[0].is_file():
+            have = sorted(p.name for p in data.DATA_ROOT.iterdir() if data.paths(p / "megamoe", MEGAMOE)[0].is_file()) \
+                if data.DATA_ROOT.is_dir() else []
+            what = "" if assignment == "static" else " with dynamic assignment"
+            how = "" if assignment == "static" else f" --assignment dynamic --out data/{machine}/dynamic"
+            raise NoRecordedData(f"no recorded MegaMoE data{what} for machine {machine}; run `xstage sweep megamoe"
+                                 f"{how}` on 2 GPUs" + (f" (recorded machines: {', '.join(have)})" if have else ""))
+        return folder
+
+    def run(folder: Path) -> None:
+        cases = [c for c in CASES if c.shape.name in sel["shapes"]]
+        run_megamoe(folder, recorded_params, world_size=torch.cuda.device_count(), dtypes=sel["dtypes"],
+                    cases=cases, assignment=assignment,
+                    command=f"xstage.moe_sweep.megamoe_data('gpu', dtypes={sel['dtypes']}, shapes={sel['shapes']}, "
+                            f"assignment={assignment!r})")
+
+    df, meta, folder = source_data(source, MEGAMOE, "the MegaMoE study", recorded, run, out,
+                                   gpu_folder=lambda f: f / sub if sub else f)
+    keep = df.dtype.isin(sel["dtypes"]) & df["shape"].isin(sel["shapes"])
+    if not keep.any():
+        raise NoRecordedData(f"{data.paths(folder, MEGAMOE)[0]} has no rows of dtypes {sel['dtypes']} and shapes "
+                             f"{sel['shapes']} yet ({len(df)} rows of others)")
+    return df[keep].reset_index(drop=True), meta

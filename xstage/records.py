@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import data as _data
 from .data import DATA_ROOT
 
 LINKS = ("nvlink", "host", "local")
@@ -47,7 +48,7 @@ class Record:
 
     @property
     def path(self) -> Path:
-        base = DATA_ROOT / self.machine
+        base = _data.DATA_ROOT / self.machine   # read at call time (a test may point it elsewhere)
         return base / self.folder if self.current else base / ARCHIVE / self.folder
 
 
@@ -262,14 +263,28 @@ RECORDS: tuple[Record, ...] = _records(
            "xstage sweep megamoe --world one-gpu --ranks 2 --link host --out data/h200x1/megamoe_pcie",
            "one H200, combine over PCIe: interleaved / Expert-Wave geomean 1.025 (bf16), 1.062 (fp8), model beside"),
     Record("megamoe_controls", "h200x1", "local", "megamoe_controls", "megamoe_gemm",
-           "python3 scripts/megamoe_gemm.py --study controls7 --out data/h200x1/megamoe_controls",
+           "python3 scripts/megamoe_gemm.py --study controls --out data/h200x1/megamoe_controls",
            "compute only: each schedule's time / Expert-Wave's, dynamic assignment, 84 configurations per dtype"),
     Record("megamoe_gemm_bf16", "h200x1", "local", "megamoe_gemm_bf16", "megamoe_gemm",
-           "python3 scripts/megamoe_gemm.py --study gemm8 --out data/h200x1/megamoe_gemm_bf16",
+           "python3 scripts/megamoe_gemm.py --study library --dtypes bf16 --out data/h200x1/megamoe_gemm_bf16",
            "bf16 GEMM phases / torch._grouped_mm: geomean 1.181, min 0.882 (0.952 at >= 2048 rows)"),
     Record("megamoe_gemm_fp8", "h200x1", "local", "megamoe_gemm_fp8", "megamoe_gemm",
-           "python3 scripts/megamoe_gemm.py --study gemm10 --out data/h200x1/megamoe_gemm_fp8",
+           "python3 scripts/megamoe_gemm.py --study library --dtypes fp8 --out data/h200x1/megamoe_gemm_fp8",
            "fp8 GEMM phases / torch._scaled_grouped_mm: geomean 1.228, min 0.999"),
+    Record("megamoe_controls", "h200x1", "local", "megamoe_controls_repeat", "megamoe_gemm",
+           "python3 scripts/megamoe_gemm.py --study controls --out DIR",
+           "the compute-only controls repeated in a new process: every pair within the goal but one", current=False),
+    *(Record("megamoe_controls", "h200x1", "local", f"megamoe_pair_processes/p{i}", "megamoe_gemm",
+             "python3 scripts/megamoe_gemm.py --study controls --cases deepseek_v4_pro_T8192_uniform --out DIR",
+             f"that one pair (fp8 lag, DeepSeek-V4-Pro T8192 uniform) alone in process {i} of 5: 0.994-1.009",
+             current=False) for i in range(1, 6)),
+    Record("megamoe", "h200x1", "host", "megamoe_host_pointer_loops", "megamoe",
+           "xstage sweep megamoe --world one-gpu --ranks 2 --link host --out DIR",
+           "Expert-Wave's kernel / its compute-only control over PCIe: 1.11 / 1.09 (bf16 / fp8)", current=False),
+    Record("megamoe", "h200x1", "host", "megamoe_scatter_store", "bandwidth",
+           "python3 scripts/megamoe_scatter_store.py --out DIR (the script is at commit 8ed668e)",
+           "the combine's store pattern drains pinned host memory at 0.96-1.01 of a contiguous stream",
+           current=False),
     # BLOCK: attention and ulysses
     Record("ulysses", "h200x2", "nvlink", "ulysses", "ulysses", "xstage sweep ulysses --out data/h200x2/ulysses",
            "fused / serial end to end on 2 H200s over NVLink, DiT shapes and S = 4K..128K"),

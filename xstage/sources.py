@@ -24,6 +24,12 @@ PAPER_DIR = data.DATA_ROOT / "paper"
 # The machine whose records hold each link's stage model (data/<machine>/stage_fit_<link>.json.gz).
 LINK_MACHINES = {"nvlink": "h200x2", "host": "h200x1"}
 
+
+class NoRecordedData(data.DataError):
+    """A study's recorded data for this machine (or this selection of it) does not exist yet: a notebook says
+    so in one line and skips its figures instead of failing."""
+
+
 def check_source(source: str, simulated: bool = True) -> str:
     """simulated: whether the study has a simulated source (a missing-GPU error suggests it only then)."""
     if source not in env.SOURCES:

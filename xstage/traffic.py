@@ -45,6 +45,13 @@ import torch
 
 from . import env
 from .kernels.moe import FP8_BLOCK, dispatch_push_kernel
+from .moe import (_pow2_divisor, agree_on_checks, build_tasks, check_close, dispatch, make_problem, megamoe_layer,
+                  moe_buffers, moe_reference, quantize_fp8, rank_tokens, reference_weights, run_experts,
+                  triton_next_pow2)
+from .moe_plan import (ACT_DTYPES, ASSIGNMENTS, OUT_DTYPES, SCHEDULES, as_case, default_dtype, default_tiles,
+                       dispatch_bytes, remote_combine_bytes, validate_dtype)
+from .numeric import check_bit_identical
+from .ranks import SymmTensor, epoch_barrier
 
 TRAFFIC_RANKS = 8               # the paper's EP size
 SLOT_ALIGN = 256                # bytes: every slot of a symmetric buffer starts >= 16 B aligned (kernels assume it)
@@ -133,8 +140,6 @@ class TrafficWorld:
         """A destination buffer: L slots of ``numel`` on every GPU, GPU g's table = its own slot L_g and the peer's
         slot j for every other j. Any other buffer: one slot per GPU, the table names the two played ranks and
         holds 0 for the rest. ``local(L_g)`` is GPU g's real slot; ``handle`` the base buffer (every slot)."""
-        from .ranks import SymmTensor
-
         esize = torch.empty(0, dtype=dtype).element_size()
         stride = -(-numel * esize // SLOT_ALIGN) * SLOT_ALIGN // esize     # elements per slot, aligned
         L = self.traffic_ranks
@@ -173,8 +178,6 @@ class TrafficWorld:
                       silent_ranks: Sequence[int] = ()) -> None:
         """``xstage.ranks.epoch_barrier`` over the GPUs: GPU g signals and waits as base rank g in the flags of the
         played ranks (``flags.table(L_g)`` names both GPUs' real flags)."""
-        from .ranks import SymmTensor, epoch_barrier
-
         key = id(flags)
         if key not in self._barrier_tables or self._barrier_tables[key][0] is not flags:
             tables = {g: torch.tensor([flags.table(self.played[g])[self.played[h]] for h in range(self.gpus)],
@@ -237,8 +240,6 @@ class SourcePushes:
 
 def plan_pushes(world: TrafficWorld, case, dtype: str, rank: int, wts, layouts, own) -> SourcePushes:
     """The items GPU gpu_of(rank) pushes (TrafficWorld.source_pushes)."""
-    from .moe import quantize_fp8, rank_tokens
-
     L, peer = world.traffic_ranks, world.peer_of(rank)
     dev = world.device(rank)
     s = case.shape
@@ -274,8 +275,6 @@ def plan_pushes(world: TrafficWorld, case, dtype: str, rank: int, wts, layouts, 
 def push(bufs, pk: SourcePushes, tables: Mapping[str, torch.Tensor]) -> None:
     """Launch one GPU's dispatch (fp8: its own tokens quantised 1x128 first, as every rank of the real layer does;
     the other sources' were quantised when the problem was made)."""
-    from .moe import _pow2_divisor, quantize_fp8, triton_next_pow2
-
     if pk.fp8:
         q, sc = quantize_fp8(pk.own_x, 1)
         pk.raw[pk.rank].copy_(q.view(torch.uint8))
@@ -308,8 +307,6 @@ def egress(world: TrafficWorld, layouts, hidden: int, out_bytes: int = 2, act_by
     """Per GPU the bytes its layer stores over the link and locally, from the layouts: combine (its owner's rows
     of other sources: remote; its own source's: local) and dispatch (rows into the peer from the 7 sources other
     than the peer: remote; its own rows to itself: local), with ``remote_share`` of each."""
-    from .moe_plan import dispatch_bytes, remote_combine_bytes
-
     out = {}
     for g, me in enumerate(world.played):
         peer = world.played[1 - g]
@@ -337,9 +334,6 @@ def check_landing(world: TrafficWorld, prob, bufs, what: str, weight_seed: int |
     landed rows within 2x PyTorch's own error of the float32 reference (fp8: within FP8_REL_L2 of its emulation,
     ``xstage.moe.check_close``; each landed row is one (token, slot) item of the reference). Returns
     {gpu: the landed rows, [n, Hd] in source-major (source, slot, token) order} (for bit-identity checks)."""
-    from .moe import check_close, moe_reference, reference_weights
-    from .moe_plan import OUT_DTYPES
-
     c, s = prob.case, prob.case.shape
     reference = weight_seed is not None
     out = {}
@@ -382,9 +376,6 @@ def check_schedules(world: TrafficWorld, prob, bufs, lists: Mapping[int, Mapping
     run's landed rows are bit-identical to the first's. ``lists[r][schedule]``: local rank r's task lists.
     ``assignments``: each schedule with each of them (default: ``dynamic`` or static). Returns {gpu: the first
     run's landed rows}. No unfused baseline: an 8-rank all-to-all has no 2-GPU equivalent."""
-    from .moe import agree_on_checks, dispatch, megamoe_layer, run_experts
-    from .numeric import check_bit_identical
-
     assignments = tuple(assignments or (("dynamic",) if dynamic else ("static",)))
     first: dict = {}
     compiled: set = set()
@@ -421,10 +412,6 @@ def check_job(world: TrafficWorld, cases: Sequence, seed: int, dtype: str | None
     """``xstage.moe.check_job`` for a traffic world: per case, :func:`check_schedules` over every schedule and
     assignment (landing, the float32 reference, bit-identical runs). Returns one dict per (case, GPU) with what
     its GPU pushed and its egress (:func:`egress`)."""
-    from .moe import build_tasks, make_problem, moe_buffers
-    from .moe_plan import (ACT_DTYPES, ASSIGNMENTS, OUT_DTYPES, SCHEDULES, as_case, default_dtype, default_tiles,
-                           validate_dtype)
-
     if not isinstance(world, TrafficWorld):
         raise ValueError("xstage.traffic.check_job needs a TrafficWorld")
     P = world.world_size
@@ -475,76 +462,7 @@ def gpu_check_job(world, traffic_ranks: int, cases: Sequence, seed: int, dtype: 
             raise AssertionError(f"{r['case']} GPU {r['gpu']}: nothing crossed ({r})")
 
 
-def sweep_job(world, traffic_ranks: int, *args) -> None:
-    """``xstage.moe_sweep.megamoe_job`` on the traffic world over this process's GPU (what ``spawn`` runs)."""
-    from .moe_sweep import megamoe_job
-
-    megamoe_job(TrafficWorld(world, traffic_ranks), *args)
-
-
-# ------------------------------------------------------------------------------------------------ prediction
-def predicted_speedups(df, meta: dict, traffic_ranks: int = TRAFFIC_RANKS, link: str = "nvlink",
-                       assignment: str = "dynamic"):
-    """What the MegaMoE cost model (``xstage.moe_plan.repredict``, the stage model of ``link`` fitted in data/)
-    predicts for each schedule over Expert-Wave on recorded 2-rank rows ``df`` (schema megamoe; ``meta`` its
-    sidecar), once as recorded (P = 2) and once with each GPU's layer and egress those of a rank of a
-    ``traffic_ranks``-rank layer (P = traffic_ranks layouts; the per-program GEMM rate calibrated on the recorded
-    compute-only control, so the same rate per FLOP; the max over all logical ranks, of which a traffic run plays
-    two). A model, computed, never measured. Returns per configuration, dtype and schedule: ``measured_p2``
-    (recorded speedup), ``model_p2``, ``model_traffic``."""
-    import pandas as pd
-
-    from . import data
-    from .model import load_params
-    from .moe_plan import record_stall, record_wait, repredict
-    from .studies import LINK_MACHINES
-
-    prm = load_params(data.machine_dir(LINK_MACHINES[link]), link)
-    n_sms = int(meta.get("sm_count") or 132)
-    keys = ["shape", "tokens", "routing", "dtype", "schedule"]
-    base = df.set_index(["shape", "tokens", "routing", "dtype"])
-    ew = base[base.schedule == "expert_wave"].kernel_ms
-    meas = df.assign(measured_p2=ew.reindex(pd.MultiIndex.from_frame(df[["shape", "tokens", "routing", "dtype"]]))
-                     .to_numpy() / df.kernel_ms.to_numpy())[keys + ["measured_p2"]]
-    wait, stall = record_wait(meta), record_stall(meta)
-    had = meta.get("params", {}).get("assignment", "static")     # the calibration's: the record's own
-    p2 = repredict(df, prm, n_sms, assignment, wait, stall, had).rename(columns={"model_speedup": "model_p2"})
-    t8 = repredict(df.assign(P=traffic_ranks), prm, n_sms, assignment, wait, stall, had).rename(
-        columns={"model_speedup": "model_traffic"})
-    return meas.merge(p2[keys + ["model_p2"]], on=keys).merge(t8[keys + ["model_traffic"]], on=keys)
-
-
-def drain_bound(df, traffic_ranks: int = TRAFFIC_RANKS, link: str = "nvlink"):
-    """Per configuration and dtype of recorded 2-rank MegaMoE rows ``df``: the remote combine bytes of the busiest
-    GPU as recorded (P = 2, ``remote_bytes``) and with 8-rank traffic (ranks L_0 / L_1 of the ``traffic_ranks``-rank
-    layouts, :func:`egress`), the time the fitted drain rate D of ``link`` needs for each (``drain_ms_*``: a
-    lower bound on the combine's link time, computed) and the recorded compute-only control ``compute_ms``
-    (Expert-Wave with every store local, measured at P = 2)."""
-    import pandas as pd
-
-    from . import data
-    from .model import load_params
-    from .moe_plan import CASES, OUT_DTYPES, routing_of
-    from .studies import LINK_MACHINES
-
-    D = load_params(data.machine_dir(LINK_MACHINES[link]), link).drain_gbps          # bytes / ns
-    cases = {(c.shape.name, c.tokens, c.routing): c for c in CASES}
-    tw = TrafficWorld(_Played(), traffic_ranks)
-    out = []
-    ew = df[df.schedule == "expert_wave"]
-    for row in ew.itertuples(index=False):
-        c = cases[(row.shape, row.tokens, row.routing)]
-        _, _, lays = routing_of(c, traffic_ranks)
-        eg = egress(tw, lays, c.shape.hidden, OUT_DTYPES[row.dtype].itemsize)
-        t8 = max(e["combine_remote"] for e in eg.values())
-        out.append(dict(shape=row.shape, tokens=row.tokens, routing=row.routing, dtype=row.dtype,
-                        remote_bytes_p2=int(row.remote_bytes), remote_bytes_traffic=t8,
-                        drain_ms_p2=row.remote_bytes / D / 1e6, drain_ms_traffic=t8 / D / 1e6,
-                        compute_ms=float(row.compute_ms)))
-    return pd.DataFrame(out)
-
-
-class _Played:
+class PlayedWorld:
     """A stand-in 2-rank base world for layout arithmetic only (no buffers, no devices)."""
 
     world_size = 2
