@@ -161,8 +161,8 @@ def legacy_read_bursts(meta: dict, n_bursts: int) -> tuple[int, ...]:
     recorded on a GPU before session 20 (the grid has no ``preload``, or it is False), the train kernel read each
     burst's size, offset and gap at the burst's top, and at bursts 4, 8, ... (a new 32-byte sector of its int64
     arrays, an L1 miss) that read waited behind the program's outstanding stores inside the timed issue (lab
-    notebook, runs S20-1 / S20-2). ``fit.observations`` and ``studies.score_trains`` leave them out on request
-    (``drop_legacy_reads``); simulated records have none."""
+    notebook, runs S20-1 / S20-2). The stage model simulates that wait there (``read_fence``); simulated records
+    have none."""
     params = meta.get("params") or {}
     if params.get("source", "gpu") != "gpu" or (params.get("grid") or {}).get("preload", False):
         return ()
