@@ -60,12 +60,3 @@ def test_host_rescore_takes_other_parameters():
     assert not np.allclose(other.predicted_speedup, own.predicted_speedup)
 
 
-def test_the_f2_candidate_holds_f_at_2_kib():
-    """Rung free_store_f2 (session 24, not adopted): free_store with f fixed at 2 KiB, written with f's interval
-    of zero width, read by its own name and never as the full model."""
-    assert fit.RUNG_FIXED["free_store_f2"] == {"free_kib": 2.0, "free_cap_kib": 32.0}
-    assert "free_kib" not in fit.RUNGS["free_store_f2"] and fit.RUNG_TRAINS["free_store_f2"] == fit.TRAIN_CLEAN
-    f = fit.read_stage_fit(H, "host", "free_store_f2")
-    assert f["params"]["free_kib"] == 2.0 and f["ci95_low"]["free_kib"] == f["ci95_high"]["free_kib"] == 2.0
-    assert f["params"]["arbitration"] == "gpc_drain" and f["rung"] == "free_store_f2"
-    assert fit.full_rung("host") != "free_store_f2"

@@ -1,9 +1,10 @@
-"""Session 21: the legacy train kernel's read wait as a mechanism of the stage model (``read_fence``). Before the
-preload (session 20) the train kernel read each burst's parameters at the burst's top; at bursts 4, 8 that read
-missed L1 and waited behind the program's outstanding stores. The model: such a burst starts issuing, after its
-overhead, only once the program's own stores in the stage have drained (``simulate_stage(read_fence=...)``,
-``predict_train(read_fence=...)``); ``fit.observations`` marks the bursts of records made that way and the fit and
-the never-fitted scores simulate them so. ``predict_train`` without ``read_fence`` is the clean kernel."""
+"""The legacy train kernel's read wait as a mechanism of the stage model (``read_fence``). The legacy train kernel read
+each burst's parameters at the burst's top; at bursts 4, 8 that read missed L1 and waited behind the program's
+outstanding stores (``data.legacy_read_bursts``: records made without the preload). The model: such a burst starts
+issuing, after its overhead, only once the program's own stores in the stage have drained
+(``simulate_stage(read_fence=...)``, ``predict_train(read_fence=...)``); ``fit.observations`` marks the bursts of
+records made that way and the fit and the never-fitted scores simulate them so. ``predict_train`` without
+``read_fence`` is the clean kernel."""
 import dataclasses
 
 import numpy as np
@@ -204,34 +205,12 @@ def test_load_probe_table_waits_for_the_programs_own_stores():
         studies.load_probe_table(pd.DataFrame(rows).assign(load_ns=np.nan), prm)
 
 
-def test_heldout_on_record_scores_folds_on_the_clean_record():
-    """Held out by train on the clean kernel's record of the fitted trains, with folds given (no refit): one fold
-    holding every train with the written parameters gives the never-fitted score of that record (score_trains);
-    a fold that holds the synchronised rows only scores nothing."""
-    from xstage import fit, studies
-
-    H = data.machine_dir("h200x1")
-    f = fit.read_stage_fit(H, "host", "stage")
-    prm = model.params_from_dict(f["params"])
-    obs = fit.observations(H, "host")
-    trains = np.flatnonzero((obs.cfgs.kind == "train").to_numpy())
-    h, per = studies.heldout_on_record(folds=[{"params": prm, "span_overhead_ns": f["span_overhead_ns"],
-                                              "test": trains}])
-    _, want = studies.score_trains(H / studies.TRAIN_CLEAN, "host", prm=prm)
-    got = per.set_index("programs").loc["all"]
-    assert got.bursts == want.bursts.iloc[0]
-    assert abs(got.median_abs_error - want.median_abs_error.iloc[0]) < 0.01
-    sync = np.flatnonzero((obs.cfgs.kind == "sync").to_numpy())
-    with pytest.raises(ValueError, match="none of the fitted trains"):
-        studies.heldout_on_record(folds=[{"params": prm, "span_overhead_ns": 0.0, "test": sync}])
-
-
-def test_a_clean_rung_fits_the_clean_record_of_the_trains_and_refuses_a_missing_one(tmp_path):
-    """Rungs "*_clean" (fit.RUNG_TRAINS): the trains come from the clean kernel's record (no burst fenced: its
+def test_free_store_fits_the_clean_record_of_the_trains_and_refuses_a_missing_one(tmp_path):
+    """Rung free_store (fit.RUNG_TRAINS): the trains come from the clean kernel's record (no burst fenced: its
     kernel reads nothing between bursts), the regular sweeps are the folder's own; a subfolder without a
     burst_train record, or without the link's trains, is a clear error."""
     H = data.machine_dir("h200x1")
-    sub = fit.RUNG_TRAINS["gpc_drain_clean"]
+    sub = fit.RUNG_TRAINS["free_store"]
     clean = fit.observations(H, "host", trains=sub)
     own = fit.observations(H, "host")
     tr = (clean.cfgs.kind == "train").to_numpy()
@@ -256,4 +235,18 @@ def test_a_clean_rung_fits_the_clean_record_of_the_trains_and_refuses_a_missing_
     data.append_rows(csv, data.BURST_TRAIN, local[local.target == "local"].head(24))
     with pytest.raises(ValueError, match="no host trains"):
         fit.observations(H, "host", trains=str(tmp_path))
-    assert fit.RUNG_ARBITRATION[("gpc_drain_clean", "host")] == fit.RUNG_ARBITRATION[("gpc_drain", "host")]
+
+
+def _legacy_meta(**grid):
+    return {"params": {"source": "gpu", "grid": grid}}
+
+
+@pytest.mark.parametrize("n,want", [(12, (4, 8)), (4, ()), (5, (4,)), (13, (4, 8, 12))])
+def test_legacy_read_bursts_of_a_record_made_before_the_preload(n, want):
+    assert data.legacy_read_bursts(_legacy_meta(), n) == want
+    assert data.legacy_read_bursts(_legacy_meta(preload=False), n) == want
+
+
+def test_no_legacy_read_bursts_with_the_preload_or_from_the_model():
+    assert data.legacy_read_bursts(_legacy_meta(preload=True), 12) == ()
+    assert data.legacy_read_bursts({"params": {"source": "simulated", "grid": {}}}, 12) == ()

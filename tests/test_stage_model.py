@@ -23,12 +23,9 @@ def random_params(**kw) -> StageParams:
     return StageParams(**{**d, **kw})
 
 
-# grids whose programs all get equal shares under each arbitration with spread 0 (tpc: every occupied TPC holds the
-# same programs; gpc: every occupied GPC holds the same programs: the first 8, all in GPC 0; gpc_dyn: also 128, 16
-# programs in each of the 8 GPCs; gpc_uneven: every grid whose GPC populations are within GPC_UNEVEN_RATIO, slots there;
-# gpc_drain: as gpc_dyn)
-EQUAL_SHARE_P = {"tpc": [132, 264], "gpc": [8], "gpc_dyn": [8, 128], "gpc_uneven": [8, 66, 132, 264],
-                 "gpc_drain": [8, 128]}
+# grids whose programs all get equal shares under each arbitration with spread 0 (gpc_drain: every occupied GPC holds
+# the same programs: the first 8, all in GPC 0; 128, 16 programs in each of the 8 GPCs)
+EQUAL_SHARE_P = {"gpc_drain": [8, 128]}
 
 
 def equal_share_p(arb, default=(16, 66, 132, 264)) -> int:
@@ -43,7 +40,7 @@ def random_train(n=8):
 def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
-    start, end, _ = simulate_stage(prm, [{"gpc": 8, "gpc_dyn": 128, "gpc_drain": 128}.get(arb, 132)], b[None], g[None], [False])   # (EQUAL_SHARE_P)
+    start, end, _ = simulate_stage(prm, [{"gpc_drain": 128}.get(arb, 132)], b[None], g[None], [False])   # (EQUAL_SHARE_P)
     assert np.allclose(start[0], start[0, :1], rtol=1e-9, atol=1e-6)
     assert np.allclose(end[0], end[0, :1], rtol=1e-9, atol=1e-6)
     # unequal shares do drift apart (the same train, spread > 0): the measured regime. The first burst is made
@@ -402,10 +399,9 @@ def test_scores_by_programs_covers_every_never_fitted_record():
         assert (g.median_abs_error >= 0).all() and (g.p90_abs_error >= g.median_abs_error).all()
 
 
-def test_dispatch_order_and_placement_classes():
+def test_dispatch_order():
     """The dispatch order measured on the host link's per-program records: the last 4 TPCs first (even SMs, then
-    odd), then one SM of every other TPC, then their other SMs; every SM once per pass. The placement classes
-    count every program once and give a TPC's share to its SMs, an SM's to its programs."""
+    odd), then one SM of every other TPC, then their other SMs; every SM once per pass."""
     order = model.dispatch_order(132)
     assert sorted(order) == list(range(132))
     assert list(order[:10]) == [124, 126, 128, 130, 125, 127, 129, 131, 0, 2]
@@ -418,26 +414,11 @@ def test_dispatch_order_and_placement_classes():
         occ = np.bincount(sm // 2, minlength=66)
         want = np.bincount(order[np.arange(P) % 132] // 2, minlength=66)
         assert sorted(occ) == sorted(want), P
-    for P in RNG.integers(1, 400, 20).tolist() + [1, 8, 16, 132, 133, 264]:
-        cls = model.placement_classes(P)
-        assert sum(n for n, _ in cls) == P
-        # shares per TPC: every occupied TPC's programs hold weights summing to 1
-        per_sm = np.bincount(order[np.arange(P) % 132], minlength=132)
-        occupied_tpcs = int(((per_sm.reshape(-1, 2) > 0).any(axis=1)).sum())
-        assert np.isclose(sum(n * w for n, w in cls), occupied_tpcs)
-    assert model.placement_classes(16) == [(8, 1.0), (8, 0.5)]
-    assert model.placement_classes(132) == [(132, 0.5)]
-    with pytest.raises(ValueError, match="programs must be >= 1"):
-        model.placement_classes(0)
-    with pytest.raises(ValueError, match="placement classes, more than the 1 weight groups"):
-        model.simulate_stage(random_params(arbitration="tpc"), [16], np.full((1, 2), 4096.0), np.zeros((1, 2)),
-                             [False], groups=1)
 
 
-def test_gpc_map_and_gpc_classes():
+def test_gpc_map():
     """The model's GPC map is the recorded one (data/h200x1/gpc_map: SMs that share a cluster of >= 4 share a GPC;
-    the SMs outside every such cluster in GPC 0), and the GPC classes count every program once, each occupied
-    GPC's programs holding weights summing to 1."""
+    the SMs outside every such cluster in GPC 0)."""
     from xstage import data, studies
 
     rec = studies.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
@@ -449,25 +430,15 @@ def test_gpc_map_and_gpc_classes():
     assert sorted(outside) == list(range(120, 132))
     assert (model.GPC_OF_SM[124:132] == 0).all() and (model.GPC_OF_SM[120:124] != 0).all()
     assert np.bincount(model.GPC_OF_SM[::2]).max() <= 9       # TPCs per GPC: at most 9 on a Hopper GPC
-    order = model.dispatch_order(132)
-    for P in RNG.integers(1, 400, 20).tolist() + [1, 8, 9, 16, 132, 264]:
-        cls = model.gpc_classes(P)
-        assert sum(n for n, _ in cls) == P
-        occupied = len(set(model.GPC_OF_SM[order[np.arange(P) % 132]]))
-        assert np.isclose(sum(n * w for n, w in cls), occupied)
-    assert model.gpc_classes(8) == [(8, 0.125)]                 # the dispatch head: four TPCs of GPC 0
-    assert model.gpc_classes(16) == [(7, 1.0), (9, 1.0 / 9)]    # + one program in each GPC
-    with pytest.raises(ValueError, match="programs must be >= 1"):
-        model.gpc_classes(0)
     with pytest.raises(ValueError, match="needs the measured GPC map"):
-        random_params(arbitration="gpc", sm_count=114)
+        random_params(arbitration="gpc_drain", sm_count=114)
 
 
 def test_gpc_shares_let_the_lone_programs_of_a_gpc_finish_first():
-    """P = 16 under equal GPC shares (spread 0): the 7 programs alone in their GPC finish a contended burst before
-    the 9 of GPC 0, as measured (studies.favour_by_gpc); equal slots shares keep all 16 together."""
+    """P = 16 under the drain shared per GPC (spread 0): the 7 programs alone in their GPC finish a contended burst
+    before the 9 of GPC 0, as measured (studies.favour_by_gpc); equal slots shares keep all 16 together."""
     b = np.full((1, 1), 4.0 * 2**20)             # 16 x 4 MiB: contends whatever the random parameters drew
-    for arb, apart in (("gpc", True), ("slots", False)):
+    for arb, apart in (("gpc_drain", True), ("slots", False)):
         _, end, m = simulate_stage(random_params(arbitration=arb, spread=0.0, drain_gbps=40.0), [16], b,
                                    np.zeros((1, 1)), [False])
         t = end[0, m[0] > 0, 0]
@@ -496,26 +467,6 @@ def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():
     assert sh.weight[(16, 1, 2)] == 0.5 and sh.weight[(16, 1, 1)] == 1.0
 
 
-def test_observations_take_the_records_of_other_calls_and_refuse_a_missing_one():
-    """Rung "processes" (xstage.fit.RUNG_RECORDS): each named record's trains join the fit as kind "train" under
-    their own train names (one held-out fold per name across records); a record that is not there is an error."""
-    from xstage import data as xdata
-    from xstage.fit import RUNG_RECORDS, observations, read_stage_fit
-
-    folder = xdata.machine_dir("h200x1")
-    base = observations(folder, "host")
-    more = observations(folder, "host", records=("train_programs_p",))
-    df, _ = xdata.load(folder / "train_programs_p", xdata.BURST_TRAIN)
-    added = df[df.target == "host"].groupby(["train", "programs"]).ngroups
-    assert len(more.cfgs) == len(base.cfgs) + added
-    assert (more.cfgs.kind.iloc[len(base.cfgs):] == "train").all()
-    assert "train_programs_p" in more.sources and "train_programs_p" not in base.sources
-    with pytest.raises(ValueError, match="no burst_train record"):
-        observations(folder, "host", records=("no_such_record",))
-    fit = read_stage_fit(folder, "host", "processes")        # written from these records, checked by sha256
-    assert set(RUNG_RECORDS["processes"]) <= set(fit["sources"])
-
-
 def test_the_free_running_measure_is_the_median_program_over_groups_of_unequal_size():
     """stage_measure with ``m`` (programs per group): the median over programs, as np.median of the groups' times
     repeated by their programs; equal groups keep the median over groups (every arbitration's fits unchanged)."""
@@ -536,133 +487,6 @@ def test_the_free_running_measure_is_the_median_program_over_groups_of_unequal_s
 def _gpc_populations(P):
     order = model.dispatch_order(132)
     return np.bincount(model.GPC_OF_SM[order[np.arange(P) % 132]], minlength=model.N_GPC)
-
-
-@pytest.mark.parametrize("sync", [False, True])
-def test_gpc_dyn_equals_gpc_where_every_occupied_gpc_holds_the_same_programs(sync):
-    """Arbitration "gpc_dyn" (shares per GPC holding stores, then by the spread within it) is "gpc" (fixed weights
-    1 / programs in the GPC times the spread's) when every occupied GPC holds the same programs and they all start
-    together: every GPC then holds the same spread levels at every moment, so the dynamic GPC normalisation is the
-    same for all and cancels. P = 8 (the head: all in GPC 0; the same groups) and P = 128 (16 in each GPC; gpc with
-    2 groups per class against gpc_dyn's 2 per GPC: the same spread levels). Random parameters with spread > 0."""
-    assert set(_gpc_populations(128)) == {16} and np.count_nonzero(_gpc_populations(8)) == 1
-    for P, g_gpc, g_dyn in ((8, None, None), (128, 2, 16), (128, 4, 32)):
-        prm = random_params(arbitration="gpc", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
-        b, g = random_train()
-        b[0] = 4 * 2**20          # a first burst larger than any stage: it contends whatever the parameters drew
-        s1, e1, m1 = simulate_stage(prm, [P], b[None], g[None], [sync], groups=g_gpc)
-        s2, e2, m2 = simulate_stage(replace(prm, arbitration="gpc_dyn"), [P], b[None], g[None], [sync], groups=g_dyn)
-        got, want = stage_measure(s2, e2, [sync], m2)[0], stage_measure(s1, e1, [sync], m1)[0]
-        assert np.allclose(got, want, rtol=1e-7), (P, got, want)
-        # and every program's every burst: the same times per spread level
-        for k in range(len(b)):
-            assert np.allclose(np.unique(np.round(e2[0, m2[0] > 0, k], 3)), np.unique(np.round(e1[0, m1[0] > 0, k], 3)),
-                               rtol=1e-7), (P, k)
-    # where GPC populations differ (P = 24: 10 programs in GPC 0, 2 in each other) the two differ, with the same
-    # spread levels (gpc: 2 classes x 2 groups; gpc_dyn: 8 GPCs x 2): the favoured program of a small GPC leaves its
-    # share to the other
-    prm = random_params(arbitration="gpc", spread=0.6, drain_gbps=40.0)
-    one = np.full((1, 1), 4.0 * 2**20)
-    a = []
-    for p, G in ((prm, 4), (replace(prm, arbitration="gpc_dyn"), 16)):
-        s, e, m = simulate_stage(p, [24], one, np.zeros((1, 1)), [False], groups=G)
-        a.append(stage_measure(s, e, [False], m)[0])
-    assert not np.allclose(a[0], a[1], rtol=1e-3), a
-
-
-def test_gpc_dyn_gives_a_gpcs_share_to_its_remaining_programs():
-    """A hand computation. P = 24: GPC 0 holds 10 programs, GPCs 1-7 two each (dispatch_order on GPC_OF_SM); 16
-    groups: two per GPC, spread weights w0 = 1 - s/4, w1 = 1 - 3s/4 (GPC 0: 5 programs each, the others 1). A stage
-    of a few bytes, so that every program drains at its share of D from the start; one burst of b each, r >> D.
-    While all 8 GPCs hold stores each gets D / 8: in GPCs 1-7 the favoured program finishes at
-    t1 = 8 b (w0 + w1) / (D w0); then its GPC's share D / 8 goes to the remaining one, which finishes at
-    t2 = 2 b / (D / 8) = 16 b / D (its GPC's bytes at its GPC's share). GPC 0 drained (D / 8) t2 = 2 b by then and
-    gets all of D after: its favoured programs finish at t3 = 14 b / D + 5 b (w0 + w1) / (D w0), the last at
-    24 b / D (every byte at D). Fixed weights (arbitration "gpc") keep the remaining program of GPCs 1-7 at
-    w1 / 2 against GPC 0's (w0 + w1) / 2: later than 16 b / D."""
-    s, D, b = 0.6, 40.0, 256.0 * KIB
-    w0, w1 = 1 - s / 4, 1 - 3 * s / 4
-    prm = StageParams(issue_ns_per_kib=2.0, drain_gbps=D, capacity_kib=0.01, capacity_per_program_kib=0.001,
-                      spread=s, overhead_ns=0.0, stalled_fraction=1.0, base_capacity_kib=0.0, link="test",
-                      arbitration="gpc_dyn")
-    assert list(_gpc_populations(24)) == [10] + [2] * 7
-    m, _, ws, gid = model._gpc_groups(np.array([24.0]), s, 16, 132)
-    assert list(m[0]) == [5, 5] + [1] * 14 and np.allclose(ws[0], [w0, w1] * 8) and list(gid[0]) == sorted(list(range(8)) * 2)
-    start, end, m = simulate_stage(prm, [24], np.array([[b]]), np.zeros((1, 1)), [False], groups=16)
-    e = end[0, :, 0]
-    t1, t2 = 8 * b * (w0 + w1) / (D * w0), 16 * b / D
-    t3 = 14 * b / D + 5 * b * (w0 + w1) / (D * w0)
-    assert np.allclose(e[2::2], t1, rtol=1e-3), (e, t1)        # GPCs 1-7, favoured
-    assert np.allclose(e[3::2], t2, rtol=1e-3), (e, t2)        # GPCs 1-7, the remaining program
-    assert np.allclose(e[:2], [t3, 24 * b / D], rtol=1e-3), (e[:2], t3)   # GPC 0
-    # the fixed-weight rung: the remaining programs of GPCs 1-7 get less than their GPC's share
-    _, end_f, _ = simulate_stage(replace(prm, arbitration="gpc"), [24], np.array([[b]]), np.zeros((1, 1)), [False],
-                                 groups=16)
-    assert np.nanmax(end_f[0, :, 0]) == pytest.approx(24 * b / D, rel=1e-3)   # both conserve work
-    slow_f = np.sort(end_f[0, :, 0][np.isfinite(end_f[0, :, 0])])
-    assert slow_f[-2] > 1.05 * t2, slow_f                      # gpc's second-last finisher: later than gpc_dyn's
-
-
-def test_gpc_dyn_groups_and_their_bounds():
-    """gpc_dyn simulates every occupied GPC as its own groups (GPC_DYN_GROUPS by default, the work bound counted
-    with them) and refuses fewer groups than occupied GPCs."""
-    prm = random_params(arbitration="gpc_dyn")
-    _, _, m = simulate_stage(prm, [264], np.full((1, 2), 4096.0), np.zeros((1, 2)), [False])
-    assert m.shape == (1, model.GPC_DYN_GROUPS) and m.sum() == pytest.approx(264)
-    for P in RNG.integers(1, 400, 10).tolist() + [1, 8, 16, 132, 264]:
-        mm, w, ws, gid = model._gpc_groups(np.array([float(P)]), prm.spread, model.GPC_DYN_GROUPS, 132)
-        n = _gpc_populations(P)
-        for c in range(model.N_GPC):                          # a GPC's groups hold its programs, weights 1 / n_c
-            sel = gid[0] == c
-            assert mm[0, sel].sum() == pytest.approx(n[c])
-            assert np.allclose(w[0, sel], ws[0, sel] / max(n[c], 1))
-    with pytest.raises(ValueError, match="occupy 8 GPCs, more than the 4 weight groups"):
-        simulate_stage(prm, [16], np.full((1, 2), 4096.0), np.zeros((1, 2)), [False], groups=4)
-    with pytest.raises(ValueError, match="work bound"):
-        simulate_stage(prm, np.full(20_000, 132), np.full((20_000, 100), 4096.0), np.zeros((20_000, 100)),
-                       np.zeros(20_000, bool))
-    with pytest.raises(ValueError, match="needs the measured GPC map"):
-        random_params(arbitration="gpc_dyn", sm_count=114)
-
-
-def test_gpc_uneven_classes_follow_the_gpc_populations():
-    """Arbitration "gpc_uneven": gpc's classes where the grid's GPC populations differ by more than
-    GPC_UNEVEN_RATIO (P = 16: 9 / 1; 48: 12 / 5), one equal class where they do not (66: 12 / 7; 132: 18 / 16)."""
-    assert model.gpc_uneven_classes(16) == model.gpc_classes(16) == [(7, 1.0), (9, 1.0 / 9)]
-    assert model.gpc_uneven_classes(48) == model.gpc_classes(48)
-    for P in (1, 8, 66, 100, 132, 198, 264):
-        assert model.gpc_uneven_classes(P) == [(P, 1.0)], P
-        assert len(model.gpc_classes(P)) > 1 or P <= 8
-    with pytest.raises(ValueError, match="needs the measured GPC map"):
-        random_params(arbitration="gpc_uneven", sm_count=114)
-
-
-@pytest.mark.parametrize("sync", [False, True])
-def test_gpc_uneven_is_slots_on_even_grids_and_gpc_on_uneven_ones(sync):
-    """Where the GPC populations are within a factor GPC_UNEVEN_RATIO (P = 66, 132, 264 and every P <= 8) the
-    candidate predicts exactly what the full model (slots) does, so the full grids keep the full model's cost; at
-    P = 16 and 48 (GPC 0 crowded by the dispatch head) exactly what "gpc" does, and not what slots does."""
-    prm = random_params(arbitration="slots", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
-    b, g = random_train()
-    b[0] = 4 * 2**20                                  # contends whatever the random parameters drew
-    unev = replace(prm, arbitration="gpc_uneven")
-    for P in (4, 66, 132, 264):
-        assert np.array_equal(predict_train(prm, P, b, g, sync), predict_train(unev, P, b, g, sync)), P
-    for P in (16, 48):
-        t = predict_train(unev, P, b, g, sync)
-        assert np.array_equal(t, predict_train(replace(prm, arbitration="gpc"), P, b, g, sync)), P
-        assert not np.allclose(t, predict_train(prm, P, b, g, sync), rtol=1e-3), P
-
-
-def test_gpc_uneven_lets_the_lone_programs_of_p16_finish_first():
-    """P = 16 under gpc_uneven with spread 0: the 7 programs alone in their GPC finish a contended burst well before
-    the 9 of GPC 0 (the dispatch head and SM 0), as measured; at P = 132 (GPC populations 16 / 18) all together."""
-    b = np.full((1, 1), 4.0 * 2**20)
-    for P, apart in ((16, True), (132, False)):
-        _, end, m = simulate_stage(random_params(arbitration="gpc_uneven", spread=0.0, drain_gbps=40.0), [P], b,
-                                   np.zeros((1, 1)), [False])
-        t = end[0, m[0] > 0, 0]
-        assert (np.ptp(t) > 0.2 * t.max()) == apart, (P, t)
 
 
 def test_gpc_drain_groups_and_its_batches():
@@ -690,26 +514,10 @@ def test_gpc_drain_groups_and_its_batches():
         random_params(arbitration="gpc_drain", sm_count=114)
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_gpc_drain_is_gpc_dyn_with_each_programs_own_slots(sync):
-    """gpc_drain shares the drain as gpc_dyn does and sizes each program's own slots by the spread's weight alone
-    (gpc_dyn: also by 1 / programs in its GPC). Where every occupied GPC holds the same programs (P = 8, 128) the
-    two are the same at the same groups; at P = 66 (GPC 0 12 programs, GPCs 6-7 7) they differ."""
-    prm = random_params(arbitration="gpc_drain", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
-    b, g = random_train()
-    b[0] = 4 * 2**20
-    G = model.GPC_DRAIN_GROUPS
-    for P, same in ((8, True), (128, True), (66, False)):
-        t = predict_train(prm, P, b, g, sync)
-        s, e, m = simulate_stage(replace(prm, arbitration="gpc_dyn"), [P], b[None], g[None], [sync], groups=G)
-        u = stage_measure(s, e, [sync], m)[0]
-        assert np.allclose(t, u, rtol=1e-7) == same, (P, t, u)
-
-
 def test_gpc_drain_own_slots_do_not_depend_on_the_gpc():
     """A hand computation. P = 66, spread 0, no shared part (C_0 = 0) and C_max >> c_p P: C(66) = 66 c_p, every
     program's own slots c_p. One burst of 0.8 c_p each enters every program's own slots unimpeded (issue time
-    b / r) under gpc_drain; under gpc_dyn GPC 0's 12 programs get C(66) (1 / 12) / 8 = 0.69 c_p and wait."""
+    b / r) under gpc_drain, whatever the GPC it runs in."""
     c_p = 64.0
     prm = StageParams(issue_ns_per_kib=20.0, drain_gbps=40.0, capacity_kib=1e7, capacity_per_program_kib=c_p,
                       spread=0.0, overhead_ns=0.0, stalled_fraction=1.0, base_capacity_kib=0.0, link="test",
@@ -718,10 +526,6 @@ def test_gpc_drain_own_slots_do_not_depend_on_the_gpc():
     _, end, m = simulate_stage(prm, [66], b, np.zeros((1, 1)), [False])
     t = end[0, m[0] > 0, 0]
     assert np.allclose(t, 0.8 * c_p * prm.issue_ns_per_kib, rtol=1e-6), t
-    _, end, m = simulate_stage(replace(prm, arbitration="gpc_dyn"), [66], b, np.zeros((1, 1)), [False],
-                               groups=model.GPC_DRAIN_GROUPS)
-    t = end[0, m[0] > 0, 0]
-    assert np.all(t[:12] > 1.05 * 0.8 * c_p * prm.issue_ns_per_kib) and np.allclose(t[12:], t[-1]), t
 
 
 def test_gpc_drain_shares_the_drain_per_gpc_holding_stores():
@@ -743,47 +547,22 @@ def test_gpc_drain_shares_the_drain_per_gpc_holding_stores():
     assert np.allclose(end_s[0, m_s[0] > 0, 0], 66 * b / D, rtol=1e-3)
 
 
-def test_the_fit_recovers_known_parameters_under_gpc_drain():
-    """Rung "gpc_drain" (its fast path, model._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
+def test_the_fit_recovers_known_parameters_under_free_store():
+    """Rung "free_store" (arbitration gpc_drain through its fast path, model._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
     GPC 0; GPC 0 11 programs, the other GPCs 3) and synchronised regular ones: the arbitration's own parameters (issue
     time, spread, stall) come back. The stage's sizes, drain and overheads are given as measured (fixed) and the fit
     starts off the truth, to keep it under a minute (~30 s; at P = 16 / 132 and the overheads free, 100 s)."""
     truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
-                        base_capacity_kib=1000.0, arbitration="gpc_drain")
+                        base_capacity_kib=1000.0, arbitration="gpc_drain", free_kib=2.0, free_cap_kib=32.0)
     obs = _simulated_observations(truth, n_trains=4, programs=(4, 32))
     measured = {k: (getattr(truth, k),) * 3 for k in ("drain_gbps", "capacity_kib", "capacity_per_program_kib",
-                                                        "base_capacity_kib", "overhead_ns")}
+                                                        "base_capacity_kib", "overhead_ns", "free_kib")}
     measured["span_overhead_ns"] = (truth.overhead_ns,) * 3   # simulated sync rows: the span's fixed cost is o
     start = dict(issue_ns_per_kib=15.0, spread=0.5, stalled_fraction=0.6)
-    res = fit.fit_stage(obs, "host", "gpc_drain", k_folds=2, max_nfev=10, measured=measured, start=start)
+    res = fit.fit_stage(obs, "host", "free_store", k_folds=2, max_nfev=10, measured=measured, start=start)
     assert res.params.arbitration == "gpc_drain"
     for name in ("issue_ns_per_kib", "spread", "stalled_fraction"):
         assert getattr(res.params, name) == pytest.approx(getattr(truth, name), rel=0.15), name
     assert fit.error_summary(res.heldout).median_abs_error.max() < 0.05
 
 
-def test_refit_folds_reproduce_the_fits_held_out_predictions():
-    """fit.refit_folds (what studies.stage_rescored scores another arbitration with) refits a fit's held-out folds
-    as fit_stage did: the same folds, start and evaluations, so each fold's parameters predict its held-out trains
-    as the fit's own held-out table says. A fold assignment drawn with another seed does not."""
-    truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
-                        base_capacity_kib=1000.0, arbitration="slots")
-    obs = _simulated_observations(truth, n_trains=6)
-    res = fit.fit_stage(obs, "host", "stage", k_folds=2, max_nfev=12)
-    key = ["kind", "train", "programs", "burst"]
-    names = obs.cfgs.train.unique()
-
-    def partition(seed):   # fit_stage's fold assignment: train names, permuted, mod k_folds
-        f = np.random.default_rng(seed).permutation(len(names)) % 2
-        return {frozenset(names[f == k]) for k in range(2)}
-    other = next(s for s in range(1, 50) if partition(s) != partition(0))
-    for seed, same in ((0, True), (other, False)):
-        folds = fit.refit_folds(obs, res.values(), "host", "stage", k_folds=2, seed=seed, max_nfev=12)
-        assert len(folds) == 2 and sorted(np.concatenate([f["test"] for f in folds]).tolist()) == list(range(len(obs.cfgs)))
-        parts = [fit._long(obs.take(f["test"]), fit.predict_observations(obs.take(f["test"]), f["params"],
-                                                                           f["span_overhead_ns"])) for f in folds]
-        pd = __import__("pandas")
-        j = pd.concat(parts).merge(res.heldout[key + ["predicted_ns"]], on=key, suffixes=("", "_fit"))
-        assert len(j) == len(res.heldout)
-        ok = np.isfinite(j.predicted_ns_fit)
-        assert np.allclose(j.predicted_ns[ok], j.predicted_ns_fit[ok], rtol=1e-6) == same, seed

@@ -257,36 +257,15 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--write", action="store_true",
                     help="write the fit to <data>/stage_fit_<link>[_<rung>].json.gz (the full model's: what load_params and "
                          "notebooks read)")
-    fi.add_argument("--drop-legacy-reads", action="store_true",
-                    help="leave out the train bursts whose times hold the legacy train kernel's parameter read "
-                         "(bursts 4 and 8; docs/findings.md); an experiment, never written")
-    fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "tpc", "processes", "gpc",
-                                        "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped", "pool_share",
-                                        "stage_clean", "gpc_drain_clean", "free_store", "free_store_f2"),
-                    default=None,
+    fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "free_store"), default=None,
                     help="default: the link's full model (xstage.fit.FULL_RUNG: NVLink stage, host free_store), "
                          "written as stage_fit_<link>.json.gz; every other rung as stage_fit_<link>_<rung>.json.gz. "
                          "The ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
                          "pool (+ the stall: a filled stage keeps part of its capacity until it empties), "
-                         "stage (every program's own store slots beside a shared part; NVLink's full model, and the "
-                         "host link's until session 24), "
-                         "tpc (a candidate: stage with drain shares by placement, each TPC an equal share), "
-                         "processes (a candidate: stage fitted to other calls' and processes' records too), "
-                         "gpc (a candidate: stage with drain shares by GPC, each occupied GPC an equal share), "
-                         "gpc_dyn (a candidate: gpc whose shares follow the GPCs holding stores, each an equal share), "
-                         "gpc_uneven (a candidate: gpc where the GPC populations differ by more than 2x, else stage), "
-                         "gpc_drain (a candidate: stage whose drain is shared as gpc_dyn's, one group per program up "
-                         "to 16 per GPC; ~3 s per prediction of the host records), "
-                         "slots_issuing (a candidate: stage whose shared part is split equally among the programs "
-                         "issuing now), "
-                         "capped (a candidate: one stage C(P) that each program may fill up to its own cap c_p, the "
-                         "caps overcommitting it; the stores of programs not issuing drain first), "
-                         "pool_share (a candidate: an issuing program's room beyond its own slots capped at its share "
-                         "of C_0), stage_clean / gpc_drain_clean (stage / gpc_drain fitted to the trains as the clean "
-                         "kernel recorded them, host: fit.RUNG_TRAINS), free_store (the host link's full model since "
-                         "session 24: gpc_drain_clean whose programs' first f KiB of every burst enter the stage at "
-                         "once, f fitted), free_store_f2 (a candidate: free_store with f held at 2 KiB)")
+                         "stage (every program's own store slots beside a shared part; NVLink's full model), "
+                         "free_store (the drain shared per GPC holding stores and the first f KiB of every burst "
+                         "entering the stage at once, fitted on the clean trains; the host link's full model)")
     fi.add_argument("--folds", type=int, default=5, help="held-out folds (by train)")
     fi.add_argument("--fluid", action="store_true", help="the landed fluid fit of the synchronised sweep only")
     fi.add_argument("--bootstrap", type=_nonneg_int, default=100, help="bootstrap draws (--fluid only)")
@@ -420,9 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             from .fit import fit_link, recorded_links, stage_summary, write_stage_fit
 
             link = args.link or recorded_links(args.data)[0]
-            if args.drop_legacy_reads and args.write:
-                raise ValueError("--drop-legacy-reads is an experiment: it is not written (leave out --write)")
-            res = fit_link(args.data, link, rung=args.rung, k_folds=args.folds, drop_legacy_reads=args.drop_legacy_reads)
+            res = fit_link(args.data, link, rung=args.rung, k_folds=args.folds)
             print(stage_summary(res).to_string(index=False))
             if args.write:
                 print(write_stage_fit(res, args.data, command=command))

@@ -223,16 +223,25 @@ STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_
                 "base_capacity_kib", "spread", "stalled_fraction", "overhead_ns", "span_overhead_ns"]
 STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
                "capacity_per_program_kib": "KiB/program", "base_capacity_kib": "KiB", "spread": "1", "stalled_fraction": "1", "overhead_ns": "ns",
-               "span_overhead_ns": "ns", "pool_share_exponent": "1", "free_kib": "KiB/program",
+               "span_overhead_ns": "ns", "free_kib": "KiB/program",
                "free_cap_kib": "KiB/program"}
 # (low, high) of each parameter; log-spaced except the fractions (logit)
 STAGE_BOUNDS = {"issue_ns_per_kib": (0.5, 500.0), "drain_gbps": (1.0, 5000.0), "capacity_kib": (16.0, 1e6),
                 "capacity_per_program_kib": (0.5, 1e5), "base_capacity_kib": (1.0, 1e5), "spread": (1e-4, 0.999), "stalled_fraction": (0.01, 0.999),
                 "overhead_ns": (1.0, 1e4),
-                "span_overhead_ns": (1.0, 1e4), "pool_share_exponent": (1e-3, 0.999), "free_kib": (0.01, 256.0)}
+                "span_overhead_ns": (1.0, 1e4), "free_kib": (0.01, 256.0)}
 STAGE_FIT_FILE = "stage_fit_{link}.json"          # the full model; other rungs: stage_fit_{link}_{rung}.json
 STAGE_FIT_VERSION = 1
-# the ladder: what each rung frees (the rest fixed: c_p -> no limit, spread -> 0, stalled_fraction -> 1)
+# the ladder, one rung per idea it adds; what each rung frees (the rest fixed: c_p -> no limit, spread -> 0,
+# stalled_fraction -> 1):
+#   fluid        the paper's three parameters (constant capacity, equal shares) run per program
+#   capacity(P)  the capacity grows with the issuing programs: C(P) = C_0 + c_p P up to C_max
+#   shares       the drain shared unequally (weights uniform on [1 - spread, 1])
+#   pool         the stall: a stage that filled holds phi C(P) until it has emptied (one pool)
+#   stage        every program's own slots (C(P) - C_0) beside a shared part C_0: NVLink's full model
+#   free_store   the drain shared equally per GPC holding stores, and the first f KiB of every burst entering the
+#                stage at once (up to F beyond the program's slots), fitted on the trains as the clean kernel
+#                recorded them: the host link's full model
 RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_ns", "span_overhead_ns"),
          "capacity(P)": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
                          "base_capacity_kib", "overhead_ns", "span_overhead_ns"),
@@ -240,64 +249,18 @@ RUNGS = {"fluid": ("issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_n
                     "base_capacity_kib", "spread", "overhead_ns", "span_overhead_ns"),
          "pool": tuple(STAGE_PARAMS),
          "stage": tuple(STAGE_PARAMS),
-         "tpc": tuple(STAGE_PARAMS),
-         "processes": tuple(STAGE_PARAMS),
-         "gpc": tuple(STAGE_PARAMS),
-         "gpc_dyn": tuple(STAGE_PARAMS),
-         "gpc_uneven": tuple(STAGE_PARAMS),
-         "gpc_drain": tuple(STAGE_PARAMS),
-         "slots_issuing": tuple(STAGE_PARAMS),
-         "capped": tuple(STAGE_PARAMS),
-         "pool_share": (*STAGE_PARAMS, "pool_share_exponent"),   # the one rung with a parameter of its own
-         "stage_clean": tuple(STAGE_PARAMS),
-         "gpc_drain_clean": tuple(STAGE_PARAMS),
-         "free_store": (*STAGE_PARAMS, "free_kib"),   # gpc_drain_clean + the first f KiB of a burst free
-         "free_store_f2": tuple(STAGE_PARAMS)}        # free_store with f held at 2 KiB (RUNG_FIXED)
-# how the stage is shared (xstage.model.StageParams.arbitration), per (rung, link): on both links the full model
-# gives every program its own slots (C(P) - C_0) beside a shared part (C_0), which fits their records better than
-# one pool (lab notebook: host and NVLink); in the rungs below C(P) is one pool
-RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("tpc", "host"): "tpc",
-                    ("tpc", "nvlink"): "tpc", ("processes", "host"): "slots", ("processes", "nvlink"): "slots",
-                    ("gpc", "host"): "gpc", ("gpc", "nvlink"): "gpc",
-                    ("gpc_dyn", "host"): "gpc_dyn", ("gpc_dyn", "nvlink"): "gpc_dyn",
-                    ("gpc_uneven", "host"): "gpc_uneven", ("gpc_uneven", "nvlink"): "gpc_uneven",
-                    ("gpc_drain", "host"): "gpc_drain", ("gpc_drain", "nvlink"): "gpc_drain",
-                    ("slots_issuing", "host"): "slots_issuing", ("slots_issuing", "nvlink"): "slots_issuing",
-                    ("capped", "host"): "capped", ("capped", "nvlink"): "capped",
-                    ("pool_share", "host"): "pool_share", ("pool_share", "nvlink"): "pool_share",
-                    ("stage_clean", "host"): "slots", ("gpc_drain_clean", "host"): "gpc_drain",
-                    ("free_store", "host"): "gpc_drain", ("free_store_f2", "host"): "gpc_drain"}
-# the rung a candidate starts from (its parameters read the same way); others start from "pool"
-RUNG_START = {"tpc": "stage", "processes": "stage", "gpc": "stage", "gpc_dyn": "stage", "gpc_uneven": "stage",
-              "gpc_drain": "stage", "slots_issuing": "stage", "capped": "stage", "pool_share": "stage",
-              "stage_clean": "stage", "gpc_drain_clean": "gpc_drain", "free_store": "gpc_drain_clean",
-              "free_store_f2": "free_store"}
-# rung "processes": the full model fitted to the train records of other calls and processes as well (under the
-# machine folder; those present are used). The same trains recorded in two calls differ by up to 30 % at P = 16
-# (studies.record_floor): one process's record is one draw of the chip's placement, and a fit to it alone tunes
-# to that draw. Held out by train name across records (a train re-recorded elsewhere is in the same fold);
-# train_programs_new_p (other program counts) and independent (other sizes and gaps) stay never fitted.
-RUNG_RECORDS = {"processes": ("train_programs", "train_programs_p", "train_processes_p0", "train_processes_p1",
-                              "train_processes_p2")}
-# rungs "*_clean": the fitted trains as the clean kernel recorded them (trains_clean/, the train parameters
-# read before the first burst: no read wait behind the stores inside any timed burst), in place of the machine
-# folder's own burst_train, whose every burst carries the legacy read. Same model as the rung named
-# before "_clean"; the synchronised and free-running sweeps and the measured drain as in every fit.
-TRAIN_CLEAN = "trains_clean"   # the fitted seed-0 family recorded with the clean kernel
-RUNG_TRAINS = {"stage_clean": TRAIN_CLEAN, "gpc_drain_clean": TRAIN_CLEAN, "free_store": TRAIN_CLEAN,
-               "free_store_f2": TRAIN_CLEAN}
+         "free_store": (*STAGE_PARAMS, "free_kib")}
+# how the stage is shared (xstage.model.StageParams.arbitration) per (rung, link); "pool" where not named
+RUNG_ARBITRATION = {("stage", "host"): "slots", ("stage", "nvlink"): "slots", ("free_store", "host"): "gpc_drain"}
+# the rung a rung starts from when fitted (its parameters read the same way); others start from "pool"
+RUNG_START = {"free_store": "stage"}
+TRAIN_CLEAN = "trains_clean"   # the fitted seed-0 trains recorded with the clean kernel (no read inside a burst)
+RUNG_TRAINS = {"free_store": TRAIN_CLEAN}   # a rung's trains in place of the machine folder's own burst_train
 # parameters a rung holds fixed beyond STAGE_PARAMS: free_store's bound F on what free entries may hold beyond a
-# program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB; the
-# clean trains score alike for F = 8-128 KiB at f = 2, lab notebook), not fitted
-# free_store_f2: f held at 2 KiB, what the clean probes say (a 2 KiB probe passes a contended stage in
-# ~60 ns at every P: notebook 02), where the trains' fit put it at 1.60 KiB
-RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}, "free_store_f2": {"free_kib": 2.0, "free_cap_kib": 32.0}}
-# the full model of each link: the fit written as stage_fit_<link>.json, what xstage.model.load_params, the notebooks,
-# the README and MegaMoE's cost model read. NVLink: rung "stage" (every program's own slots beside a shared part).
-# The host link: rung "free_store" (the per-GPC drain with free entries, fitted on the clean trains),
-# by the rule written before the switch (lab notebook: its folds held out by train <= 10 % on clean
-# trains, 9.6 %, and better than rung "stage" on every clean never-fitted train record). Rung "stage" of the host
-# link (the full model of sessions 6-23) is written beside it as stage_fit_host_stage.json.
+# program's slots, from the clean probes (eleven 2 KiB probes issue freely after a contended lead: F >= 22 KiB)
+RUNG_FIXED = {"free_store": {"free_cap_kib": 32.0}}
+# the full model of each link: the fit written as stage_fit_<link>.json.gz, what xstage.model.load_params, the
+# notebooks, the README and MegaMoE's cost model read; every other rung is written as stage_fit_<link>_<rung>.json.gz
 FULL_RUNG = {"nvlink": "stage", "host": "free_store"}
 
 
@@ -359,24 +322,11 @@ def recorded_links(folder) -> list[str]:
     return have
 
 
-def _without_read_waits(t: pd.DataFrame, meta: dict) -> pd.DataFrame:
-    """A train record's per-burst medians with the bursts whose times hold the legacy kernel's read wait
-    (:func:`xstage.data.legacy_read_bursts`) unmeasured (NaN): still simulated, neither fitted nor scored."""
-    from .data import legacy_read_bursts
-
-    bad = legacy_read_bursts(meta, int(t.burst.max()) + 1 if len(t) else 0)
-    return t.assign(issue_ns=t.issue_ns.where(~t.burst.isin(bad))) if bad else t
-
-
-def observations(folder, link: str, store_bytes: int = 16, records=(), drop_legacy_reads: bool = False,
-                 trains: str | None = None) -> Observations:
-    """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train,
-    and the burst_train record of each of ``records`` (subfolders; kind "train", train names kept, so that a
-    train recorded in several calls falls in one held-out fold). ``drop_legacy_reads``: the train bursts of
-    :func:`xstage.data.legacy_read_bursts` unmeasured (a refit without them was not adopted: the
-    written fits keep every burst). Measured or not, those bursts are marked in ``read_fence``: the
-    fit simulates them with the legacy kernel's read wait (:func:`xstage.model.simulate_stage`'s ``read_fence``)
-    where the arbitration has one (:func:`xstage.model.models_read_fence`). ``trains``: a subfolder whose
+def observations(folder, link: str, store_bytes: int = 16, trains: str | None = None) -> Observations:
+    """Observations of ``link`` from a machine folder: burst_gap (sync), free_running/burst_gap, burst_train.
+    The train bursts of :func:`xstage.data.legacy_read_bursts` are marked in ``read_fence``: the fit simulates them
+    with the legacy kernel's read wait (:func:`xstage.model.simulate_stage`'s ``read_fence``) where the arbitration
+    has one (:func:`xstage.model.models_read_fence`). ``trains``: a subfolder whose
     burst_train record stands in for the folder's own (e.g. the same trains recorded with the clean kernel,
     :data:`RUNG_TRAINS`)."""
     from pathlib import Path
@@ -392,10 +342,9 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
     parts, sources = [], {}
     sm = 132
 
-    def train_medians(sel, meta):   # a train record's median over runs per burst (legacy-read bursts NaN on request)
-        t = sel.groupby(["train", "programs", "burst"], as_index=False).agg(
+    def train_medians(sel, meta):   # a train record's median over runs per burst
+        return sel.groupby(["train", "programs", "burst"], as_index=False).agg(
             burst_bytes=("burst_bytes", "first"), gap_ns=("gap_ns", "first"), issue_ns=("issue_ns", "median"))
-        return _without_read_waits(t, meta) if drop_legacy_reads else t
 
     def fences(sel, meta):   # the bursts with the legacy kernel's read (simulated even where left unmeasured)
         return legacy_read_bursts(meta, int(sel.burst.max()) + 1)
@@ -437,16 +386,6 @@ def observations(folder, link: str, store_bytes: int = 16, records=(), drop_lega
             sources["burst_train"] = dict(file=f"{trains}/{name}" if trains else str((tr_dir / name).relative_to(folder)),
                                           sha256=meta.get("csv_sha256"))
             add("train", "burst_train", train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
-    for sub in records:
-        rec = folder / sub
-        if not paths(rec, BURST_TRAIN)[0].is_file():
-            raise ValueError(f"{rec}: no burst_train record (rung records: {', '.join(records)})")
-        df, meta = load(rec, BURST_TRAIN)
-        sel = df[(df.target == target) & (df.store_bytes == store_bytes)]
-        if sel.empty:
-            raise ValueError(f"{rec}: no {link} trains (target {target!r}) in its burst_train record")
-        sources[sub] = dict(file=f"{sub}/{paths(rec, BURST_TRAIN)[0].name}", sha256=meta.get("csv_sha256"))
-        add("train", sub, train_medians(sel, meta), "issue_ns", "gap_ns", fences(sel, meta))
     n = max(len(p[3]) for p in parts)
     N = len(parts)
     b = np.full((N, n), 2048.0)
@@ -476,8 +415,7 @@ def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
 STAGE_FIT_MIN_NS = 300.0                 # bursts measured shorter than this are the harness (timer reads, CTA
                                          # barriers) more than the link: left out of the fit (the scores count >= 1 us)
 STAGE_F_SCALE = 0.1                      # soft-L1 scale of the log residuals (errors beyond ~10 % count ~linearly)
-LOGIT = ("spread", "stalled_fraction", "pool_share_exponent")   # fitted in logit space (fractions); the rest in log
-                                                                # space
+LOGIT = ("spread", "stalled_fraction")   # fitted in logit space (fractions); the rest in log space
 
 
 def _to_x(name, v):
@@ -538,7 +476,7 @@ PRESCAN = {"spread": (0.3, 0.5, 0.7, 0.85), "stalled_fraction": (0.3, 0.55, 0.8)
 
 
 def _rung_params(rung: str) -> list[str]:
-    """STAGE_PARAMS and the rung's own parameters beyond them (RUNGS; "pool_share": pool_share_exponent)."""
+    """STAGE_PARAMS and the rung's own parameters beyond them (RUNGS; "free_store": free_kib)."""
     return [*STAGE_PARAMS, *(k for k in RUNGS.get(rung, ()) if k not in STAGE_PARAMS)]
 
 
@@ -585,9 +523,6 @@ def _initial(rung: str, link: str) -> dict:
         d["spread"] = 0.0
     if rung not in ("pool", "stage"):
         d["stalled_fraction"] = 1.0
-    if rung == "pool_share":
-        d["pool_share_exponent"] = 0.99   # near the screen's best (1, the top of its range; from 0.9 the fit stalled
-                                          # at a higher cost: helper notes)
     if rung == "free_store":
         d["free_kib"] = 2.0   # the clean probes: a 2 KiB burst (one 16-byte store per thread) issues freely
     if rung == "fluid":
@@ -689,13 +624,11 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
     return StageFit(link, rung, prm, so, lo, hi, table, heldout, obs.sources)
 
 
-def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5, drop_legacy_reads: bool = False
-             ) -> StageFit:
+def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5) -> StageFit:
     """Fit a rung (None: the link's full model, :data:`FULL_RUNG`) to a machine folder's records of ``link``; a
-    drain measured directly there is fixed. ``drop_legacy_reads``: see :func:`observations`."""
+    drain measured directly there is fixed."""
     rung = full_rung(link, rung)
-    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), drop_legacy_reads=drop_legacy_reads,
-                       trains=RUNG_TRAINS.get(rung))
+    obs = observations(folder, link, trains=RUNG_TRAINS.get(rung))
     d = measured_drain(folder, link)
     measured = {}
     if d is not None:
@@ -716,48 +649,6 @@ def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5, drop_
     res = fit_stage(obs, link, rung, k_folds, measured=measured, start=start)
     res.folder = str(folder)
     return res
-
-
-def refit_folds(obs: Observations, values: dict, link: str, rung: str | None = None, measured: dict | None = None,
-                k_folds: int = 5, seed: int = 0, max_nfev: int = 40) -> list[dict]:
-    """The held-out folds of a fit refitted as :func:`fit_stage` fits them: the same fold assignment (by train name,
-    ``seed``), the same start (``values``: the fit's parameters and span_overhead_ns, e.g. StageFit.values()), the
-    same evaluations (``max_nfev`` as the fit was given) and ``measured`` fixed. Per fold {"params": StageParams,
-    "span_overhead_ns", "test": indices of the held-out configurations}: what scores another arbitration held out
-    by train without refitting it (studies.stage_rescored). ``rung`` None: the link's full model."""
-    rung = full_rung(link, rung)
-    measured = measured or {}
-    free = [k for k in RUNGS[rung] if k not in measured]
-    values = {**values, **{k: v[0] for k, v in measured.items()}}
-    fixed = {**{k: values[k] for k in STAGE_PARAMS if k not in free}, **RUNG_FIXED.get(rung, {})}
-    fixed["arbitration"] = RUNG_ARBITRATION.get((rung, link), "pool")
-    x = np.array([_to_x(k, values[k]) for k in free])
-    names = obs.cfgs.train.unique()
-    fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % k_folds))
-    fold = obs.cfgs.train.map(fold_of).to_numpy()
-    sm = int(obs.cfgs.sm_count.iloc[0])
-    out = []
-    for k in range(k_folds):
-        tr, te = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
-        if not len(te):
-            continue
-        s_f, _ = _stage_solve(obs.take(tr), x, free, fixed, link, max_nfev=max(max_nfev // 3, 10))
-        p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
-        out.append({"params": p_f, "span_overhead_ns": so_f, "test": te})
-    return out
-
-
-def fold_params(folder, link: str, rung: str | None = None, k_folds: int = 5) -> tuple[Observations, list[dict]]:
-    """:func:`refit_folds` of a written fit (:func:`read_stage_fit` of ``rung``, None: the full model; made by
-    :func:`fit_link`: its records, the drain measured directly fixed). Returns the observations and the folds.
-    Minutes for the full model (its 5 folds reproduce the written held-out table to its 0.1 ns rounding)."""
-    rung = full_rung(link, rung)
-    f = read_stage_fit(folder, link, rung)
-    obs = observations(folder, link, records=RUNG_RECORDS.get(rung, ()), trains=RUNG_TRAINS.get(rung))
-    d = measured_drain(folder, link)
-    measured = {} if d is None else {"drain_gbps": (d["drain_gbps"], d["low"], d["high"])}
-    values = {**f["params"], "span_overhead_ns": f["span_overhead_ns"]}
-    return obs, refit_folds(obs, values, link, rung, measured, k_folds)
 
 
 def error_summary(t: pd.DataFrame, min_ns: float = 1000.0) -> pd.DataFrame:

@@ -315,21 +315,13 @@ def simulate_sweep(grid, prm: BurstGapParams, sm_count: int = 132, seed: int = 0
 # then the grid's span per burst.
 # Rung fluid of the ladder is the paper's fluid model (c_p -> inf, spread = 0, sync); capacity_p adds C(P) (spread 0).
 
-ARBITRATIONS = ("pool", "slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
-                "pool_share")
+ARBITRATIONS = ("pool", "slots", "gpc_drain")
 STAGE_GROUPS = 8             # weight groups a grid is simulated as (min(P, 8)); each holds P / G programs
-GPC_DYN_GROUPS = 32          # arbitration "gpc_dyn": groups per grid (every occupied GPC its own; the spread within:
-                             # 16 gave 2 levels per GPC at full grids, never-fitted new counts 31.5 % against 26.9 % with
-                             # 32 on the gpc fit's parameters; lab notebook)
 GPC_DRAIN_GROUPS = 128       # arbitration "gpc_drain": groups per grid, 16 per occupied GPC at most (one per program up
                              # to 16 programs in a GPC: P = 66 and 132 one group per program but GPCs 6-7's 18 at 132);
                              # 32 / 64 groups gave all trains 15.8 / 13.7 % against 13.0 with 128 (the stage fit's
                              # parameters; lab notes)
 N_GPC = 8                    # GPCs of the measured map (GPC_OF_SM)
-GPC_UNEVEN_RATIO = 2.0       # arbitration "gpc_uneven": GPC shares only where the grid's GPC populations differ by more
-                             # than this factor (recorded counts: P <= 48 ratio 2.4-9, P >= 66 1.12-1.71; 1.8 and 2
-                             # make the same classes; lab notebook)
-CAPPED_OLDEST_FIRST = True   # arbitration "capped": the stores of programs not issuing drain before the issuers'
 MAX_STAGE_WORK = 50_000_000  # bound on configurations x groups x bursts one call may simulate
 NO_LIMIT_KIB = 1e12          # "no per-program limit": C(P) = C_max (rung fluid)
 
@@ -350,34 +342,10 @@ class StageParams:
     link: str = ""                   # "nvlink" or "host" (a label)
     arbitration: str = "pool"        # "pool": C(P) is one shared stage, its drain shared by weight once full;
                                      # "slots": C(P) - C_0 is every program's own slots (by weight), C_0 shared;
-                                     # "tpc": "slots" whose weights are the placement's (placement_classes) times
-                                     # the spread's
-                                     # "gpc": "slots" whose weights are the GPC share's (gpc_classes) times the
-                                     # spread's
-                                     # "gpc_dyn": "gpc" whose drain shares follow the GPCs dynamically: equal
-                                     # per GPC holding stores, within it by the spread among its holding
-                                     # programs (simulate_stage; slots as "gpc")
-                                     # "gpc_uneven": "gpc" where the grid's GPC populations differ by more than
-                                     # GPC_UNEVEN_RATIO (gpc_uneven_classes), else "slots" (the same weights)
-                                     # "gpc_drain": the drain shared as "gpc_dyn" (equal per GPC holding stores,
-                                     # within it by the spread among its holding programs), each program's own
+                                     # "gpc_drain": the drain shared equally per GPC holding stores,
+                                     # within it by the spread among its holding programs, each program's own
                                      # slots by the spread's weight alone (as "slots": an SM's slots are the SM's),
                                      # GPC_DRAIN_GROUPS groups (the spread per program)
-                                     # "slots_issuing": "slots" whose shared part is no first-come pool but split
-                                     # equally among the programs issuing now (each may hold its own slots + phi-or-1
-                                     # x C_0 / programs issuing); stores of programs not issuing drain and hold their
-                                     # slots as in "slots" but reserve none of the shared part (simulate_stage)
-                                     # "capped": one stage of C(P) (phi C(P) once it filled, until it empties) that
-                                     # every program may fill up to its own cap c_p, not a partition: the caps
-                                     # overcommit the stage (P c_p > C(P) at large P), so while few programs issue
-                                     # each takes up to c_p at once and once most do the stage is full and a new
-                                     # burst waits for its weight's share of what drains (simulate_stage)
-                                     # "pool_share": "slots" (own slots, first-come shared part C_0, the stall)
-                                     # whose shared part holds at most phi-or-1 x C_0 / n^pool_share_exponent of
-                                     # each issuing program's stores beyond its slots, n the programs issuing now:
-                                     # one program issuing alone may fill it as in "slots", many share it
-                                     # (exponent 1: equal parts; 0: "slots" exactly) (simulate_stage)
-    pool_share_exponent: float = 0.0  # alpha of arbitration "pool_share" (0 <= alpha <= 1); 0 for every other
     free_kib: float = 0.0            # f: the first f KiB of every burst of a program enter the stage at once,
                                      # whatever the stage's state, while the program holds less than its own slots
                                      # + free_cap_kib (beyond its slots they count in the pool, which may go over
@@ -404,13 +372,11 @@ class StageParams:
             raise ValueError(f"stalled_fraction must be in (0, 1], got {self.stalled_fraction}")
         if int(self.sm_count) != self.sm_count or self.sm_count < 1:
             raise ValueError(f"sm_count must be a positive integer, got {self.sm_count}")
-        if self.arbitration in ("gpc", "gpc_dyn", "gpc_uneven", "gpc_drain") and int(self.sm_count) != len(GPC_OF_SM):
+        if self.arbitration == "gpc_drain" and int(self.sm_count) != len(GPC_OF_SM):
             raise ValueError(f"arbitration '{self.arbitration}' needs the measured GPC map, which is of a {len(GPC_OF_SM)}-SM "
                              f"chip (H200); sm_count is {self.sm_count}")
         if self.arbitration not in ARBITRATIONS:
             raise ValueError(f"arbitration must be one of {', '.join(ARBITRATIONS)}, got {self.arbitration!r}")
-        if not (np.isfinite(self.pool_share_exponent) and 0 <= self.pool_share_exponent <= 1):
-            raise ValueError(f"pool_share_exponent must be in [0, 1], got {self.pool_share_exponent}")
         if not (np.isfinite(self.free_kib) and self.free_kib >= 0):
             raise ValueError(f"free_kib must be >= 0 and finite, got {self.free_kib}")
         if not (np.isfinite(self.free_cap_kib) and self.free_cap_kib >= self.free_kib):
@@ -418,9 +384,6 @@ class StageParams:
         if self.free_kib != 0 and self.arbitration not in FENCE_ARBITRATIONS:
             raise ValueError(f"free_kib {self.free_kib} needs every program's own stores: arbitration one of "
                              f"{', '.join(FENCE_ARBITRATIONS)}, got {self.arbitration!r}")
-        if self.pool_share_exponent != 0 and self.arbitration != "pool_share":
-            raise ValueError(f"pool_share_exponent {self.pool_share_exponent} needs arbitration 'pool_share', "
-                             f"got {self.arbitration!r}")
 
     def capacity_bytes(self, programs) -> np.ndarray:
         """C(P) in bytes."""
@@ -482,32 +445,6 @@ def dispatch_order(sm_count: int = 132) -> np.ndarray:
     return np.array(head + list(range(0, rest, 2)) + list(range(1, rest, 2)) + list(range(rest, S - last)), int)
 
 
-def placement_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
-    """(programs, weight) per class of the placement of a grid of ``programs``: each occupied TPC gets an equal
-    share of the drain, split equally among its occupied SMs, and each SM's share equally among its programs.
-    Measured on the host link (data/h200x1 burst_program, first bursts past the onset): a program that shares its
-    TPC takes 1.2-5x the median program's time at 24-100 programs (two programs on TPCs 62-65, one elsewhere), and
-    with two programs on some SMs (P = 198, 200) the one alone on its SM finishes at 0.49x the median, those
-    sharing an SM at 1.07-1.2x."""
-    P = int(programs)
-    if P < 1:
-        raise ValueError(f"programs must be >= 1, got {programs!r}")
-    S = int(sm_count)
-    order = dispatch_order(S)
-    per_sm = np.zeros(S, int)
-    np.add.at(per_sm, order[np.arange(P) % S], 1)
-    tpc = (per_sm if S % 2 == 0 else np.append(per_sm, 0)).reshape(-1, 2)
-    occ = np.broadcast_to((tpc > 0).sum(axis=1, keepdims=True), tpc.shape)
-    on = tpc > 0
-    # a class is (occupied SMs of the TPC, programs on the SM): its weight 1 / (occ * programs) is exact
-    keys, counts = np.unique(np.stack([occ[on], tpc[on]], axis=1), axis=0, return_counts=True)
-    classes = [(int(n * c), 1.0 / int(o * n)) for (o, n), c in zip(keys, counts)]
-    merged: dict[float, int] = {}
-    for n, w in classes:
-        merged[w] = merged.get(w, 0) + n
-    return sorted(((n, w) for w, n in merged.items()), key=lambda c: -c[1])
-
-
 def _gpc_of_tpc(t: int) -> int:
     """The GPC (0-7) of TPC t of an H200, as measured with thread-block clusters (data/h200x1/gpc_map: two chips and
     one process before and after its trains alike; studies.gpc_map): TPCs 0-31 are GPC t mod 8 in turn, TPCs 32-59
@@ -526,75 +463,11 @@ def _gpc_of_tpc(t: int) -> int:
 GPC_OF_SM = np.array([_gpc_of_tpc(sm // 2) for sm in range(132)], int)   # SM -> GPC id (0-7) of a 132-SM H200
 
 
-def gpc_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
-    """(programs, weight) per class of a grid of ``programs`` when the drain is shared equally per occupied GPC,
-    then equally among the GPC's programs (weight 1 / programs in its GPC). Measured on the host link
-    (data/h200x1/train_gpc, first bursts): at P = 32 / 48 / 66 GPC 0 holds 11 / 12 / 12 programs and the others 3 /
-    5-6 / 7-8, and GPC 0's programs drain at 0.22 / 0.43 / 0.60 of the others' (equal GPC shares: 0.27 / 0.42 /
-    0.67); within a GPC a program sharing its TPC drains as fast as one alone on its TPC."""
-    P = int(programs)
-    if P < 1:
-        raise ValueError(f"programs must be >= 1, got {programs!r}")
-    if int(sm_count) != len(GPC_OF_SM):
-        raise ValueError(f"the GPC map is of a {len(GPC_OF_SM)}-SM chip, got sm_count {sm_count}")
-    gpc = GPC_OF_SM[dispatch_order(sm_count)[np.arange(P) % sm_count]]
-    n = np.bincount(gpc, minlength=8)
-    merged: dict[float, int] = {}
-    for g in np.flatnonzero(n):
-        merged[1.0 / n[g]] = merged.get(1.0 / n[g], 0) + int(n[g])
-    return sorted(((c, w) for w, c in merged.items()), key=lambda c: -c[1])
-
-
-def gpc_uneven_classes(programs: int, sm_count: int = 132) -> list[tuple[int, float]]:
-    """Arbitration "gpc_uneven": gpc_classes where the grid's GPC populations differ by more than GPC_UNEVEN_RATIO
-    (the most crowded occupied GPC over the least), else one class of equal weight (the "slots" rung's weights).
-    Measured (data/h200x1 train_programs_p, train_gpc, train_gpc_full, train_programs_new_p, per program): the
-    dispatch head (GPC 0) drains at 1.4-4.8x the median program's time in first contended bursts at P = 16-48
-    (GPC populations 9 / 1 .. 12 / 5), 1.0-1.2x at P = 120-132 and 198-264 (populations within 1.12-1.17), where the
-    spread alone covers the difference; not followed at P = 160 (ratio 1.5, the head 1.9x). The ratio was chosen on
-    screens of the never-fitted train records (any value in (1.71, 2.4) makes the same classes on the recorded counts)."""
-    cls = gpc_classes(programs, sm_count)
-    ws = [w for _, w in cls]
-    if max(ws) <= GPC_UNEVEN_RATIO * min(ws):
-        return [(int(programs), 1.0)]
-    return cls
-
-
-def _placement_groups(P, spread: float, groups: int, sm_count: int, classes=placement_classes):
-    """m, w [N, groups] for arbitration="tpc" (``classes``: placement_classes) or "gpc" (gpc_classes): every class
-    split into groups // classes weight groups (the spread's uniform law within a class), so a grid is simulated
-    as at most ``groups`` groups."""
-    N = len(P)
-    m = np.zeros((N, groups))
-    w = np.zeros((N, groups))
-    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for i, p in enumerate(P):
-        p = int(p)
-        if p not in cache:
-            cls = classes(p, sm_count)
-            if len(cls) > groups:
-                raise ValueError(f"{p} programs make {len(cls)} placement classes, more than the {groups} weight "
-                                 f"groups the model simulates; pass groups >= {len(cls)}")
-            sub = groups // len(cls)
-            mm, ww = [], []
-            for n, wc in cls:
-                k = min(sub, n)
-                for j in range(k):
-                    mm.append(n / k)
-                    ww.append(wc * (1.0 - spread * (j + 0.5) / k))
-            cache[p] = (np.array(mm), np.array(ww))
-        mm, ww = cache[p]
-        m[i, :len(mm)] = mm
-        w[i, :len(ww)] = ww
-    return m, w
-
-
 def _gpc_groups(P, spread: float, groups: int, sm_count: int):
-    """m, w, ws, gid [N, groups] for arbitration="gpc_dyn": every occupied GPC (of the grid placed by dispatch_order
+    """m, w, ws, gid [N, groups] for arbitration="gpc_drain": every occupied GPC (of the grid placed by dispatch_order
     on GPC_OF_SM) its own weight groups, min(groups // occupied GPCs, its programs) of them, with the spread's
     uniform law within the GPC (ws = 1 - spread (j + 0.5) / k); w = ws / (programs in the GPC), the "gpc" rung's
-    static weights (they set the slots); gid: the group's GPC (-1: no group). A grid whose GPC populations are equal
-    gets "gpc"'s weights (with groups = 8 x gpc's groups per class: the same spread levels in every GPC)."""
+    static weights; gid: the group's GPC (-1: no group)."""
     N = len(P)
     m = np.zeros((N, groups))
     w = np.zeros((N, groups))
@@ -629,7 +502,8 @@ def _gpc_groups(P, spread: float, groups: int, sm_count: int):
 
 
 def _gpc_dynamic_weights(ws, m, holding, H):
-    """Drain weights [N, G] of arbitration "gpc_dyn" now: every GPC with a holding group an equal share, split among
+    """Drain weights [N, G] of arbitration "gpc_drain" now (the general loop of simulate_stage, the reference of
+    :func:`_stage_units`): every GPC with a holding group an equal share, split among
     its holding groups' programs by their spread weights ws; 0 for groups not holding. H [N, G, N_GPC]: one-hot
     GPC of each group. Sums to 1 over the holding programs (sum of m * w) of every row with a holding group."""
     x = np.where(holding, m * ws, 0.0)
@@ -925,8 +799,7 @@ def _advance(t, dt, active, issuing, phase, rem, rate, t_evt):
     return dt, t, near, rem
 
 
-FENCE_ARBITRATIONS = ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
-                      "pool_share")   # per program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
+FENCE_ARBITRATIONS = ("slots", "gpc_drain")   # per program stores: the arbitrations a read fence (simulate_stage's read_fence) applies to
 READ_FENCE = True            # records with the legacy kernel's read simulate it (False: no read wait simulated)
 
 
@@ -944,17 +817,9 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     barrier_drains [N] bool (sync only): the grid barrier's arrival is a release, which returns once the
     program's stores are performed, so the barrier also waits for the stage to drain (the recorded sweeps;
     their barrier time is the stage's content / D on both links); False: a relaxed barrier.
-    ``groups``: weight groups per grid (None: GPC_DYN_GROUPS for arbitration "gpc_dyn", GPC_DRAIN_GROUPS for
-    "gpc_drain" (simulated in batches of equal group counts, :func:`gpc_drain_groups`), else STAGE_GROUPS).
+    ``groups``: weight groups per grid (None: GPC_DRAIN_GROUPS for arbitration "gpc_drain" (simulated in batches of equal group counts, :func:`gpc_drain_groups`), else STAGE_GROUPS).
     Returns (start, end) [N, G, n] ns per weight group (groups beyond min(P, G) are NaN) and the group
     sizes m [N, G] (programs per group).
-
-    Arbitration "gpc_dyn" (a candidate): as "gpc" (slots by the static weights 1 / programs in the GPC times the
-    spread's), but the drain is shared equally among the GPCs that hold stores NOW (a group holds while it issues
-    or has stores in the stage), and within a GPC among its holding programs by the spread's weights: when most of
-    a GPC's programs have finished a burst, the GPC's share goes to the rest. Measured (lab notebook, sessions
-    11-12: data/h200x1/train_gpc, train_gpc_full): first contended bursts drain per occupied GPC, then per program
-    within it; assumed: that the share follows the programs still holding stores (not measured per burst).
 
     ``read_fence`` [N, n] bool (None: none): the bursts whose start holds a read that waits behind the program's
     own outstanding stores (the legacy train kernel's parameter reads at bursts 4, 8, ...:
@@ -981,30 +846,23 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
     if groups is None:
         if prm.arbitration == "gpc_drain":
             return _gpc_drain_batched(prm, P, b, g, sync, drains, fence)
-        groups = GPC_DYN_GROUPS if prm.arbitration == "gpc_dyn" else STAGE_GROUPS
+        groups = STAGE_GROUPS
     if N * groups * n > MAX_STAGE_WORK:
         raise ValueError(f"{N} configurations x {n} bursts x {groups} groups exceed the model's work bound "
                          f"({MAX_STAGE_WORK}); predict fewer at a time")
     G = groups
-    H = None   # gpc_dyn: the one-hot GPC of each group [N, G, N_GPC]
-    if prm.arbitration in ("tpc", "gpc", "gpc_uneven"):
-        m, w = _placement_groups(P, prm.spread, G, prm.sm_count,
-                                 {"tpc": placement_classes, "gpc": gpc_classes}.get(prm.arbitration, gpc_uneven_classes))
-        valid = m > 0
-    elif prm.arbitration in ("gpc_dyn", "gpc_drain"):
-        if prm.arbitration == "gpc_drain":
-            # the spread levels of GPC_DRAIN_GROUPS groups (of ``groups`` when more), simulated in the first G
-            m, w, ws, gid = _gpc_groups(P, prm.spread, max(G, GPC_DRAIN_GROUPS), prm.sm_count)
-            if (m[:, G:] > 0).any():
-                raise ValueError(f"arbitration 'gpc_drain' simulates these grids as up to "
-                                 f"{int((m > 0).sum(axis=1).max())} groups; got groups={G}")
-            m, ws, gid = m[:, :G], ws[:, :G], gid[:, :G]
-            w = ws   # own slots by the spread's weight alone; the drain by _gpc_dynamic_weights(ws, ...) below
-            if GPC_DRAIN_FAST:   # the same simulation, alike groups merged (_stage_units)
-                start, end = _stage_units(prm, P, b, g, sync, drains, m, ws, gid, G, fence)
-                return start, end, m
-        else:
-            m, w, ws, gid = _gpc_groups(P, prm.spread, G, prm.sm_count)
+    H = None   # gpc_drain: the one-hot GPC of each group [N, G, N_GPC]
+    if prm.arbitration == "gpc_drain":
+        # the spread levels of GPC_DRAIN_GROUPS groups (of ``groups`` when more), simulated in the first G
+        m, w, ws, gid = _gpc_groups(P, prm.spread, max(G, GPC_DRAIN_GROUPS), prm.sm_count)
+        if (m[:, G:] > 0).any():
+            raise ValueError(f"arbitration 'gpc_drain' simulates these grids as up to "
+                             f"{int((m > 0).sum(axis=1).max())} groups; got groups={G}")
+        m, ws, gid = m[:, :G], ws[:, :G], gid[:, :G]
+        w = ws   # own slots by the spread's weight alone; the drain by _gpc_dynamic_weights(ws, ...) below
+        if GPC_DRAIN_FAST:   # the same simulation, alike groups merged (_stage_units)
+            start, end = _stage_units(prm, P, b, g, sync, drains, m, ws, gid, G, fence)
+            return start, end, m
         valid = m > 0
         H = (gid[:, :, None] == np.arange(N_GPC)[None, None, :]).astype(np.float64)
     else:
@@ -1015,17 +873,12 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         w = np.where(valid, 1.0 - prm.spread * (gi + 0.5) / np.maximum(Gc, 1)[:, None], 0.0)
     r, D, o, phi = prm.program_rate, prm.drain_gbps, prm.overhead_ns, prm.stalled_fraction
     C = prm.capacity_bytes(P)
-    private = prm.arbitration in ("slots", "tpc", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing",
-                                  "capped", "pool_share")
-    pool_cap = prm.arbitration == "pool_share" and prm.pool_share_exponent > 0   # (0: the "slots" loop as it is)
-    issuing_share = prm.arbitration == "slots_issuing"
-    capped = prm.arbitration == "capped"
+    private = prm.arbitration in FENCE_ARBITRATIONS
     if private:   # each program's own slots: the part of C(P) beyond C_0, by weight; q per program [N, G]
         C0 = np.full(N, KIB * prm.base_capacity_kib)
         a = (C - C0)[:, None] * w / np.maximum((m * w).sum(axis=1), 1e-300)[:, None]
         q = np.zeros((N, G))
         stalled = np.zeros(N, bool)
-        cp = KIB * prm.capacity_per_program_kib   # capped: each program's cap (the stage is C(P), not C0 + slots)
     else:
         q = np.zeros(N)
         stalled = np.zeros(N, bool)
@@ -1080,102 +933,13 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
         if not active.any():
             break
         issuing = phase == 1
-        if capped:
-            # capped: every program's stores (q, per program) drain at its weight's share of D among the programs
-            # holding stores, as in "slots"; a program issues at r while it is below its cap c_p and the stage
-            # (the sum of q, C(P) or phi C(P) once it filled, until it empties) has room, at its own drain rate
-            # once at its cap; while the stage is full the issuing programs share what drains by weight (each at
-            # most its open rate), and while it is over (phi C after filling) they wait.
-            holding = valid & ((q > 0) | issuing)
-            if CAPPED_OLDEST_FIRST:   # the stores of programs that stopped issuing are older: they drain first
-                idle = holding & ~issuing & (q > 0)
-                holding = np.where(idle.any(axis=1)[:, None], idle, holding)
-            dr = np.where(holding, D * w / np.maximum((m * w * holding).sum(axis=1), 1e-300)[:, None], 0.0)
-            Ce = np.where(stalled, C * phi, C)
-            Q = (m * q).sum(axis=1)
-            over = Q > Ce * (1 + 1e-9) + 1e-6
-            full = ~over & (Q >= Ce * (1 - 1e-9) - 1e-6)
-            cap = np.full((N, G), cp)
-            below = valid & (q < cap * (1 - 1e-9))
-            at = valid & ~below
-            open_rate = np.where(issuing & below, r, np.where(issuing & at, np.minimum(r, dr), 0.0))
-            rate = open_rate
-            if full.any():
-                shared = _water_fill(np.where(issuing & full[:, None] & (open_rate > 0), w, 0.0), m,
-                                     (m * dr).sum(axis=1), open_rate)
-                rate = np.where(full[:, None], shared, rate)
-            rate = np.where(over[:, None], 0.0, rate)
-            qdot = rate - dr
-            qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
-            Qdot = (m * qdot).sum(axis=1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t_evt = np.where(issuing & (rate > 0), rem / rate,
-                                 np.where((phase == 0) | (phase == 2), rem, np.inf))
-                t_cap = np.where(below & (qdot > 0), (cap - q) / qdot, np.inf)
-                t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
-                t_fill = np.where(~full & ~over & (Qdot > 0), (Ce - Q) / Qdot, np.inf)
-                t_unover = np.where(over & (Qdot < 0), (Q - Ce) / -Qdot, np.inf)
-            dt = np.minimum(np.minimum(t_evt, t_cap), t_empty).min(axis=1)
-            dt = np.minimum(dt, np.minimum(t_fill, t_unover))
-            dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
-            q = np.maximum(q + qdot * dt[:, None], 0.0)
-            q = np.where(t_cap <= near, cap, q)
-            q = np.where(t_empty <= near, 0.0, q)
-            filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
-            if filled.any():   # land exactly on the stage's limit: scale the holders' q onto it
-                Qn = (m * q).sum(axis=1)
-                q = np.where(filled[:, None] & (Qn > 0)[:, None], q * (Ce / np.maximum(Qn, 1e-300))[:, None], q)
-            stalled = (stalled | filled) & ((m * q).sum(axis=1) > 0)
-            continue
-        if issuing_share:
-            # slots_issuing: a program issuing now has its own slots (a, as "slots") and an equal share of the shared
-            # part among the programs issuing now, Cs / (programs issuing); there is no first-come pool. Stores of
-            # programs not issuing still drain (their weight's share of D among the programs holding stores, as
-            # "slots") and hold their own slots, but reserve none of the shared part: a program that starts a
-            # burst while few others issue gets a large share at once. The stall as "slots": once the stores
-            # beyond the programs' slots (Q) reach C_0, the shared part is phi C_0 until Q has emptied.
-            holding = valid & ((q > 0) | issuing)
-            dr = np.where(holding, D * w / np.maximum((m * w * holding).sum(axis=1), 1e-300)[:, None], 0.0)
-            Cs = np.where(stalled, C0 * phi, C0)
-            Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
-            n_iss = (m * issuing).sum(axis=1)
-            cap = a + np.where(issuing, (Cs / np.maximum(n_iss, 1e-300))[:, None], 0.0)
-            below = valid & (q < cap * (1 - 1e-9))
-            beyond = valid & (q > cap * (1 + 1e-9))
-            at = valid & ~below & ~beyond
-            rate = np.where(issuing & below, r, 0.0)
-            rate = np.where(issuing & at, np.minimum(r, dr), rate)
-            qdot = rate - dr
-            qdot = np.where((q <= 0) & (qdot < 0), 0.0, qdot)
-            pool = (q > a * (1 + 1e-9)) | ((np.abs(q - a) <= a * 1e-9) & (qdot > 0))
-            Qdot = (m * qdot * pool).sum(axis=1)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t_evt = np.where(issuing & (rate > 0), rem / rate,
-                                 np.where((phase == 0) | (phase == 2), rem, np.inf))
-                t_cap = np.where(issuing & below & (qdot > 0), (cap - q) / qdot,
-                                 np.where(issuing & beyond & (qdot < 0), (q - cap) / -qdot, np.inf))
-                t_a = np.where((q < a * (1 - 1e-9)) & (qdot > 0), (a - q) / qdot,
-                               np.where((q > a * (1 + 1e-9)) & (qdot < 0), (q - a) / -qdot, np.inf))
-                t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
-                t_fill = np.where(~stalled & (Q < C0 * (1 - 1e-9)) & (Qdot > 0), (C0 - Q) / Qdot, np.inf)
-            dt = np.minimum(np.minimum(t_evt, t_cap), np.minimum(t_a, t_empty)).min(axis=1)
-            dt = np.minimum(dt, t_fill)
-            dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
-            q = np.maximum(q + qdot * dt[:, None], 0.0)
-            q = np.where(t_cap <= near, cap, q)
-            q = np.where(t_a <= near, a, q)
-            q = np.where(t_empty <= near, 0.0, q)
-            filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
-            Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
-            stalled = (stalled | filled) & (Q > 0)
-            continue
         if private:
             # per program: x = its stores in the stage, a = its own slots; beyond a it uses the shared pool (C_0,
             # phi C_0 once stalled). Every program's stores drain at its weight's share of D among the programs
             # holding stores (the steady state of one FIFO drain). A program below its slots, or with room in the
             # pool, issues at r; while the pool is full its users share what leaves the pool, by weight.
             holding = valid & ((q > 0) | issuing)
-            wd = w if H is None else _gpc_dynamic_weights(ws, m, holding, H)   # gpc_dyn: the shares now
+            wd = w if H is None else _gpc_dynamic_weights(ws, m, holding, H)   # gpc_drain: the shares now
             dr = np.where(holding, D * wd / np.maximum((m * wd * holding).sum(axis=1), 1e-300)[:, None], 0.0)
             Cs = np.where(stalled, C0 * phi, C0)                                   # [N]
             below = valid & (q < a * (1 - 1e-9))
@@ -1186,22 +950,8 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
             full = ~over & (Q >= Cs * (1 - 1e-9) - 1e-6)
             closed = (full | over)[:, None]
             F = (m * dr * beyond).sum(axis=1)                                      # bytes/ns leaving the pool
-            if pool_cap:
-                # pool_share: an issuing program holds at most Cs / n^alpha of the shared part (n: the programs
-                # issuing now): at that limit it keeps it full (its own drain rate), beyond it (n grew) it waits
-                n_iss = (m * issuing).sum(axis=1)
-                lim = a + (Cs / np.maximum(n_iss, 1.0) ** prm.pool_share_exponent)[:, None]
-                under = q < lim * (1 - 1e-9)
-                past = issuing & (q > lim * (1 + 1e-9))
-                at_lim = issuing & beyond & ~under & ~past
-                open_rate = np.where(past, 0.0, np.where(at_lim, np.minimum(r, dr), r))
-                shared = _water_fill(np.where(issuing & beyond & full[:, None] & (open_rate > 0), wd, 0.0), m, F,
-                                     open_rate)
-            else:
-                shared = _water_fill(np.where(issuing & beyond & full[:, None], wd, 0.0), m, F, r)
+            shared = _water_fill(np.where(issuing & beyond & full[:, None], wd, 0.0), m, F, r)
             rate = np.where(issuing, r, 0.0)                                       # below its slots, or pool open
-            if pool_cap:
-                rate = np.where(issuing, open_rate, 0.0)                           # pool_share: its limit
             rate = np.where(issuing & at & closed, np.minimum(r, dr), rate)        # keeps its own slots full
             rate = np.where(issuing & beyond & over[:, None], 0.0, rate)           # a stalled pool: wait
             rate = np.where(issuing & beyond & full[:, None], shared, rate)        # share what leaves the pool
@@ -1216,19 +966,12 @@ def simulate_stage(prm: StageParams, programs, burst_bytes, gap_ns, sync, groups
                 t_empty = np.where((q > 0) & (qdot < 0), q / -qdot, np.inf)
                 t_fill = np.where(~full & ~over & (Qdot > 0), (Cs - Q) / Qdot, np.inf)
                 t_unover = np.where(over & (Qdot < 0), (Q - Cs) / -Qdot, np.inf)
-                if pool_cap:   # an issuing program reaches its limit (from below, or from beyond as it drains)
-                    t_lim = np.where(issuing & ~below & under & (qdot > 0), (lim - q) / qdot,
-                                     np.where(past & (qdot < 0), (q - lim) / -qdot, np.inf))
             dt = np.minimum(np.minimum(t_evt, t_slot), np.minimum(t_leave, t_empty))
-            if pool_cap:
-                dt = np.minimum(dt, t_lim)
             dt = dt.min(axis=1)
             dt = np.minimum(dt, np.minimum(t_fill, t_unover))
             dt, t, near, rem = _advance(t, dt, active, issuing, phase, rem, rate, t_evt)
             q = np.maximum(q + qdot * dt[:, None], 0.0)
             q = np.where((t_slot <= near) | (t_leave <= near), a, q)
-            if pool_cap:
-                q = np.where(t_lim <= near, lim, q)
             q = np.where(t_empty <= near, 0.0, q)
             filled = np.isfinite(t_fill) & (dt >= t_fill * (1 - 1e-12))
             Q = (m * np.maximum(q - a, 0.0)).sum(axis=1)
@@ -1327,7 +1070,7 @@ def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bo
 def stage_measure(start, end, sync, m=None) -> np.ndarray:
     """What the benchmark measures per burst [N, n]: the span over groups (sync) or the median program's issue
     time (free-running). ``m`` [N, G]: programs per group (simulate_stage's third result); where a row's groups
-    hold unequal numbers of programs (arbitration "tpc", "gpc": classes of unequal size) the median is weighted by
+    hold unequal numbers of programs (arbitration "gpc_drain": GPCs of unequal population) the median is weighted by
     them, else (and without ``m``) it is the median group's, which is then the median program's."""
     sync = np.asarray(sync, bool)
     span = np.nanmax(end, axis=1) - np.nanmin(start, axis=1)

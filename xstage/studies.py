@@ -835,14 +835,13 @@ def trains_summary(df: pd.DataFrame) -> pd.DataFrame:
                  start_skew_ns=("start_skew_ns", "median")))
 
 
-def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, drop_legacy_reads: bool = False
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A link's fitted stage model (xstage.model.load_params, unchanged; or ``prm``, e.g. another rung's fit)
     against trains recorded apart from its fit (``folder``'s burst_train record): per (train, programs, burst)
     measured median program and prediction, and the median / p90 |error| over bursts >= ``min_ns``.
     The bursts of :func:`xstage.data.legacy_read_bursts` (the legacy kernel's read, which waits behind the
     program's stores) are predicted with that wait (``predict_train(read_fence=...)``) where the arbitration
-    models it; ``drop_legacy_reads``: they are predicted in their train but not scored."""
+    models it."""
     from .model import load_params, models_read_fence, predict_train
 
     if prm is None:
@@ -856,8 +855,6 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None, d
         parts.append(g.assign(predicted_ns=predict_train(prm, int(p), g.burst_bytes.to_numpy(),
                                                          g.gap_ns.to_numpy(), read_fence=fence)))
     rows = pd.concat(parts, ignore_index=True).rename(columns={"issue_ns": "measured_ns"})
-    if drop_legacy_reads:
-        rows = rows[~rows.burst.isin(data.legacy_read_bursts(meta, int(rows.burst.max()) + 1))].reset_index(drop=True)
     rows["rel_error"] = rows.predicted_ns / rows.measured_ns - 1
     big = rows[rows.measured_ns >= min_ns]
     a = big.rel_error.abs()
@@ -1402,114 +1399,6 @@ def first_burst_capacity(link: str = "host", machine: str = "h200x1") -> pd.Data
     out["bursts"] = out.bursts.astype(int)
     out["model_kib"] = prm.capacity_bytes(out.programs.to_numpy()) / KIB
     return out
-
-
-CANDIDATE_RUNGS = ("tpc", "processes", "gpc", "gpc_dyn", "gpc_uneven", "gpc_drain", "slots_issuing", "capped",
-                   "pool_share", "stage_clean", "gpc_drain_clean", "free_store")   # fits written beside the full model
-# (free_store_f2, session 24, is written too but scored in the lab notebook only: one rung more here took notebook
-# 02's stage_candidates cell past the 300 s a cell may take in tests/test_reproduce.py)
-# (data/h200x1/stage_fit_host_<rung>.json.gz), not adopted; the "*_clean" rungs (session 23) fit the trains as the
-# clean kernel recorded them (fit.RUNG_TRAINS), so their held-out trains are clean trains
-# (a rung whose fit is not written is left out; gpc_drain's fit is written since session 16: 20 min on one core with
-# its fast path, model._stage_units; stage_rescored scores an arbitration with another rung's parameters). Every
-# fit here was made before the read fence (session 21) but gpc_drain's, rewritten with it; the scores on never-fitted
-# records simulate the fence for every rung whose arbitration has it (model.FENCE_ARBITRATIONS)
-
-
-def stage_candidates(link: str = "host", records=LEGACY_SCORED_RECORDS) -> pd.DataFrame:
-    """The full model beside every candidate rung whose fit is written (:data:`CANDIDATE_RUNGS`): per rung, the
-    held-out-by-train median |error| of its fit (trains, free-running, synchronised) and its median |error| on each
-    never-fitted train record of ``records`` (:data:`LEGACY_SCORED_RECORDS` by default, or the clean re-records
-    :data:`CLEAN_SCORED_RECORDS`; bursts >= 1 us). Minutes: every rung predicts every record."""
-    from .fit import RUNG_TRAINS, full_rung, read_stage_fit, stage_fit_name
-    from .model import fit_file, params_from_dict
-
-    folder = data.machine_dir(LINK_MACHINES[link])
-    rows = []
-    for rung in dict.fromkeys((full_rung(link), "stage", *CANDIDATE_RUNGS)):
-        if not fit_file(folder / stage_fit_name(link, rung)).is_file():
-            continue
-        f = read_stage_fit(folder, link, rung)
-        row = {"rung": rung, "full": rung == full_rung(link), "arbitration": f["params"].get("arbitration", "pool"),
-               "fitted_trains": RUNG_TRAINS.get(rung, "burst_train")}   # clean or legacy: the held-out trains too
-        row.update({f"heldout_{k}": v["median_abs_error"] for k, v in f["heldout"].items()})
-        sc = scores_by_programs(link, prm=params_from_dict(f["params"]), records=records)
-        row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def stage_rescored(arbitration: str, link: str = "host", base_rung: str = "stage", min_ns: float = 1000.0
-                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """An arbitration scored with another rung's parameters, not refitted (for one too slow to fit, e.g.
-    "gpc_drain"): held out by train, each of ``base_rung``'s folds refitted as its fit did (fit.fold_params, minutes)
-    predicts its held-out trains under ``arbitration``; never fitted, the written ``base_rung`` parameters under
-    ``arbitration`` (:func:`scores_by_programs`). Returns (row: stage_candidates' columns, rung "<arbitration> @
-    <base_rung>"; per program count: held-out median |error| per kind of record, bursts >= ``min_ns``)."""
-    from dataclasses import replace
-
-    from .fit import _long, error_summary, fold_params, predict_observations, read_stage_fit
-    from .model import StageParams
-
-    folder = data.machine_dir(LINK_MACHINES[link])
-    obs, folds = fold_params(folder, link, base_rung)
-    parts = []
-    for k, f in enumerate(folds):
-        o = obs.take(f["test"])
-        parts.append(_long(o, predict_observations(o, replace(f["params"], arbitration=arbitration),
-                                                   f["span_overhead_ns"])).assign(fold=k))
-    h = pd.concat(parts, ignore_index=True)
-    h["rel_error"] = h.predicted_ns / h.measured_ns - 1
-    row = {"rung": f"{arbitration} @ {base_rung}", "arbitration": arbitration}
-    row.update({f"heldout_{k}": v for k, v in error_summary(h, min_ns).median_abs_error.items()})
-    prm = replace(StageParams(**read_stage_fit(folder, link, base_rung)["params"]), arbitration=arbitration)
-    sc = scores_by_programs(link, min_ns=min_ns, prm=prm, records=LEGACY_SCORED_RECORDS)
-    row.update({f"never_fitted {r}": e for r, e in sc[sc.programs == 0].set_index("record").median_abs_error.items()})
-    big = h[h.measured_ns >= min_ns]
-    per_p = big.assign(a=big.rel_error.abs()).groupby(["kind", "programs"]).a.median().unstack(0)
-    return pd.DataFrame([row]), per_p.rename_axis(columns=None).reset_index()
-
-
-from .fit import TRAIN_CLEAN  # noqa: E402  (one name for the clean record of the fitted trains)
-
-
-def heldout_on_record(rung: str = "stage", link: str = "host", sub: str = TRAIN_CLEAN, folds=None,
-                      min_ns: float = 1000.0) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Held out by train, measured in another record of the fitted trains: each fold of the written ``rung`` fit
-    (:func:`xstage.fit.fold_params`: refitted without its trains, minutes; or ``folds`` as it returns them, for a
-    test) predicts its held-out trains as recorded in ``sub`` (e.g. :data:`TRAIN_CLEAN`, the same trains with the
-    clean kernel, whose small bursts carry no read wait: lab notebook, session 22). Returns (per burst: kind,
-    train, programs, burst, measured_ns, predicted_ns, rel_error, fold; per program count and pooled ("all"): the
-    median |error| over bursts >= ``min_ns`` and their count)."""
-    from .fit import _long, fold_params, observations, predict_observations
-
-    folder = data.machine_dir(LINK_MACHINES[link])
-    if folds is None:
-        obs, folds = fold_params(folder, link, rung)
-    else:
-        obs = observations(folder, link)
-    both = observations(folder, link, records=(sub,))   # the fitted records, then sub's trains (same names)
-    extra = both.cfgs.index[len(obs.cfgs):]
-    where = {(t, int(p)): i for i, t, p in zip(extra, both.cfgs.train[extra], both.cfgs.programs[extra])}
-    parts = []
-    for k, f in enumerate(folds):
-        te = obs.cfgs.iloc[np.asarray(f["test"])]
-        idx = [where[(t, int(p))] for kind, t, p in zip(te.kind, te.train, te.programs)
-               if kind == "train" and (t, int(p)) in where]
-        if not idx:
-            continue
-        o = both.take(np.asarray(idx))
-        parts.append(_long(o, predict_observations(o, f["params"], f["span_overhead_ns"])).assign(fold=k))
-    if not parts:
-        raise ValueError(f"{sub} holds none of the fitted trains of link {link}")
-    h = pd.concat(parts, ignore_index=True)
-    h["rel_error"] = h.predicted_ns / h.measured_ns - 1
-    big = h[h.measured_ns >= min_ns].assign(abs_error=lambda d: d.rel_error.abs())
-    per = big.groupby("programs").abs_error.agg(median_abs_error="median", bursts="size").reset_index()
-    per = pd.concat([per.astype({"programs": object}),
-                     pd.DataFrame([{"programs": "all", "median_abs_error": big.abs_error.median(),
-                                    "bursts": len(big)}])], ignore_index=True)
-    return h, per
 
 
 # ------------------------------------------------------------------------------- the README's derived tables
