@@ -160,7 +160,7 @@ def legacy_read_bursts(meta: dict, n_bursts: int) -> tuple[int, ...]:
     """The bursts of a burst_train / burst_program record whose issue times also hold a wait that is no store's:
     recorded on a GPU by the legacy train kernel (the grid has no ``preload``, or it is False), which read each
     burst's size, offset and gap at the burst's top, and at bursts 4, 8, ... (a new 32-byte sector of its int64
-    arrays, an L1 miss) that read waited behind the program's outstanding stores inside the timed issue 
+    arrays, an L1 miss) that read waited behind the program's outstanding stores inside the timed issue
     (docs/findings.md). The stage model simulates that wait there (``read_fence``); simulated records
     have none."""
     params = meta.get("params") or {}
