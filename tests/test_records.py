@@ -37,8 +37,8 @@ def _record_dirs(machine_dir: Path) -> set[str]:
     return {str(p.parent.relative_to(machine_dir)) for p in machine_dir.rglob("*.json")}
 
 
-@pytest.mark.xfail(reason="issue 42 open: the consolidation is part done (see docs/findings.md and the issue); superseded MegaMoE and GPC-map records are not yet archived or removed", strict=False)
-@pytest.mark.parametrize("machine", sorted(records.MACHINES))
+@pytest.mark.parametrize("machine", [pytest.param(m, marks=pytest.mark.xfail(reason="issue 42 open: the consolidation is part done (see docs/findings.md and the issue); superseded MegaMoE and GPC-map records are not yet archived or removed", strict=False))
+                                     if m == "h200x1" else m for m in sorted(records.MACHINES)])
 def test_nothing_under_data_is_unregistered(machine):
     mdir = data.DATA_ROOT / machine
     registered = {str(r.path.relative_to(mdir)) for r in records.RECORDS if r.machine == machine}
