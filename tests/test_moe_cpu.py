@@ -669,7 +669,7 @@ for fp8, bm, bn2, bk, stages, dyn in ((False, 128, 256, 64, 4, False), (False, 6
     ptx = c.asm['ptx']
     regs, spill = ptxas_info(ptx)
     print('fp8' if fp8 else 'bf16', bm, bn2, 'dynamic' if dyn else 'static', sorted(set(re.findall(r'wgmma\.mma_async[\w.]*', ptx))),
-          'v4' if 'st.global.v4.b32' in ptx else 'no-v4',
+          'vec4' if 'st.global.v4.b32' in ptx else 'no-vec4',
           sorted(set(re.findall(r'(?<![\w.])(?:atom|red)\.global[\w.]*', ptx))),
           sorted(set(re.findall(r'ld\.global\.[\w.]*acquire[\w.]*', ptx))), 'globaltimer' in ptx,
           'regs', regs, 'spill', spill, 'shared', c.metadata.shared)
@@ -683,7 +683,7 @@ for fp8 in (False, True):
         BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8, ITEMS=False), attrs={(i,): [['tt.divisibility', 16]]
                                                                  for i in (0, 1, 2, 3, 4, 5, 6, 10)})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=4))
-    print('dispatch', 'fp8' if fp8 else 'bf16', 'v4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-v4')
+    print('dispatch', 'fp8' if fp8 else 'bf16', 'vec4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-vec4')
 """
 
 
@@ -704,7 +704,7 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
     want_mma = {"bf16": "f32.bf16.bf16", "fp8": "f32.e4m3.e4m3"}
     for line in lines[:5]:
         dt, bm = line.split()[0], int(line.split()[1])
-        assert want_mma[dt] in line and " v4 " in line, line
+        assert want_mma[dt] in line and " vec4 " in line, line
         assert "red.global.gpu.release.add.u32" in line and "ld.global.sys.acquire.b32" in line, line
         assert ("atom.global.gpu.acq_rel.add.u32" in line) == (" dynamic " in line), line   # the ticket
         assert "True regs" in line, line                                           # TIMED: the global timer
@@ -713,7 +713,7 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
         assert shared <= 227 * 1024, line
         allowed = 40 if bm == 128 else 0
         assert regs == -1 or (regs <= 255 and spill <= allowed), line               # -1: ptxas -v unavailable
-    assert lines[5:] == ["dispatch bf16 v4", "dispatch fp8 v4"], lines[5:]
+    assert lines[5:] == ["dispatch bf16 vec4", "dispatch fp8 vec4"], lines[5:]
 
 
 def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
