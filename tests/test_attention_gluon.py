@@ -420,11 +420,11 @@ def test_ladder_records_a_gluon_variant_it_cannot_run_as_failed(tmp_path, cpu_ti
 
 
 def test_the_table_reads_gluon_rows_as_ours():
-    """studies.attention_ladder_table: a Gluon variant's rows (method gluon) are that variant's ``ours``; the base
+    """attention_analysis.attention_ladder_table: a Gluon variant's rows (method gluon) are that variant's ``ours``; the base
     rung's are the Triton rows; ratios against FA4 from the same block."""
     import pandas as pd
 
-    from xstage import studies
+    from xstage import attention_analysis
 
     rng = random.Random()
     t_tr, t_gl, t_fa = (rng.uniform(1, 2) for _ in range(3))
@@ -432,7 +432,7 @@ def test_the_table_reads_gluon_rows_as_ours():
             for v, meths in (("128x128w8s3-tma-pers", (("triton", t_tr), ("fa4", t_fa))),
                              ("gluon-64x64w4s2", (("gluon", t_gl), ("fa4", t_fa))))
             for m, t in meths for i in range(3)]
-    tab = studies.attention_ladder_table(pd.DataFrame(rows))
+    tab = attention_analysis.attention_ladder_table(pd.DataFrame(rows))
     g = tab.set_index("variant")
     assert g.loc["gluon-64x64w4s2", "ours_ms"] == pytest.approx(t_gl)
     assert g.loc["128x128w8s3-tma-pers", "ours_ms"] == pytest.approx(t_tr)
@@ -442,7 +442,7 @@ def test_the_table_reads_gluon_rows_as_ours():
 
     cfgs = [GluonConfig(64, 64, 4, 2), GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 128, 4, 3, mask_last=True),
             GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True)]
-    assert studies._ladder_labels([{"kernel": "gluon", **asdict(c)} for c in cfgs]) == [c.label for c in cfgs]
+    assert attention_analysis._ladder_labels([{"kernel": "gluon", **asdict(c)} for c in cfgs]) == [c.label for c in cfgs]
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
@@ -626,9 +626,9 @@ def test_recorded_gluon_study_ratios_are_the_rows_medians(record):
     """The Gluon records beside FA4 on one H200 (the current one, the persistent grid's): every Gluon variant was
     checked against float32 before it was timed, and the summary's fastest / FA4 ratio per shape is the ratio of
     that variant block's raw medians (FA4's over ours), recomputed here from the rows."""
-    from xstage import studies
+    from xstage import attention_analysis
 
-    df, m = studies.attention_ladder_data("h200x1", record=record)
+    df, m = attention_analysis.attention_ladder_data("h200x1", record=record)
     gl_variants = set(df[df.method == "gluon"].variant)
     assert gl_variants and all(v.startswith("gluon-") for v in gl_variants)
     for D, checks in m["checks"].items():
@@ -636,7 +636,7 @@ def test_recorded_gluon_study_ratios_are_the_rows_medians(record):
             assert c["rel_l2_vs_fp32"] < 1e-2
             if label.startswith("gluon-"):
                 assert c["fused_bit_exact"] is None and c["ptx"]["wait_group_1"] >= 1
-    s = studies.attention_vs_fa4_summary(studies.attention_ladder_table(df, m)).set_index("shape")
+    s = attention_analysis.attention_vs_fa4_summary(attention_analysis.attention_ladder_table(df, m)).set_index("shape")
     med = df.groupby(["shape", "variant", "method"]).ms.median()
     for shape, row in s.iterrows():
         mine = "gluon" if row.best_variant.startswith("gluon-") else "triton"
@@ -650,9 +650,9 @@ def test_recorded_gluon_study_ratios_are_the_rows_medians(record):
 def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
     """The persistent grid's record (data/h200x1/archive/attention_gluon_persistent): each persistent rung beside the same
     rung one CTA per tile, FA4 present (never absent, never 0) on every shape, the sidecar's commit has the -pe rungs."""
-    from xstage import studies
+    from xstage import attention_analysis
 
-    df, m = studies.attention_ladder_data("h200x1", record="attention_gluon_persistent")
+    df, m = attention_analysis.attention_ladder_data("h200x1", record="attention_gluon_persistent")
     assert m["git_commit"].startswith("835fe12") and not m.get("fa4_absent")
     got = set(df.variant)
     for D, cs in G.PERSISTENT_RUNGS.items():
@@ -676,7 +676,7 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
     fastest / FA4 per shape is the ratio of that block's medians; and what the record says: the peeled last block
     (-lp) is the fastest variant on none of the three masked shapes (Wan, CogVideoX, 30000 x 20), and no variant
     reaches 0.95 of FA4 at 8192 x 24 in either position."""
-    from xstage import studies
+    from xstage import attention_analysis
 
     df, m = _lp_record()
     assert m["git_commit"].startswith("a2650cb") and not m.get("fa4_absent") and not m.get("failed")
@@ -686,7 +686,7 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
         assert {c.label for c in cs} <= set(df.variant)
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
-    s = studies.attention_vs_fa4_summary(studies.attention_ladder_table(df, m)).set_index("shape")
+    s = attention_analysis.attention_vs_fa4_summary(attention_analysis.attention_ladder_table(df, m)).set_index("shape")
     med = df.groupby(["shape", "variant", "method"]).ms.median()
     for shape, row in s.iterrows():
         mine = "gluon" if row.best_variant.startswith("gluon-") else "triton"
@@ -732,16 +732,16 @@ def test_joint_release_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P
 def _replay_h100(record, commit, rungs):
     """A record of one H100: its provenance, every variant checked against float32 before timing, FA4 on
     every shape (never absent, never 0), and each variant's ours / FA4 the ratio of its own block's medians,
-    recomputed from the rows. -> studies.attention_ladder_table of the record."""
-    from xstage import studies
+    recomputed from the rows. -> attention_analysis.attention_ladder_table of the record."""
+    from xstage import attention_analysis
 
-    df, m = studies.attention_ladder_data("h100x1", record)
+    df, m = attention_analysis.attention_ladder_data("h100x1", record)
     assert m["git_commit"].startswith(commit) and "H100" in m["gpu_name"] and not m.get("failed")
     assert all(c["rel_l2_vs_fp32"] < 1e-2 for checks in m["checks"].values() for c in checks.values())
     assert {c.label for cs in rungs.values() for c in cs} <= set(df.variant)
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
-    t = studies.attention_ladder_table(df, m)
+    t = attention_analysis.attention_ladder_table(df, m)
     med = df.groupby(["shape", "variant", "method"]).ms.median()
     for row in t.dropna(subset=["ours_over_fa"]).itertuples():
         mine = "gluon" if row.variant.startswith("gluon-") else "triton"
@@ -756,17 +756,17 @@ def test_recorded_queued_samples_meet_the_goal_where_the_same_card_did_not():
     sample queued behind a GPU-side wait (``bench.time_ms`` lead, recorded in the sidecar). Timed so, the fastest
     variant meets the goal (>= 0.95 of FA4) on every S >= 8K shape, where the first record met it on 2; and the
     queue takes more off ours per launch than off FA4's on every D = 128 shape (our launch costs the host more)."""
-    from xstage import studies
+    from xstage import attention_analysis
 
     t3 = _replay_h100("attention_vs_fa4_unqueued", "e37ae15", G.FINAL_RUNGS)
     tq = _replay_h100("attention_vs_fa4", "e37ae15", G.FINAL_RUNGS)
-    m3 = studies.attention_ladder_data("h100x1", "attention_vs_fa4_unqueued")[1]
-    mq = studies.attention_ladder_data("h100x1", "attention_vs_fa4")[1]
+    m3 = attention_analysis.attention_ladder_data("h100x1", "attention_vs_fa4_unqueued")[1]
+    mq = attention_analysis.attention_ladder_data("h100x1", "attention_vs_fa4")[1]
     assert mq["gpu_uuid"] == m3["gpu_uuid"] and mq["params"]["lead"] and not m3["params"].get("lead")
-    s3, sq = (studies.attention_vs_fa4_summary(t) for t in (t3, tq))
+    s3, sq = (attention_analysis.attention_vs_fa4_summary(t) for t in (t3, tq))
     n3, nq = s3[s3.goal_applies], sq[sq.goal_applies]
     assert len(nq) == 8 and nq.met.all() and n3.met.sum() == 2
-    assert studies.attention_vs_fa4_goals(sq).met[0] and not studies.attention_vs_fa4_goals(s3).met[0]
+    assert attention_analysis.attention_vs_fa4_goals(sq).met[0] and not attention_analysis.attention_vs_fa4_goals(s3).met[0]
     m = t3.merge(tq, on=["shape", "variant"], suffixes=("_n", "_q"))
     d128 = m[m.D_n == 128]
     assert ((d128.ours_ms_n - d128.ours_ms_q) > (d128.fa_ms_n - d128.fa_ms_q)).all()

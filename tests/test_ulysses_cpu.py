@@ -15,7 +15,7 @@ import xstage.ranks
 from xstage.ranks import free_port
 import torch
 
-from xstage import data, studies
+from xstage import data, ulysses_analysis
 from xstage import ulysses as U
 from xstage import ulysses_sweep as US
 from xstage.numeric import check_bit_identical
@@ -323,9 +323,9 @@ def test_schema_resume_and_summary(tmp_path):
     data.append_rows(csv, data.ULYSSES, __import__("pandas").DataFrame(rows))
     assert data.done_keys(csv, data.ULYSSES) == {("s", 4096, 24, 128, 2)}
     df, _ = data.load(tmp_path, data.ULYSSES)
-    sp = studies.ulysses_speedups(df).set_index("line").speedup
+    sp = ulysses_analysis.ulysses_speedups(df).set_index("line").speedup
     assert sp["fused_sv"] == 1.5 and sp["fused_e2e"] == 1.25
-    assert studies.ulysses_ratios(df).fused_sv.iloc[0] == pytest.approx(1.111, abs=1e-3)
+    assert ulysses_analysis.ulysses_ratios(df).fused_sv.iloc[0] == pytest.approx(1.111, abs=1e-3)
 
 
 # ------------------------------------------------------------------------------------------ sm_90 compile

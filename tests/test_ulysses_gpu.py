@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from xstage import data, studies
+from xstage import data, ulysses_analysis
 from xstage import ulysses as U
 from xstage import ulysses_sweep as US
 from xstage.ranks import OneGPUWorld, spawn
@@ -45,7 +45,7 @@ def test_sweep_writes_and_resumes(tmp_path):
     assert (df["end_to_end_ms"] > 0).all() and (df["sender_visible_ms"] > 0).all()
     fused = df[df.method == "fused"]
     assert (fused["sender_visible_ms"] <= fused["end_to_end_ms"] * 1.5).all()   # device span vs events
-    sp = studies.ulysses_speedups(df)
+    sp = ulysses_analysis.ulysses_speedups(df)
     print(sp.to_string(index=False))
     assert set(sp["shape"]) == {s.name for s in shapes} and (sp.speedup > 0).all()
 

@@ -19,7 +19,7 @@ world: every rank's output, poisoned with NaN first), picks the overlapped basel
 times every method of ``xstage.ulysses.METHODS`` and appends its rows (schema ``ulysses``, xstage.data;
 resumable: shapes already recorded are skipped). With device timers the sidecar also gets the fused epilogue's
 per-program times split by where the tile goes (``bursts``: tiles stored to a peer vs to this rank's own rows),
-which ``xstage.studies.ulysses_bursts`` sets beside the stage model of the link.
+which ``xstage.ulysses_analysis.ulysses_bursts`` sets beside the stage model of the link.
 
 FA-class methods (``xstage.fa4.METHODS``, the optional extra ``fa4``, Hopper only): ``fa`` (FA4 alone through its
 interface, ``flash_attn_func``), ``fa_kernel`` (the same kernel launched as the fused one is, checked bit for bit),
@@ -47,12 +47,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import bench, data, env, fa4
+from . import bench, data, env, fa4, ulysses_records
 from . import ulysses_gluon as gluon
 from .bench import median
 from .data import ULYSSES, ULYSSES_FUSED_OUTPUTS
 from .numeric import check_bit_identical, rel_l2
+from .ranks import ONE_GPU_LINKS, OneGPUWorld, spawn
 from .resume import pending
+from .sources import source_data
 from .ulysses import (H200_CONFIGS, METHODS, AttnConfig, UlyssesBuffers, UlyssesShape, attention_flops,
                       attention_forward, check_barrier_status, default_dtype, make_overlapped, n_programs,
                       overlap_chunk_candidates, overlap_receive_buffers, post_all_to_all, post_all_to_all_copies,
@@ -558,8 +560,6 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     "host"; see the module docstring). ``chunks``: the overlapped baseline's head chunks (None: timed per shape
     over the candidates, the fastest kept). Parameters are validated before the GPUs are checked and anything
     launches."""
-    from .ranks import ONE_GPU_LINKS
-
     if world not in WORLDS:
         raise ValueError(f"world must be one of {', '.join(WORLDS)}, got {world!r}")
     if world == "one-gpu":
@@ -590,8 +590,6 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
                   timing="every method warmed up, then each repeat round-robin over the methods")
     methods = list(methods)
     if world == "one-gpu":
-        from .ranks import OneGPUWorld
-
         check_outputs_placement(out, link)
         env.require_gpus(1, "the one-GPU Ulysses sweep")
         env.apply_safe_env()
@@ -606,8 +604,6 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
                     tune, chunks, seed)
     else:
         env.require_gpus(world_size, "the Ulysses sweep")
-        from .ranks import spawn
-
         if any(m in fa4.METHODS for m in methods):
             methods, params["fa4"] = fa4_methods(methods)
         if any(m in gluon.SWEEP_METHODS for m in methods):
@@ -617,3 +613,41 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks,
               seed)
     return Path(out) / f"{ULYSSES.name}.csv"
+
+
+def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
+                 link: str | None = None, record: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Ulysses attention rows (schema xstage.data.ULYSSES: per shape, method, repeat) and provenance;
+    ``df.attrs["world"]`` says which world and link the rows come from (every Ulysses figure's title shows it).
+
+    source:  recorded (xstage.ulysses_records.recorded_folder: data/<machine>/ulysses; with ``link``:
+             data/<machine>/ULYSSES_ONE_GPU_RECORDS[link]/), gpu (run or resume the sweep into ``out``: on every
+             visible GPU, or with ``link`` the one-GPU world, by default into <out>/ULYSSES_ONE_GPU_RECORDS[link]),
+             or auto (gpu when the GPUs are visible, else recorded). There is no simulated source.
+    machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
+             machine's GPUs, xstage.sources.default_out).
+    out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
+    link:    None: one process per GPU (NCCL, NVLink peers); "local" / "host": the one-GPU world
+             (xstage.ranks.OneGPUWorld: every rank on one GPU, the peers' outputs in device memory or in pinned
+             host memory, all-to-alls by copies).
+    record:  with ``link``, recorded only: another folder under data/<machine>/ than the link's record, e.g.
+             ULYSSES_HOST_BEFORE_FIX (fused outputs in device memory; ``df.attrs["world"]`` says so).
+    """
+    ulysses_records.check_link(link, record, source)
+    name = None if link is None else record or ulysses_records.ULYSSES_ONE_GPU_RECORDS[link]
+
+    def run(folder: Path) -> None:
+        if link is None:
+            run_ulysses(folder, world_size=torch.cuda.device_count(),
+                        command="xstage.ulysses_sweep.ulysses_data('gpu')")
+        else:
+            run_ulysses(folder, world="one-gpu", link=link,
+                        command=f"xstage.ulysses_sweep.ulysses_data('gpu', link={link!r})")
+
+    def gpu_folder(folder: Path) -> Path:
+        return folder if link is None else folder / name
+
+    df, meta, _ = source_data(source, data.ULYSSES, "the Ulysses study",
+                              lambda: ulysses_records.recorded_folder(machine, link, record), run, out,
+                              gpu_folder=gpu_folder if out is None else (lambda f: f))
+    return ulysses_records.label_world(df, meta), meta
