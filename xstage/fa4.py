@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 import torch
 
 from . import env
+from .ulysses import MAX_POLLS, _validate_fused, end_barrier, validate_qkv
 
 METHODS = ("fa", "fa_kernel", "fa_serial", "fa_fused")
 PACKAGES = ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]==4.8.1", "quack-kernels==0.6.5",
@@ -110,7 +111,6 @@ def versions() -> dict:
 # ------------------------------------------------------------------------------------------- validation
 def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
     """q, k, v [S, Hl, D] bf16 contiguous on one CUDA device, D 64 or 128 -> (S, Hl, D); one clear error."""
-    from .ulysses import validate_qkv
 
     S, Hl, D = validate_qkv(q, k, v)
     if q.dtype != torch.bfloat16 or not q.is_cuda:
@@ -234,7 +234,6 @@ def ulysses_fused_fa(world, q: Mapping[int, torch.Tensor], k: Mapping[int, torch
     out[r] [Sl, H, D] in ``bufs`` (``xstage.ulysses.ulysses_buffers``), then the end-of-layer barrier of every
     rank. ``events`` (start, end) CUDA events recorded around the kernels (before the barrier): the sender's
     view. Everything is validated before any launch."""
-    from .ulysses import MAX_POLLS, _validate_fused, end_barrier
 
     require()
     ranks = list(world.local_ranks if ranks is None else ranks)

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from . import env
+from .kernels import attention_gluon
+from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel, gluon_attention_ws_kernel
+from .ulysses import HEAD_DIMS, end_barrier
 
 METHOD = "gluon"          # the ladder's method name for this kernel's rows
 
@@ -211,7 +214,6 @@ def available() -> tuple[bool, str]:
     if cap[0] != 9:
         _AVAILABLE = (False, f"Gluon attention is written for sm_90 (Hopper's wgmma); this GPU is sm_{cap[0]}{cap[1]}")
         return _AVAILABLE
-    from .kernels import attention_gluon
 
     if not attention_gluon.AVAILABLE:
         _AVAILABLE = (False, f"this Triton has no Gluon for Hopper ({attention_gluon.WHY}); needs Triton >= 3.5")
@@ -231,7 +233,6 @@ def require() -> None:
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonConfig) -> tuple[int, int, int]:
     """q, k, v [S, Hl, D] bf16 contiguous on one CUDA device, D 64 or 128, a tile that fits -> (S, Hl, D); one
     clear error before any launch (Gluon's absence included)."""
-    from .ulysses import HEAD_DIMS
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -286,7 +287,6 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     """The Gluon attention (non-causal): [S, Hl, D] -> out [S, Hl, D]; ``lse`` (float32 [Hl, S], contiguous) gets
     the natural-log softmax denominators when given. ``fused`` (ws kernels only; see :func:`attention_fused`):
     (out_table int64 [P], rank, P): each output row goes to its owner rank's out [Sl, H, D] instead of ``out``."""
-    from .kernels.attention_gluon import gluon_attention_kernel, gluon_attention_ws_kernel
 
     D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
     config = config or CONFIGS.get(D, CONFIGS[128])[0]
@@ -399,7 +399,6 @@ def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barri
     ranks run one after another. ``config``: default ``SWEEP_CONFIGS[D]``. ``events`` (start, end): CUDA events
     recorded around the kernels (before the barrier), the sender's view. Every rank's inputs are validated before
     any launch. Returns {rank: its out [Sl, H, D] view}."""
-    from .ulysses import end_barrier
 
     P = world.world_size
     ranks = list(world.local_ranks if ranks is None else ranks)
@@ -460,7 +459,6 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel, gluon_attention_ws_kernel
 
     if not AVAILABLE:
         raise RuntimeError(f"this Triton has no Gluon for Hopper ({WHY})")
