@@ -11,7 +11,7 @@ FA4 rows (scripts/attention_vs_fa4.sh installs the carried stack). See xstage.ul
 import os
 import sys
 
-from xstage.ulysses_gluon import (FINAL_RUNGS, JOINT_RUNGS, NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS,
+from xstage.ulysses_gluon import (LADDER, JOINT_RUNGS, NAMED_RUNGS, NEXT_RUNGS, PEEL_RUNGS, PERSISTENT_RUNGS,
                                    REVERSE_RUNGS, SWEEP_CONFIGS)
 from xstage.ulysses import UlyssesShape
 from xstage.ulysses_ladder import (FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS, FA4_SHAPES, FA4_VARIANTS, LAUNCHES,
@@ -68,8 +68,8 @@ SHAPES = {"gluon_lp": tuple(FA4_SHAPES) + (UlyssesShape("s8192_h24_again", 8_192
                           UlyssesShape("s32640_h6", 32_640, 6, 128), UlyssesShape("s32768_h12", 32_768, 12, 128),
                           UlyssesShape("s8192_h24_again", 8_192, 24, 128))}
 # gluon_final (session 26): the goal judged in one record, the best rungs of both head dims side by side
-# (ulysses_gluon.FINAL_RUNGS), run with REPEATS=30 (scripts/attention_vs_fa4.sh)
-STUDIES["gluon_final"] = ("attention_vs_fa4_gluon_final", FINAL_RUNGS)
+# (ulysses_gluon.LADDER), run with REPEATS=30 (scripts/attention_vs_fa4.sh)
+STUDIES["gluon_final"] = ("attention_vs_fa4_gluon_final", LADDER)
 SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_jr"] = SHAPES["gluon_final"] = SHAPES["gluon_lp"]
 # gluon_8k (session 27): the one shape the goal missed in call N8 (8192 x 24, 0.943 by the fastest rung), four blocks a
 # rung: the sweep's tile (ws -ml-rv) beside the persistent rungs that led the same-round ratio there in the gluon_nb
@@ -77,12 +77,12 @@ SHAPES["gluon_nb"] = SHAPES["gluon_rv"] = SHAPES["gluon_jr"] = SHAPES["gluon_fin
 STUDIES["gluon_8k"] = ("attention_vs_fa4_gluon_8k",
                        {128: (SWEEP_CONFIGS[128], PERSISTENT_RUNGS[128][0], NAMED_RUNGS[128][1], REVERSE_RUNGS[128][1])})
 # gluon_final2 (session 27): gluon_final again on another train (a second record of the same rungs and shapes)
-STUDIES["gluon_final2"] = ("attention_vs_fa4_gluon_final2", FINAL_RUNGS)
+STUDIES["gluon_final2"] = ("attention_vs_fa4_gluon_final2", LADDER)
 SHAPES["gluon_final2"] = SHAPES["gluon_final"]
 # gluon_final3 / gluon_final_q (session 27, one call, one card): gluon_final again as recorded so far, then with each
 # sample queued behind a GPU-side wait (LEAD: the host's launch work outside every sample; bench.time_ms)
-STUDIES["gluon_final3"] = ("attention_vs_fa4_gluon_final3", FINAL_RUNGS)
-STUDIES["gluon_final_q"] = ("attention_vs_fa4_gluon_final_q", FINAL_RUNGS)
+STUDIES["gluon_final3"] = ("attention_vs_fa4_gluon_final3", LADDER)
+STUDIES["gluon_final_q"] = ("attention_vs_fa4_gluon_final_q", LADDER)
 SHAPES["gluon_final3"] = SHAPES["gluon_final_q"] = SHAPES["gluon_final"]
 LEAD = {"gluon_final_q"}
 SHAPES["gluon_8k"] = tuple(UlyssesShape(f"s8192_h24{tag}", 8_192, 24, 128) for tag in ("", "_again", "_b3", "_b4"))

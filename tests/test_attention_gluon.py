@@ -314,8 +314,8 @@ def test_bad_tile_one_line(cfg, D, match):
 
 
 SHARED_BYTES_CHECK = r"""
-from xstage.ulysses_gluon import FINAL_RUNGS, JOINT_RUNGS, compile_sm90
-for D, cs in {128: FINAL_RUNGS[128] + JOINT_RUNGS[128][:1], 64: FINAL_RUNGS[64]}.items():
+from xstage.ulysses_gluon import LADDER, JOINT_RUNGS, compile_sm90
+for D, cs in {128: LADDER[128] + JOINT_RUNGS[128][:1], 64: LADDER[64]}.items():
     for c in cs:
         for fused in (False, True):
             print("smem", D, c.label, int(fused), c.shared_bytes(D, fused),
@@ -329,7 +329,7 @@ def test_shared_bytes_is_what_triton_allocates():
     on the measured rungs of session 26 (ws s3 -jr at D = 128 fused among them: over the limit, found in call N5)."""
     out = _compile_check(SHARED_BYTES_CHECK, timeout=900)
     rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("smem ")]
-    assert len(rows) == 2 * (len(G.FINAL_RUNGS[128]) + 1 + len(G.FINAL_RUNGS[64])), out.stdout
+    assert len(rows) == 2 * (len(G.LADDER[128]) + 1 + len(G.LADDER[64])), out.stdout
     for _, D, label, fused, want, got in rows:
         assert 0 <= int(got) - int(want) < 512, (D, label, fused, want, got)
     assert any(int(got) > G.SMEM_LIMIT for *_, got in rows)
@@ -700,7 +700,7 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
 
 # the -jr tiles: session 25's, the final study's on the persistent grid, and ws -jr with two slots at D = 128 (the
 # fused epilogue's -jr there: three slots and the stores' staging pass the shared-memory limit, call N5)
-JOINT_JR = {(D, c.label): (D, c) for D, cs in (*G.JOINT_RUNGS.items(), *G.FINAL_RUNGS.items()) for c in cs
+JOINT_JR = {(D, c.label): (D, c) for D, cs in (*G.JOINT_RUNGS.items(), *G.LADDER.items()) for c in cs
             if c.joint_release}
 JOINT_JR[128, "s2"] = (128, replace(G.JOINT_RUNGS[128][1], stages=2))
 
@@ -721,7 +721,7 @@ def test_joint_release_matches_float32_and_the_separate_releases_bit_for_bit(D, 
 @pytest.mark.parametrize("D, cfg, S, H, P", [
     (128, JOINT_JR[128, "s2"][1], 3000, 4, 2),       # Sl = 1500: tiles straddle (two slots: N5)
     (64, G.JOINT_RUNGS[64][1], 12000, 16, 4),        # 192 rows, Sl = 3000
-    (64, G.FINAL_RUNGS[64][3], 12000, 16, 4),        # persistent
+    (64, G.LADDER[64][3], 12000, 16, 4),        # persistent
 ], ids=lambda x: getattr(x, "label", str(x)))
 def test_joint_release_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     """The fused Ulysses epilogue with one release per slot, bit for bit against the same kernel alone + the
@@ -751,15 +751,15 @@ def _replay_h100(record, commit, rungs):
 
 def test_recorded_queued_samples_meet_the_goal_where_the_same_card_did_not():
     """data/h100x1/archive/attention_vs_fa4_unqueued and data/h100x1/attention_vs_fa4 (one H100, commit e37ae15): the
-    same FINAL_RUNGS on the same shapes, minutes apart on one card, first as every earlier record was timed (each
+    same LADDER on the same shapes, minutes apart on one card, first as every earlier record was timed (each
     sample's clock started on an idle GPU, so it holds the host's work to launch its first kernel), then with each
     sample queued behind a GPU-side wait (``bench.time_ms`` lead, recorded in the sidecar). Timed so, the fastest
     variant meets the goal (>= 0.95 of FA4) on every S >= 8K shape, where the first record met it on 2; and the
     queue takes more off ours per launch than off FA4's on every D = 128 shape (our launch costs the host more)."""
     from xstage import attention_analysis
 
-    t3 = _replay_h100("attention_vs_fa4_unqueued", "e37ae15", G.FINAL_RUNGS)
-    tq = _replay_h100("attention_vs_fa4", "e37ae15", G.FINAL_RUNGS)
+    t3 = _replay_h100("attention_vs_fa4_unqueued", "e37ae15", G.LADDER)
+    tq = _replay_h100("attention_vs_fa4", "e37ae15", G.LADDER)
     m3 = attention_analysis.attention_ladder_data("h100x1", "attention_vs_fa4_unqueued")[1]
     mq = attention_analysis.attention_ladder_data("h100x1", "attention_vs_fa4")[1]
     assert mq["gpu_uuid"] == m3["gpu_uuid"] and mq["params"]["lead"] and not m3["params"].get("lead")

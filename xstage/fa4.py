@@ -209,8 +209,8 @@ def _compiled(D: int, q4, k4, v4, o4, table):
 
 def _table(bufs, S: int, H: int, D: int, rank: int, device) -> torch.Tensor:
     """The fused kernel's peer table on ``device``, cached by its values (the buffers' addresses), never by the
-    buffers object's id: a freed object's id comes back for new buffers at other addresses (run G2 of
-    docs/lab-notebook.md, "Ulysses round 3": a host-link sweep after a local one in one process stored into the freed buffers)."""
+    buffers object's id: a freed object's id comes back for new buffers at other addresses (an earlier record of
+    docs/findings.md: a host-link sweep after a local one in one process stored into the freed buffers)."""
     vals = peer_table_values(S, H, D, bufs.world_size, rank, bufs.out.ptrs)
     key = (tuple(vals), rank, device)
     if key not in _TABLES:

@@ -1,4 +1,4 @@
-"""The attention speed ladder (issue 14, item 3): launch variants of our attention, each checked, then timed
+"""The attention speed ladder: launch variants of our attention, each checked, then timed
 beside cuDNN SDPA in the same run.
 
 ``run_attention_ladder`` is what ``scripts/attention_ladder.py`` calls on one GPU. For every variant (an
@@ -21,7 +21,7 @@ runs and agrees with our attention (or on the CPU) the cuDNN rows are absent (on
 
 Beside FA4 (``run_attention_vs_fa4``, ``scripts/attention_vs_fa4.py``): the same job with
 FA4's CuTe Hopper forward as a third method (``fa4``: ``xstage.fa4.attention_kernel``, FA's kernel launched
-directly, bit for bit ``flash_attn_func``'s output in run F4), timed in the same rounds as ours and cuDNN, on
+directly, bit for bit ``flash_attn_func``'s output in an earlier record), timed in the same rounds as ours and cuDNN, on
 ``FA4_SHAPES`` (the issue's table and the per-rank shapes of the one-GPU sweep) with ``FA4_VARIANTS``. Before a
 shape is timed, ours, FA4 and cuDNN are each compared with the float32 reference on sampled query rows of that
 shape's fresh inputs (``shape_checks`` in the sidecar; a method that disagrees is not timed). Each timed sample is
@@ -78,7 +78,7 @@ LADDER_SHAPES = (
 )
 # per head dim: the U2 record's chosen configuration first (the ladder's base rung), then the levers
 LADDER_VARIANTS = {
-    128: (AttnConfig(128, 128, 8, 3, True),                      # d: chosen at every S >= 8K in run U2
+    128: (AttnConfig(128, 128, 8, 3, True),                      # d: chosen at every S >= 8K in an earlier record
           AttnConfig(128, 128, 8, 3, True, ws=True),             # + warp-specialised key loop
           AttnConfig(128, 128, 8, 2, True, ws=True),
           AttnConfig(128, 64, 4, 3, True, ws=True),              # the tutorial's 4-warp tile, specialised
@@ -86,7 +86,7 @@ LADDER_VARIANTS = {
           AttnConfig(128, 128, 8, 3, True, ws=True, persistent=True),
           AttnConfig(256, 64, 8, 3, True),                       # 128 query rows per warpgroup
           AttnConfig(256, 64, 8, 2, True)),
-    64: (AttnConfig(128, 128, 4, 3, True),                       # chosen at CogVideoX (D = 64) in run U2
+    64: (AttnConfig(128, 128, 4, 3, True),                       # chosen at CogVideoX (D = 64) in an earlier record
          AttnConfig(128, 128, 4, 3, True, ws=True),
          AttnConfig(128, 128, 8, 3, True, ws=True),
          AttnConfig(128, 128, 4, 3, True, persistent=True),
@@ -113,7 +113,7 @@ FA4_VARIANTS = {
           AttnConfig(128, 64, 8, 2, True, persistent=True, per_sm=2, maxnreg=128),
           AttnConfig(64, 64, 4, 3, True),                                 # 2 one-warpgroup programs per SM
           AttnConfig(128, 128, 8, 3, True, persistent=True, scale_q=True)),
-    # (128x64w8s3-tma-pers-pipe was timed in run G2 only: data/h200x1/attention_vs_fa4_late_v/)
+    # (128x64w8s3-tma-pers-pipe was timed in an earlier record only: data/h200x1/attention_vs_fa4_late_v/)
     64: (AttnConfig(128, 128, 4, 3, True),                                # U2 / L1's best at D = 64
          AttnConfig(128, 64, 8, 3, True),                                 # 2 programs of 8 warps per SM
          AttnConfig(128, 128, 8, 2, True, maxnreg=128),
@@ -134,7 +134,7 @@ FA4_GLUON_VARIANTS = {
          GluonConfig(128, 128, 4, 3, ws=True),
          GluonConfig(128, 128, 8, 2)),
 }
-# the next study (not run yet): run C3's fastest Gluon rungs beside the same rungs with the key mask on the last block
+# the next study (not run yet): an earlier record's fastest Gluon rungs beside the same rungs with the key mask on the last block
 # only (GluonConfig.mask_last; S % 128 != 0 on the Wan and both D = 64 shapes, where C3's rungs lost)
 FA4_GLUON_NEXT_VARIANTS = {
     128: (AttnConfig(128, 128, 8, 3, True, persistent=True),

@@ -290,7 +290,7 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
         methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
     # every method warmed up (and compiled) first, then the repeats round-robin over the methods, so that a
     # drift of the GPU's clocks over the run falls on every method alike (timing them one block after another
-    # gave later methods a different clock, docs/lab-notebook.md)
+    # gave later methods a different clock, docs/findings.md)
     calls[0] = 0
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         times = bench.round_robin_ms({m: fns[m] for m in methods}, repeats, warmup=warmup, before=world.barrier)
