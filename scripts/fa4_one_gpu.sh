@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FA4 (flash-attn-4's CuTe DSL Hopper kernel) in the Ulysses study on ONE GPU (issue 14, items 1, 2 and 6).
+# FA4 (flash-attn-4's CuTe DSL Hopper kernel) in the Ulysses study on ONE GPU.
 # The GPU machine reaches no registry: the extra fa4 travels as one xz tarball of `pip install --target` of the
 # pinned wheels (pyproject.toml's [fa4]), split in two parts (a call carries at most 64 MiB with the tree):
 #   here, once:  pip download the pinned wheels (cp312, manylinux) into .whl/, pip install --no-deps --target
