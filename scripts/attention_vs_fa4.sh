@@ -2,8 +2,8 @@
 # On ONE GPU: our attention beside FA4's CuTe Hopper forward (same run, same rounds), the GPU tests of both fused
 # layers, the sustained clocks, and the one-GPU Ulysses sweep at P = 4 with the FA methods. The FA4 stack travels
 # as scripts/fa4_one_gpu.sh describes (three parts, three consecutive calls on the same machine):
-#   calls 1, 2:  scripts/attention_vs_fa4.sh stash [dev ...]              (carry .whl/fa4site312.tar.xz.part-00, -01)
-#   call 3:  XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
+#   first, second: scripts/attention_vs_fa4.sh stash [dev ...]              (carry .whl/fa4site312.tar.xz.part-00, -01)
+#   third:   XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
 #                                                                                (carry .whl/fa4site312.tar.xz.part-02)
 #   dev       the editable install alone (no FA4): for GPU work in the stash calls
 # Stages run in the order given; each has its own time bound and a failure does not stop the next.

@@ -1,4 +1,4 @@
-"""The Gluon attention (kernels/attention_gluon.py, xstage/ulysses_gluon.py; issue 14 round 4).
+"""The Gluon attention (kernels/attention_gluon.py, xstage/ulysses_gluon.py).
 
 Gluon does not run under Triton's CPU interpreter, so on the CPU: the kernel is compiled for sm_90a by this
 machine's Triton (a subprocess without the interpreter) and its PTX must hold the overlapped wgmma wait; bad inputs
@@ -94,7 +94,7 @@ for D, cs in sorted(NEXT_RUNGS.items()):
 """
 
 
-def test_session8_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
+def test_pingpong_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
     """The ping-pong and three-consumer rungs (NEXT_RUNGS) compile for sm_90a: one ``wait_group 1`` per consumer
     warpgroup (3 at BLOCK_M 192), setmaxnreg raising the consumers to their registers (160 with three consumers,
     within 64K registers with the loader's warpgroup), and the ping-pong adds waits (the turn mbarriers)."""
@@ -126,15 +126,14 @@ for D, c in ((128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)),
 def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
     """The ws kernel with FUSED compiles for sm_90a: the same overlapped waits (one per consumer), and its output
     leaves by per-row global stores to the owners instead of the TMA store (none left), every one 16 bytes
-    (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe,
-    session 12); without FUSED the reverse."""
+    (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe); without FUSED the reverse."""
     out = _compile_check(FUSED_COMPILE_CHECK, timeout=300)
     rows = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("fused ")]
     assert len(rows) == 4, out.stdout
-    for D, fused, w1, st, tma_st, v4 in rows:
+    for D, fused, w1, st, tma_st, st16 in rows:
         assert int(w1) == (2 if D == "128" else 3), rows
         assert (int(st) > 0 and int(tma_st) == 0) if fused == "1" else (int(st) == 0 and int(tma_st) > 0), rows
-        assert int(v4) == int(st), rows                                     # every global store 16 bytes
+        assert int(st16) == int(st), rows                                     # every global store 16 bytes
 
 
 PERSISTENT_COMPILE_CHECK = r"""
@@ -151,7 +150,7 @@ for D, cs in PERSISTENT_RUNGS.items():
 
 
 def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
-    """The persistent ws kernel (session 9) compiles for sm_90a: the same overlapped waits (one per consumer), a
+    """The persistent ws kernel compiles for sm_90a: the same overlapped waits (one per consumer), a
     tile loop over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more
     shared memory than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
     out = _compile_check(PERSISTENT_COMPILE_CHECK, timeout=600)
@@ -180,7 +179,7 @@ for D, cs in PEEL_RUNGS.items():
 
 
 def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
-    """The peeled last key block (session 10, ``peel_last``): where S % BLOCK_N != 0 each consumer runs the
+    """The peeled last key block (``peel_last``): where S % BLOCK_N != 0 each consumer runs the
     overlapped step in two loops (the unmasked blocks, then the masked last one), so the PTX holds twice the
     overlapped waits of -ml (one loop with the mask's branch); where S % BLOCK_N == 0 it is -ml's kernel (same waits,
     same wgmma count). On both rungs of each head dim (one CTA per tile and persistent)."""
@@ -215,7 +214,7 @@ for D, cs in NAMED_RUNGS.items():
 
 
 def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers():
-    """The ping-pong's turns in named barriers (session 25, ``named_pp``, -nb): each consumer waits for its turn
+    """The ping-pong's turns in named barriers (``named_pp``, -nb): each consumer waits for its turn
     with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
     before its first tile: it takes the first turn), NC of each; the -pp kernel (mbarrier turns) has none; the same
     overlapped waits and wgmma count as -pp; and Triton's own barriers (immediate ids) stay under NB_BASE, so the
@@ -247,7 +246,7 @@ for D, cs in REVERSE_RUNGS.items():
 
 
 def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop():
-    """The key blocks last to first (session 25, ``reverse_kv``, -rv): where S % BLOCK_N != 0 the masked block is
+    """The key blocks last to first (``reverse_kv``, -rv): where S % BLOCK_N != 0 the masked block is
     each consumer's first, outside the overlapped loop, so the PTX's selects are those of one masked block per
     consumer (64 x NC), at most half of -ml's (the first block's and the loop branch's); where
     S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On every REVERSE_RUNGS
@@ -326,7 +325,7 @@ for D, cs in {128: LADDER[128] + JOINT_RUNGS[128][:1], 64: LADDER[64]}.items():
 def test_shared_bytes_is_what_triton_allocates():
     """``GluonConfig.shared_bytes`` (what the tile and the fused epilogue are refused on before any launch) against
     the shared memory of this machine's sm_90a builds: the same to within the mbarriers (under 512 B), fused and not,
-    on the measured rungs of session 26 (ws s3 -jr at D = 128 fused among them: over the limit, found in call N5)."""
+    on the measured rungs (ws s3 -jr at D = 128 fused among them: over the limit, found in an earlier record)."""
     out = _compile_check(SHARED_BYTES_CHECK, timeout=900)
     rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("smem ")]
     assert len(rows) == 2 * (len(G.LADDER[128]) + 1 + len(G.LADDER[64])), out.stdout
@@ -340,7 +339,7 @@ def test_default_tiles_are_not_warp_specialised():
     its shared-memory address is not reachable from inline PTX), so it stays off the default path: the default
     tiles (``CONFIGS``, what ``attention_forward`` runs without a config) are the one-partition kernel."""
     assert G.CONFIGS and all(not c.ws and not c.pingpong for cs in G.CONFIGS.values() for c in cs)
-    # and they mask only the last key block (call U3: faster where S % 128 != 0)
+    # and they mask only the last key block (an earlier record: faster where S % 128 != 0)
     assert all(c.mask_last for cs in G.CONFIGS.values() for c in cs)
 
 
@@ -353,7 +352,7 @@ WS = GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)
     (WS, 256, (3,), 0, 2, r"out_table must be int64 \[2\]"),
     (WS, 256, (2,), 2, 2, r"rank must be in \[0, P\)"),
     (WS, 256, (2,), 0, 0, r"rank must be in \[0, P\)"),
-    # session 26, call N5: -jr's third ring slot at D = 128 fits alone but not beside the stores' staging
+    # -jr's third ring slot at D = 128 fits alone but not beside the stores' staging
     (GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True, joint_release=True), 256, (2,), 0, 2,
      r"-jr at D = 128: 245760 B of shared memory for Q, the fused epilogue's staging"),
 ])
@@ -501,7 +500,7 @@ def _check_float32(D, cfg, S, H):
     (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True), 4096, 8, 4),
     (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True), 3000, 4, 2),
     (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True), 1000, 8, 4),   # Sl = 250
-    # the persistent grid (session 9), several tiles per CTA: 376 and 252 tiles on 132 SMs, Sl = 6000, 3000
+    # the persistent grid, several tiles per CTA: 376 and 252 tiles on 132 SMs, Sl = 6000, 3000
     (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True), 12000, 8, 2),
     (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True), 12000, 16, 4),
 ])
@@ -535,7 +534,7 @@ def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
 def test_peeled_last_block_matches_float32_and_the_branch_bit_for_bit(D, cfg, S, H):
-    """The peeled last key block (session 10) against float32 (one key block: nothing peeled; two blocks: the
+    """The peeled last key block against float32 (one key block: nothing peeled; two blocks: the
     first loop empty; several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with the
     mask's branch in the loop (-ml: the same arithmetic in the same order), both outputs and lse NaN-poisoned."""
     _check_float32(D, cfg, S, H)
@@ -577,7 +576,7 @@ def test_peeled_last_block_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, 
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
 def test_named_barrier_pingpong_matches_float32_and_the_mbarrier_turns_bit_for_bit(D, cfg, S, H):
-    """The named-barrier turns (session 25, -nb) against float32 (one key block: no turn at all; two blocks;
+    """The named-barrier turns (-nb) against float32 (one key block: no turn at all; two blocks;
     several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with mbarrier turns (-pp: the same
     arithmetic, only the order of the issues is kept differently), out and lse NaN-poisoned first."""
     _check_float32(D, cfg, S, H)
@@ -603,7 +602,7 @@ def test_named_barrier_pingpong_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2), (32760, 1)])
 def test_reversed_key_blocks_match_float32(D, cfg, S, H):
-    """The key blocks last to first (session 25, -rv) against float32, out and lse NaN-poisoned: one key block (the
+    """The key blocks last to first (-rv) against float32, out and lse NaN-poisoned: one key block (the
     masked block is the only one), two, several tiles per CTA, S % 128 == 0 (nothing masked) and Wan's S."""
     _check_float32(D, cfg, S, H)
 
@@ -698,8 +697,8 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
     assert s.loc[["s16384_h24", "s32768_h12", "s49152_h12"], "met"].all()
 
 
-# the -jr tiles: session 25's, the final study's on the persistent grid, and ws -jr with two slots at D = 128 (the
-# fused epilogue's -jr there: three slots and the stores' staging pass the shared-memory limit, call N5)
+# the -jr tiles: the ladder's step, the ladder's on the persistent grid, and ws -jr with two slots at D = 128 (the
+# fused epilogue's -jr there: three slots and the stores' staging pass the shared-memory limit, an earlier record)
 JOINT_JR = {(D, c.label): (D, c) for D, cs in (*G.JOINT_RUNGS.items(), *G.LADDER.items()) for c in cs
             if c.joint_release}
 JOINT_JR[128, "s2"] = (128, replace(G.JOINT_RUNGS[128][1], stages=2))
@@ -709,7 +708,7 @@ JOINT_JR[128, "s2"] = (128, replace(G.JOINT_RUNGS[128][1], stages=2))
 @pytest.mark.parametrize("D, cfg", list(JOINT_JR.values()), ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2), (17776, 1)])
 def test_joint_release_matches_float32_and_the_separate_releases_bit_for_bit(D, cfg, S, H):
-    """One release per ring slot (session 25, -jr) against float32 (one key block, two, three ring slots reused many
+    """One release per ring slot (-jr) against float32 (one key block, two, three ring slots reused many
     times, S % 128 == 0, CogVideoX's S), and bit for bit against the same rung releasing K and V apart (only when
     the loader may refill a slot changes)."""
     _check_float32(D, cfg, S, H)

@@ -57,16 +57,16 @@ ONE_GPU_CASES = [
 ]
 
 
-# round 3's candidates (kernels/attention.py's ladder): two programs per SM, by a register cap or by one-warpgroup
+# the ladder's candidates (kernels/attention.py): two programs per SM, by a register cap or by one-warpgroup
 # programs; a candidate becomes a tuner default only with these passing in the same GPU call as its timing
-ROUND3_CONFIGS = [U.AttnConfig(128, 64, 8, 2, True, maxnreg=128), U.AttnConfig(64, 64, 4, 3, True)]
+LEVER_CONFIGS = [U.AttnConfig(128, 64, 8, 2, True, maxnreg=128), U.AttnConfig(64, 64, 4, 3, True)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("link", ["local", "host"])
 @pytest.mark.parametrize("P", [2, 4])
-@pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)] + ROUND3_CONFIGS,
-                         ids=["default", "tma"] + [c.label for c in ROUND3_CONFIGS])
+@pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)] + LEVER_CONFIGS,
+                         ids=["default", "tma"] + [c.label for c in LEVER_CONFIGS])
 def test_fused_bit_exact_and_close_on_one_gpu(P, link, config):
     """Every rank's output poisoned, the fused layer == our attention + the all-to-all (by indexing and by
     copies) bit for bit, error <= 2x PyTorch's; with link=host the peers' outputs are pinned host memory."""

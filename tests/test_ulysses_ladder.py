@@ -132,15 +132,15 @@ def test_recorded_ladder_loads_and_plots():
     assert t.ours_over_cudnn.notna().any() and len(attention_figures.attention_ladder(t).data) == t["shape"].nunique()
 
 
-# ------------------------------------------------------------------ round 3: beside FA4 (issue 14)
-ROUND3_VARIANTS = {64: (AttnConfig(64, 64, 4, 1), AttnConfig(32, 64, 4, 1, True, pipe=True, scale_q=True)),
+# ------------------------------------------------------------------------------ the levers beside FA4
+LEVER_VARIANTS = {64: (AttnConfig(64, 64, 4, 1), AttnConfig(32, 64, 4, 1, True, pipe=True, scale_q=True)),
                    128: (AttnConfig(64, 32, 4, 1, maxnreg=128),
                          AttnConfig(32, 32, 4, 1, True, persistent=True, per_sm=2, pipe=True))}
 
 
 @pytest.mark.parametrize("cfg", [AttnConfig(64, 32, 4, 1, pipe=True), AttnConfig(32, 32, 4, 1, True, scale_q=True),
                                  AttnConfig(32, 32, 4, 1, True, persistent=True, per_sm=2, pipe=True, maxnreg=128)])
-def test_round3_levers_match_float32_and_the_fused_layer(cfg):
+def test_lever_levers_match_float32_and_the_fused_layer(cfg):
     """The pipelined key loop, the scale folded into q, a capped register count and two persistent programs per
     SM: each within float32's tolerance and the fused layer bit for bit its attention + the all-to-all."""
     chk = check_variant(cfg, 64, seed=random.randrange(2**30), world=EmulatedWorld(2))
@@ -162,7 +162,7 @@ def test_pipelined_key_loop_keeps_the_bits():
 
 @pytest.mark.parametrize("kw, match", [(dict(maxnreg=8), "maxnreg"), (dict(per_sm=2), "per_sm"),
                                        (dict(persistent=True, per_sm=9), "per_sm")])
-def test_bad_round3_config_is_one_error(kw, match):
+def test_bad_lever_config_is_one_error(kw, match):
     with pytest.raises(ValueError, match=match):
         AttnConfig(64, 64, 4, 1, **kw).validate()
 
@@ -184,17 +184,17 @@ def test_beside_fa4_job_checks_each_shape_and_records_fa4_absent(tmp_path, cpu_t
     before either's levers."""
     shapes = [UlyssesShape("tiny", 96, 2, 64), UlyssesShape("t128", 80, 2, 128)]
     meta = {k: "cpu" for k in data.REQUIRED_META if k not in ("schema", "schema_version")}
-    ladder_job(tmp_path, meta, ROUND3_VARIANTS, shapes, 2, 0, random.randrange(2**20), fa=True, launches=2)
+    ladder_job(tmp_path, meta, LEVER_VARIANTS, shapes, 2, 0, random.randrange(2**20), fa=True, launches=2)
     df, m = data.load(tmp_path, ATTENTION_LADDER)
     assert set(df.method) == {"triton"} and len(df) == 8
     assert "no FA4 rows" in capsys.readouterr().err and m["fa4_absent"].startswith("FA4 needs a CUDA GPU")
-    for D, cfgs in ROUND3_VARIANTS.items():
+    for D, cfgs in LEVER_VARIANTS.items():
         for c in cfgs:
             chk = m["shape_checks"][str(D)][c.label]
             assert set(chk) == {s.name for s in shapes if s.D == D}
             assert all(e["triton"] < 1e-2 and e["rows"] >= 2 for e in chk.values())
     first = list(dict.fromkeys(df.variant))
-    assert first[:2] == [ROUND3_VARIANTS[128][0].label, ROUND3_VARIANTS[64][0].label]
+    assert first[:2] == [LEVER_VARIANTS[128][0].label, LEVER_VARIANTS[64][0].label]
 
 
 def test_a_wrong_kernel_on_a_timed_shape_is_never_timed(tmp_path, cpu_timing, monkeypatch):
