@@ -94,6 +94,7 @@ for D, cs in sorted(NEXT_RUNGS.items()):
 """
 
 
+@pytest.mark.slow   # a candidate option not in the current ladder: compiled outside make test
 def test_pingpong_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
     """The ping-pong and three-consumer rungs (NEXT_RUNGS) compile for sm_90a: one ``wait_group 1`` per consumer
     warpgroup (3 at BLOCK_M 192), setmaxnreg raising the consumers to their registers (160 with three consumers,
@@ -178,6 +179,7 @@ for D, cs in PEEL_RUNGS.items():
 """
 
 
+@pytest.mark.slow   # a candidate option not in the current ladder: compiled outside make test
 def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
     """The peeled last key block (``peel_last``): where S % BLOCK_N != 0 each consumer runs the
     overlapped step in two loops (the unmasked blocks, then the masked last one), so the PTX holds twice the
