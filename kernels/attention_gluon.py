@@ -1,7 +1,7 @@
 """Our attention forward in Gluon for Hopper (sm_90): asynchronous wgmma, so the softmax runs under the tensor cores.
 
 Why Gluon: Triton 3.6's ``tl.dot`` waits for every wgmma group right after issuing it (``wgmma.wait_group 0``
-after each commit, docs/lab-notebook.md "Ulysses round 3"), so in kernels/attention.py the softmax of a key block
+after each commit, docs/findings.md), so in kernels/attention.py the softmax of a key block
 never overlaps a GEMM. Gluon (``triton.experimental.gluon``, in Triton 3.6) exposes the wgmma token
 (``warpgroup_mma(..., is_async=True)``, ``warpgroup_mma_wait(num_outstanding, deps)``), the TMA engine and
 mbarriers, so the schedule is written out (FA3's intra-warpgroup overlap):
@@ -33,14 +33,14 @@ tile for the TMA store (rows past S are clipped by the store). Program (m, h) ha
 as in kernels/attention.py (consecutive programs share a head's K/V in L2).
 
 Version ladder (kernels/attention.py's docstring has the TFLOP/s of each rung, rounds 4 and 5): one partition of
-8 warps (C1) < one warpgroup per CTA, 2 CTAs per SM (C1-C3) < warp-specialised, two consumers (C2-C3: 0.88-0.94 of
-FA4 at S >= 8K with 12-24 heads) < the same with the key mask on the last block only (U3: 32760x6 +33 %); D = 64:
-three consumers of a 192-row tile with the ping-pong (U3: +19 % over round 4's best). The ping-pong (turn
-mbarriers) loses 3-4 % with two consumers at D = 128 (U3); the persistent grid (session 9, ``-pe``: at most one CTA
-per SM walking tiles; Q and the output in separate buffers): -1.7 .. +1.2 % at S >= 8K (call U4 of
-docs/lab-notebook.md, session 9), +14 % on 4096x12 (a shape noisy between blocks).
-The masked last key block peeled out of the consumers' loop (session 10, ``peel_last``, ``-lp``: MASK_LAST == 2):
-never faster on the masked shapes (call U10-3: Wan -6 % / +0 % persistent, D = 64 -1 .. -14 %); kept as a rung.
+8 warps (an earlier record) < one warpgroup per CTA, 2 CTAs per SM (earlier records) < warp-specialised, two consumers (earlier records: 0.88-0.94 of
+FA4 at S >= 8K with 12-24 heads) < the same with the key mask on the last block only (an earlier record: 32760x6 +33 %); D = 64:
+three consumers of a 192-row tile with the ping-pong (an earlier record: +19 % over two consumers). The ping-pong (turn
+mbarriers) loses 3-4 % with two consumers at D = 128 (an earlier record); the persistent grid (``-pe``: at most one CTA
+per SM walking tiles; Q and the output in separate buffers): -1.7 .. +1.2 % at S >= 8K (an earlier record of
+docs/findings.md), +14 % on 4096x12 (a shape noisy between blocks).
+The masked last key block peeled out of the consumers' loop (``peel_last``, ``-lp``: MASK_LAST == 2):
+never faster on the masked shapes (an earlier record: Wan -6 % / +0 % persistent, D = 64 -1 .. -14 %); kept as a rung.
 
 In the one-partition kernel every wait is on hardware that completes by itself (TMA byte counts, wgmma groups); no
 wait depends on another CTA. The warp-specialised kernel's waits depend on its other partitions' arrivals (ring
@@ -261,7 +261,7 @@ if AVAILABLE:
                             k_ready, v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M,
                             STAGES, NC, REVERSE, JOINT)
 
-    # FA3 / FA4's warp-scheduler barriers (session 25, ``GluonConfig.named_pp``, label -nb): the consumers' turns in
+    # FA3 / FA4's warp-scheduler barriers (``GluonConfig.named_pp``, label -nb): the consumers' turns in
     # hardware named barriers (``bar.sync`` / ``bar.arrive``, 128 threads that wait + 128 that arrive), where -pp's
     # turns are mbarriers (a try_wait spin in shared memory). Gluon 3.6 has no named-barrier op, so one PTX line per
     # thread through inline asm over a [128] tensor of one element per thread (the partition's 4 warps). Ids from
@@ -358,7 +358,7 @@ if AVAILABLE:
         if not JOINT:
             mbarrier.arrive(k_empty.index(base % STAGES), count=1)
         if MASK_LAST == 3:
-            # -rv (session 25, FA4's order): the loader brings the key blocks last to first, so the only block with
+            # -rv (FA4's order): the loader brings the key blocks last to first, so the only block with
             # keys past S is this first one, outside the overlapped loop (masked here, whatever MASK_LAST's branch
             # would do); every block of the loop is full and runs the unmasked step of S % BLOCK_N == 0
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, (n_blocks - 1) * BLOCK_N, S, qk_scale, s_layout, BLOCK_N,
@@ -367,7 +367,7 @@ if AVAILABLE:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         if MASK_LAST == 2 and not EVEN_N:
-            # the last key block peeled (session 10, ``-lp``): the loop runs the unmasked step (the same code as
+            # the last key block peeled (``-lp``): the loop runs the unmasked step (the same code as
             # S % BLOCK_N == 0), the block holding the keys past S runs once after it, masked (none when
             # n_blocks == 1: block 0 above was the last, masked there). Same arithmetic as MASK_LAST = True, whose
             # in-loop branch the compiler turns into predicated selects on every block (sm_90a SASS, Triton 3.9:
@@ -408,7 +408,7 @@ if AVAILABLE:
             # per row (as kernels/attention.py's FUSED epilogue)
             # the stores leave from a blocked layout, 16 bytes (8 elements) of one row per thread: from the wgmma
             # accumulator's layout they compile to 2-byte stores (st.global.b16, sm_90a PTX), which over PCIe to
-            # host memory cost a transaction each (session 12: 3.2-7.9x Gluon alone on the host link)
+            # host memory cost a transaction each (3.2-7.9x Gluon alone on the host link)
             st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8],
                                                        threads_per_warp=[32 // (HEAD_DIM // 8), HEAD_DIM // 8],
                                                        warps_per_cta=[4, 1], order=[1, 0])
@@ -472,10 +472,10 @@ if AVAILABLE:
         (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
         loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
         GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers); PINGPONG 2
-        (-nb, session 25): the same turns in hardware named barriers NB_BASE .. NB_BASE + NC - 1, as FA4 does.
+        (-nb): the same turns in hardware named barriers NB_BASE .. NB_BASE + NC - 1, as FA4 does.
         FUSED: the Ulysses post-attention all-to-all in the epilogue (out_table: *int64 [P] every rank's out
         [Sl, H, D] base address; rows_per_rank Sl; out_row_stride H * D; out_head0 rank * Hl); o_desc unused.
-        PERSISTENT (session 9): a grid of at most one CTA per SM, each walking tiles program_id, + num_programs,
+        PERSISTENT: a grid of at most one CTA per SM, each walking tiles program_id, + num_programs,
         ...; the output is staged in its own buffer, so the loader fetches the next tile's Q (once every consumer
         is past this tile's S GEMMs) and K/V while the consumers finish the last P V and the epilogue."""
         HALF_M: gl.constexpr = 64

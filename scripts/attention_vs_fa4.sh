@@ -1,30 +1,19 @@
 #!/usr/bin/env bash
-# Issue 14, round 3, on ONE GPU: our attention beside FA4's CuTe Hopper forward (same run, same rounds), the GPU
-# tests of both fused layers, and the one-GPU Ulysses sweep at P = 4 with the FA methods. The FA4 stack travels as
-# scripts/fa4_one_gpu.sh describes (session 8: three parts, three consecutive calls on the same machine):
-#   calls 1, 2:  scripts/attention_vs_fa4.sh stash [dev ...]              (carry .whl/fa4site312.tar.xz.part-00, -01)
-#   call 3:  XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
+# On ONE GPU: our attention beside FA4's CuTe Hopper forward (same run, same rounds), the GPU tests of both fused
+# layers, the sustained clocks, and the one-GPU Ulysses sweep at P = 4 with the FA methods. The FA4 stack travels
+# as scripts/fa4_one_gpu.sh describes (three parts, three consecutive calls on the same machine):
+#   first, second: scripts/attention_vs_fa4.sh stash [dev ...]              (carry .whl/fa4site312.tar.xz.part-00, -01)
+#   third:   XSTAGE_GIT_COMMIT=<sha> OUT=... scripts/attention_vs_fa4.sh install tests:<s> study:<s> p4:<s> pack
 #                                                                                (carry .whl/fa4site312.tar.xz.part-02)
-#   dev       the editable install alone (no FA4): for GPU work in the stash calls (tests:, the Gluon first look)
+#   dev       the editable install alone (no FA4): for GPU work in the stash calls
 # Stages run in the order given; each has its own time bound and a failure does not stop the next.
-#   tests:S   pytest -m gpu tests/test_ulysses_gpu.py tests/test_fa4_gpu.py (the one-GPU ones; 2-GPU ones skip)
-#   study:S   scripts/attention_vs_fa4.py: variants checked, then timed beside FA4 and cuDNN; no new variant
-#             starts after S - 40 s -> $OUT/h200x1/attention_vs_fa4/
+#   tests:S   pytest -m gpu $TESTS (default tests/test_ulysses_gpu.py tests/test_fa4_gpu.py; 2-GPU ones skip)
+#   study:S   scripts/attention_vs_fa4.py: the ladder checked, then timed beside FA4 and cuDNN (REPEATS a block,
+#             default 30); no new variant starts after S - 40 s -> $OUT/$MACHINE/attention_vs_fa4/
+#   clocks:S  scripts/attention_clocks.py (CLOCK_ARGS): sustained windows with nvidia-smi's clock and power
 #   p4:S      xstage sweep ulysses --world one-gpu --ranks 4, links host then local, S / 2 each, with the FA
 #             methods -> $OUT/h200x1/${P4_RECORD:-ulysses_fa_p4}_<link>/
-# Round 4: STUDY=gluon (the study's Gluon rungs, into $OUT/h200x1/attention_vs_fa4_gluon/; STUDY=gluon_next: the
-# key mask on the last block only, not run yet), TESTS=<files> (the
-# tests stage's files), P4_RECORD=ulysses_fa_p4_v2 (the P = 4 re-run into new folders). Session 8: STUDY=gluon_next,
-# gluon_best; session 9: STUDY=gluon_pe (the persistent ws grid, into $OUT/h200x1/attention_vs_fa4_gluon_pe/);
-# session 10: STUDY=gluon_lp (the last key block peeled, -lp; 8192 x 24 timed first and last; into
-# $OUT/h200x1/attention_vs_fa4_gluon_lp/).
-# Session 25: STUDY=gluon_nb | gluon_rv | gluon_jr (named-barrier turns, the key blocks last to first, one release
-# per ring slot), MACHINE=h100x1 where the card is an H100 (records into $OUT/$MACHINE/...).
-# Session 26: STUDY=gluon_final with REPEATS=30 (repeats a block; default 10): the best rungs side by side.
-# Session 27: STUDY=gluon_8k (8192 x 24 alone, four blocks a rung: the sweep tile and the persistent rungs);
-# STUDY=gluon_final2 (gluon_final again, a second record); stage clocks:<s> (scripts/attention_clocks.py, CLOCK_ARGS);
-# STUDY=gluon_final3 then gluon_final_q (the same, each sample queued behind a GPU-side wait: bench.time_ms lead).
-# Logs: $OUT/logs.tgz (pack).
+# MACHINE=h100x1 where the card is an H100. Logs: $OUT/logs.tgz (pack).
 set -u
 . "$(dirname "$0")/fa4_env.sh"
 [ -n "${OUT:-}" ] && mkdir -p "$OUT/logs" "$OUT/h200x1"
@@ -44,11 +33,11 @@ for s in "$@"; do
       tail -n 15 "$OUT/logs/tests_gpu.log" ;;
     study:*)
       t0=$SECONDS; lim=${s#study:}
-      timeout --signal=INT --kill-after=15 "$lim" python3 scripts/attention_vs_fa4.py $((lim - 40)) "${REPEATS:-10}" 2 \
-        >"$OUT/logs/attention_vs_fa4${STUDY:+_$STUDY}.log" 2>&1
+      timeout --signal=INT --kill-after=15 "$lim" python3 scripts/attention_vs_fa4.py $((lim - 40)) "${REPEATS:-30}" 2 \
+        >"$OUT/logs/attention_vs_fa4.log" 2>&1
       echo "== attention beside FA4: rc=$? in $((SECONDS - t0))s"
-      grep "^ladder:" "$OUT/logs/attention_vs_fa4${STUDY:+_$STUDY}.log" | tail -n 80 ;;
-    clocks:*)   # session 27: sustained windows of ours, FA4, cuDNN with nvidia-smi's clock and power samples
+      grep "^ladder:" "$OUT/logs/attention_vs_fa4.log" | tail -n 80 ;;
+    clocks:*)
       t0=$SECONDS
       timeout --signal=INT --kill-after=15 "${s#clocks:}" python3 scripts/attention_clocks.py ${CLOCK_ARGS:-} \
         >"$OUT/logs/attention_clocks.log" 2>&1

@@ -3,6 +3,6 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 SITE=/root/fa4site
 PARTS=/root/fa4parts
-SHA=78f5dd14c81f416492b97e43320f13384a4d40a9739e8c5a5b9c2cf8276a769b   # rebuilt in session 25 (no .pyc, sorted, mtime 0:
+SHA=78f5dd14c81f416492b97e43320f13384a4d40a9739e8c5a5b9c2cf8276a769b   # (no .pyc, sorted, mtime 0:
 # 67.4 MB, 2 parts of 33.7 MB, carried with the data folder left out of the call; see fa4_one_gpu.sh)
 export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}

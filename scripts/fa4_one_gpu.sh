@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# FA4 (flash-attn-4's CuTe DSL Hopper kernel) in the Ulysses study on ONE GPU (issue 14, items 1, 2 and 6).
+# FA4 (flash-attn-4's CuTe DSL Hopper kernel) in the Ulysses study on ONE GPU.
 # The GPU machine reaches no registry: the extra fa4 travels as one xz tarball of `pip install --target` of the
 # pinned wheels (pyproject.toml's [fa4]), split in two parts (a call carries at most 64 MiB with the tree):
 #   here, once:  pip download the pinned wheels (cp312, manylinux) into .whl/, pip install --no-deps --target
 #                <site> --python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary=:all: .whl/*.whl,
 #                tar -C <site> -cf - . | xz -9 > fa4site312.tar.xz, split -b 22390000 -d ... .whl/fa4site312.tar.xz.part-
-#                (session 8: the tracked tree is ~37 MB now, so three parts of 22.4 MB; fa4_env.sh's SHA is the whole)
-#   call 1, 2:   scripts/fa4_one_gpu.sh stash              (carry .whl/fa4site312.tar.xz.part-00, then part-01)
-#   call 3:      (each within 30 s of the last's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
+#                (three parts of 22.4 MB, as the tracked tree is ~37 MB; fa4_env.sh's SHA is the whole)
+#   first, second: scripts/fa4_one_gpu.sh stash              (carry .whl/fa4site312.tar.xz.part-00, then part-01)
+#   third:       (each within 30 s of the last's end, the same machine) OUT=... scripts/fa4_one_gpu.sh install gate \
 #                  sweep:<local_s>:<host_s> test:<s> pack   (carry the last part, .whl/fa4site312.tar.xz.part-02)
 #   stash copies whichever parts the call carried; install joins every stashed and carried part in name order.
-#   The session-8 tarball lacked nvidia-cutlass-dsl-libs-core==4.8.1 (call 3 then also carried its wheel, which
-#   install unzips into the site when carried). Session 9 rebuilt the tarball with all 8 wheels (flash-attn-4,
+#   A carried nvidia-cutlass-dsl-libs-core==4.8.1 wheel is unzipped into the site. The tarball holds all 8 wheels (flash-attn-4,
 #   nvidia-cutlass-dsl, -libs-base, -libs-cu13, -libs-core, quack-kernels, apache-tvm-ffi, torch-c-dlpack-ext:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ...):
 #   72.3 MB of xz, three parts of 24,115,134 B (split -b 24115134); no separate wheel needed.
 #   (pip install --target of several wheels sharing nvidia_cutlass_dsl/ keeps them all: list every one.)
-#   Session 25 rebuilt it (the same 8 wheels): pip install --no-deps --no-compile --target <site> ..., then
+#   Built (the same 8 wheels) with: pip install --no-deps --no-compile --target <site> ..., then
 #   tar -C <site> --sort=name --mtime=@0 --owner=0 --group=0 -cf - . | xz -9: 67.4 MB, 2 parts of 33,710,204 B. The
 #   tracked tree is ~51 MB now (data/ ~47 MB), so those calls ran with data/ out of the index (git rm -r --cached
 #   data, /data/ in .git/info/exclude; restored with git reset -- data after): 4 MB of tree + a part per call.
@@ -39,8 +38,8 @@ for s in "$@"; do
       cat $PARTS/fa4site312.tar.xz.part-* >/root/fa4site312.tar.xz || exit 3
       echo "$SHA  /root/fa4site312.tar.xz" | sha256sum -c - || exit 3
       mkdir -p $SITE && xz -dc /root/fa4site312.tar.xz | tar -x -C $SITE || exit 3
-      # session 8's tarball lacks nvidia-cutlass-dsl-libs-core (the python package cutlass, libs-base's dependency;
-      # call U3 found `No module named 'cutlass.cute'`): carry its wheel beside the last part, unzipped here
+      # an older tarball lacks nvidia-cutlass-dsl-libs-core (the python package cutlass, libs-base's dependency;
+      # one found `No module named 'cutlass.cute'`): carry its wheel beside the last part, unzipped here
       for w in .whl/nvidia_cutlass_dsl_libs_core-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" $SITE; done
       python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/logs/install.log" 2>&1 || { tail "$OUT/logs/install.log"; exit 3; }
       timeout 120 python3 -c "import xstage.fa4 as f; print('fa4.available:', f.available()); print(f.versions())" 2>&1 | tail -5

@@ -5,7 +5,7 @@
 # Records into $OUT/h200x1/ulysses_<link>$SUFFIX/ (copy them into data/h200x1/); logs in $OUT/logs/.
 # LINKS (default "local host") picks the links; SUFFIX names a new record, e.g. the host link after the fused
 # outputs became destination buffers (commit 9b3934c; a host-link folder recorded before it is refused):
-#   LINKS=host SUFFIX=_v2 OUT=... scripts/ulysses_one_gpu.sh 0 150 60 60   -> $OUT/h200x1/ulysses_host_v2/
+#   LINKS=host SUFFIX=_rerun OUT=... scripts/ulysses_one_gpu.sh 0 150 60 60   -> $OUT/h200x1/ulysses_host_rerun/
 set -u
 : "${OUT:?set OUT to the folder that comes back}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from xstage import attention_clocks as ac
-from xstage import data, studies
+from xstage import attention_analysis, data
 from xstage.ulysses import UlyssesShape
 
 T0 = datetime(2026, 12, 6, 5, 19, 32, 100000)
@@ -86,9 +86,9 @@ def test_schema_round_trip_and_the_ratios_recomputed(tmp_path):
     data.append_rows(csv, data.ATTENTION_CLOCKS, df)
     back, _ = data.load(tmp_path, data.ATTENTION_CLOCKS)
     assert len(back) == len(df)
-    t = studies.attention_clocks_table(back)
+    t = attention_analysis.attention_clocks_table(back)
     assert set(t.reasons) == {"0x4"} and (t.windows == 2).all()
-    r = studies.attention_clocks_ratios(t).set_index("shape")
+    r = attention_analysis.attention_clocks_ratios(t).set_index("shape")
     for shape, g in back.groupby("shape"):
         ours, fa = g[g.method == "gluon"], g[g.method == "fa4"]
         assert r.ours_over_fa[shape] == pytest.approx(ours.tflops.median() / fa.tflops.median())
@@ -106,12 +106,12 @@ def test_recorded_clocks_replay_the_refuted_power_hypothesis():
     """data/h100x1/attention_clocks (one H100, commit cd3e751 + the study): every shape's
     methods checked against float32 first; all windows at the card's power limit (reason 0x4 set); at D = 128 ours
     and FA4 at the same SM clock (the power hypothesis refuted), and sustained ours / FA4 >= 0.95 on every shape."""
-    df, m = studies.attention_clocks_data("h100x1")
+    df, m = attention_analysis.attention_clocks_data("h100x1")
     assert m["git_commit"].startswith("cd3e751") and "H100" in m["gpu_name"]
     assert set(m["shape_checks"]) == {s.name for s in ac.CLOCK_SHAPES}
     assert all(e < 1e-2 for errs in m["shape_checks"].values() for k, e in errs.items() if k != "rows")
     assert (df.samples >= 40).all() and all(int(r, 16) & 0x4 for r in df.reasons)
     assert df.groupby(["shape", "method"]).window.nunique().eq(2).all()
-    r = studies.attention_clocks_ratios(studies.attention_clocks_table(df)).set_index("shape")
+    r = attention_analysis.attention_clocks_ratios(attention_analysis.attention_clocks_table(df)).set_index("shape")
     assert (r.clock_ratio[["s8192_h24", "s32768_h12"]] == 1.0).all()
     assert (r.ours_over_fa >= 0.95).all()

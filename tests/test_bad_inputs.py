@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
-from xstage import cli, data, moe_sweep, records, report, reproduce, studies
+from xstage import cli, data, moe_sweep, records, report, reproduce, sources, studies, ulysses_sweep
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -404,12 +404,12 @@ API_CASES = [
      r"machine 'nope' has no recorded burst_gap data"),
     ("variant-unknown", lambda mp: studies.burst_gap_data("recorded", variant="sideways"),
      r"variant must be one of sync, free_running"),
-    ("ulysses-simulated", lambda mp: studies.ulysses_data("simulated"), r"no simulated source"),
+    ("ulysses-simulated", lambda mp: ulysses_sweep.ulysses_data("simulated"), r"no simulated source"),
     ("megamoe-simulated", lambda mp: moe_sweep.megamoe_data("simulated"), r"no simulated source"),
     ("megamoe-assignment", lambda mp: moe_sweep.megamoe_data("recorded", assignment="random"),
      r"assignment must be one of"),
     ("bandwidth-simulated", lambda mp: studies.bandwidth_data(source="simulated"), r"has no bandwidth benchmark"),
-    ("paper-number-unknown", lambda mp: studies.paper_number("megamoe", "nope"), r"no paper number megamoe/nope"),
+    ("paper-number-unknown", lambda mp: sources.paper_number("megamoe", "nope"), r"no paper number megamoe/nope"),
     ("convert-int", lambda mp: reproduce.convert_value("n_bootstrap", "lots", "int"),
      r"parameter 'n_bootstrap' expects int, got 'lots'"),
     ("convert-bool", lambda mp: reproduce.convert_value("drain", "maybe", "bool"), r"expects bool, got 'maybe'"),

@@ -128,10 +128,10 @@ def _synthetic_record(rng):
 
 
 def test_fa_table_ratios_are_the_medians_ratios():
-    from xstage import figures, studies
+    from xstage import ulysses_analysis, ulysses_figures
 
     df = _synthetic_record(random.Random())
-    t = studies.ulysses_fa_table(df)
+    t = ulysses_analysis.ulysses_fa_table(df)
     for _, r in t.iterrows():
         d = df[df["shape"] == r["shape"]]
         med = lambda m, c="end_to_end_ms": d[d.method == m][c].median()  # noqa: E731
@@ -142,9 +142,9 @@ def test_fa_table_ratios_are_the_medians_ratios():
         assert r.fa_speedup == pytest.approx(med("fa_serial") / med("fa_fused"))
         assert r.ours_speedup == pytest.approx(med("serial_triton") / med("fused"))
     df.attrs["world"] = "one GPU, 2 ranks; host link"
-    fig = figures.ulysses_fa(df)
+    fig = ulysses_figures.ulysses_fa(df)
     assert len(fig.data) == 6 and "host link" in fig.layout.title.text
-    no_fused = studies.ulysses_fa_table(df[df.method != "fa_fused"])       # absent: NaN, not 0
+    no_fused = ulysses_analysis.ulysses_fa_table(df[df.method != "fa_fused"])       # absent: NaN, not 0
     assert no_fused.fa_fused_e2e.isna().all() and (no_fused.fa > 0).all()
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from xstage import env, figures, fit, studies
+from xstage import env, figures, fit, sources, studies, ulysses_analysis, ulysses_figures, ulysses_sweep
 from xstage.model import KIB, BurstGapParams, train
 
 PROGRAMS = [1, 4, 16, 66, 132, 264]
@@ -53,7 +53,7 @@ def test_sources_and_provenance(recorded, simulated):
     assert smeta["source"] == "simulated" and smeta["machine"] == "simulated"
     assert sorted(sdf.programs.unique()) == SIM_PROGRAMS and set(sdf.target) == {"remote", "local"}
     assert sdf.sync.all() and not sfree.sync.any()
-    assert "clock" not in studies.caption_provenance(meta)
+    assert "clock" not in sources.caption_provenance(meta)
 
 
 @pytest.mark.parametrize("call, match", [
@@ -62,7 +62,7 @@ def test_sources_and_provenance(recorded, simulated):
     (lambda: studies.burst_gap_data("recorded", variant="async"), "variant must be one of sync, free_running"),
     (lambda: studies.bandwidth_data("recorded", "nowhere"), r"machine 'nowhere'.*h200x2"),
     (lambda: studies.bandwidth_data("simulated", "h200x2"), "source 'simulated' has no bandwidth"),
-    (lambda: studies.paper_number("megamoe", "min_speedup"), "no paper number megamoe/min_speedup"),
+    (lambda: sources.paper_number("megamoe", "min_speedup"), "no paper number megamoe/min_speedup"),
 ])
 def test_bad_parameters_name_the_parameter(call, match):
     with pytest.raises(ValueError, match=match):
@@ -218,7 +218,7 @@ ULYSSES_FIGURES = ("ulysses_speedup", "ulysses_fused_over_attention", "ulysses_t
 
 @pytest.fixture(scope="module")
 def ulysses_recorded():
-    return studies.ulysses_data("recorded")
+    return ulysses_sweep.ulysses_data("recorded")
 
 
 def _ulysses_many(df: pd.DataFrame) -> pd.DataFrame:
@@ -242,13 +242,13 @@ def test_ulysses_recorded_source(ulysses_recorded):
     df, meta = ulysses_recorded
     assert meta["source"] == "recorded" and meta["schema"] == "ulysses" and meta["machine"] == "h200x2"
     assert {"fused", "serial_triton", "attention_only"} <= set(df.method)
-    assert "clock" not in studies.caption_provenance(meta)
+    assert "clock" not in sources.caption_provenance(meta)
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: studies.ulysses_data("simulated"), "the Ulysses study has no simulated source; use recorded or gpu"),
-    (lambda: studies.ulysses_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x2"),
-    (lambda: studies.ulysses_data("nope"), "source must be one of"),
+    (lambda: ulysses_sweep.ulysses_data("simulated"), "the Ulysses study has no simulated source; use recorded or gpu"),
+    (lambda: ulysses_sweep.ulysses_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x2"),
+    (lambda: ulysses_sweep.ulysses_data("nope"), "source must be one of"),
 ])
 def test_ulysses_bad_parameters_name_the_parameter(call, match):
     with pytest.raises(ValueError, match=match):
@@ -258,34 +258,34 @@ def test_ulysses_bad_parameters_name_the_parameter(call, match):
 @pytest.mark.skipif(env.gpu_count() >= 2, reason="this machine has the GPUs")
 def test_ulysses_gpu_source_without_gpus_says_so():
     with pytest.raises(RuntimeError, match="needs 2 CUDA GPU"):
-        studies.ulysses_data("gpu")
+        ulysses_sweep.ulysses_data("gpu")
 
 
 def test_ulysses_analyses(ulysses_recorded):
     df, _ = ulysses_recorded
-    sp = studies.ulysses_speedups(df)
+    sp = ulysses_analysis.ulysses_speedups(df)
     for line in ("fused_sv", "fused_e2e"):
         s = sp[sp.line == line].set_index("shape")
         assert (s.low <= s.speedup).all() and (s.speedup <= s.high).all()
-    ra = studies.ulysses_ratios(df).set_index("shape")
+    ra = ulysses_analysis.ulysses_ratios(df).set_index("shape")
     assert (ra.sent_mb > 0).all() and ra.attention_over_sdpa.between(0.1, 2).all()
-    head = studies.ulysses_headline(df)
+    head = ulysses_analysis.ulysses_headline(df)
     assert head["max_speedup_sv"][0] == pytest.approx(sp[sp.line == "fused_sv"].speedup.max())
     with pytest.raises(ValueError, match="no serial_triton rows"):
-        studies.ulysses_speedups(df[df.method != "serial_triton"])
+        ulysses_analysis.ulysses_speedups(df[df.method != "serial_triton"])
 
 
 def test_ulysses_figures_recorded(ulysses_recorded):
     df, _ = ulysses_recorded
     for name in ULYSSES_FIGURES:
-        fig = getattr(figures, name)(df)
+        fig = getattr(ulysses_figures, name)(df)
         assert len(fig.data) > 0, name
         _nonempty(fig)
-    notes = [a.text for a in figures.ulysses_speedup(df).layout.annotations]
+    notes = [a.text for a in ulysses_figures.ulysses_speedup(df).layout.annotations]
     assert "paper FA3 (8 GPUs): 1.43×" in notes and "paper FA4 (8 GPUs): 1.42×" in notes
-    assert not any("paper" in t for t in (a.text for a in figures.ulysses_speedup(df, paper={}).layout.annotations))
-    assert any("1.05" in a.text for a in figures.ulysses_fused_over_attention(df).layout.annotations)
-    names = {t.name for t in figures.ulysses_speedup(df).data}
+    assert not any("paper" in t for t in (a.text for a in ulysses_figures.ulysses_speedup(df, paper={}).layout.annotations))
+    assert any("1.05" in a.text for a in ulysses_figures.ulysses_fused_over_attention(df).layout.annotations)
+    names = {t.name for t in ulysses_figures.ulysses_speedup(df).data}
     assert any(n.startswith("fused: ") for n in names) and any(n.startswith("overlapped") for n in names)
 
 
@@ -295,10 +295,10 @@ def test_ulysses_figures_any_number_of_shapes(ulysses_recorded, shapes):
     d = df[df["shape"] == df["shape"].iloc[0]] if shapes == "one" else _ulysses_many(df)
     n_shapes = d.groupby(["shape", "P"]).ngroups
     for name in ULYSSES_FIGURES:
-        fig = getattr(figures, name)(d)
+        fig = getattr(ulysses_figures, name)(d)
         _nonempty(fig)
     panels = d.P.nunique()
-    assert len(figures.ulysses_speedup(d).layout.annotations) >= panels * 3   # serial + 2 paper lines per panel
-    times = figures.ulysses_times(d)
+    assert len(ulysses_figures.ulysses_speedup(d).layout.annotations) >= panels * 3   # serial + 2 paper lines per panel
+    times = ulysses_figures.ulysses_times(d)
     assert len(times.data) == n_shapes * 7                                       # fused twice + 5 methods
-    assert len(figures.ulysses_tflops(d).data[0].y) == n_shapes
+    assert len(ulysses_figures.ulysses_tflops(d).data[0].y) == n_shapes

@@ -90,13 +90,13 @@ def test_recorded_16_byte_epilogue_removes_the_host_link_slowdown():
     stores became 16 bytes, kernels/attention_gluon.py): every method, no Gluon check failed, and the rows hold the
     finding: over PCIe the Gluon fused layer now costs 1.03-1.26x Gluon alone (was 3.2-7.9x with 2-byte stores, in
     ulysses_gluon_fused_2byte_host) and beats Gluon then the all-to-all on every shape."""
-    from xstage import studies
+    from xstage import ulysses_analysis
 
     w = {}
     for sub in ("ulysses_gluon_fused_2byte_host", "ulysses_gluon_fused_host"):
         df, meta = data.load(data.machine_dir("h200x1") / "archive" / sub, data.ULYSSES)
         assert meta["params"]["link"] == "host" and "gluon_failed" not in meta
-        w[sub] = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
+        w[sub] = ulysses_analysis.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
     new, old = w["ulysses_gluon_fused_host"], w["ulysses_gluon_fused_2byte_host"]
     assert set(new.columns) == set(old.columns) and list(new.index) == list(old.index)
     assert (new.gluon_fused / new.gluon).between(1.0, 1.3).all()
@@ -109,9 +109,9 @@ def test_recorded_16_byte_epilogue_on_the_local_link():
     method, no Gluon check failed, and the rows hold the finding: on the local link the fused layer and Gluon then
     the device copy are within 2 % on every shape (the store width matters little where stores are not PCIe
     transactions), while the host link's record kept its 2.5x gain from the same change."""
-    from xstage import studies
+    from xstage import ulysses_analysis
 
     df, meta = data.load(data.machine_dir("h200x1") / "archive" / "ulysses_gluon_fused_local", data.ULYSSES)
     assert meta["params"]["link"] == "local" and "gluon_failed" not in meta
-    w = studies.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
+    w = ulysses_analysis.ulysses_medians(df).pivot_table(index="shape", columns="method", values="e2e_median")
     assert len(w) == 5 and (w.gluon_fused / w.gluon_serial).between(0.97, 1.03).all()

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from xstage import data, studies
+from xstage import data, ulysses_analysis
 from xstage import ulysses as U
 from xstage import ulysses_sweep as US
 from xstage.ranks import OneGPUWorld, spawn
@@ -45,7 +45,7 @@ def test_sweep_writes_and_resumes(tmp_path):
     assert (df["end_to_end_ms"] > 0).all() and (df["sender_visible_ms"] > 0).all()
     fused = df[df.method == "fused"]
     assert (fused["sender_visible_ms"] <= fused["end_to_end_ms"] * 1.5).all()   # device span vs events
-    sp = studies.ulysses_speedups(df)
+    sp = ulysses_analysis.ulysses_speedups(df)
     print(sp.to_string(index=False))
     assert set(sp["shape"]) == {s.name for s in shapes} and (sp.speedup > 0).all()
 
@@ -57,16 +57,16 @@ ONE_GPU_CASES = [
 ]
 
 
-# round 3's candidates (kernels/attention.py's ladder): two programs per SM, by a register cap or by one-warpgroup
+# the ladder's candidates (kernels/attention.py): two programs per SM, by a register cap or by one-warpgroup
 # programs; a candidate becomes a tuner default only with these passing in the same GPU call as its timing
-ROUND3_CONFIGS = [U.AttnConfig(128, 64, 8, 2, True, maxnreg=128), U.AttnConfig(64, 64, 4, 3, True)]
+LEVER_CONFIGS = [U.AttnConfig(128, 64, 8, 2, True, maxnreg=128), U.AttnConfig(64, 64, 4, 3, True)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("link", ["local", "host"])
 @pytest.mark.parametrize("P", [2, 4])
-@pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)] + ROUND3_CONFIGS,
-                         ids=["default", "tma"] + [c.label for c in ROUND3_CONFIGS])
+@pytest.mark.parametrize("config", [None, U.AttnConfig(128, 64, 4, 3, True)] + LEVER_CONFIGS,
+                         ids=["default", "tma"] + [c.label for c in LEVER_CONFIGS])
 def test_fused_bit_exact_and_close_on_one_gpu(P, link, config):
     """Every rank's output poisoned, the fused layer == our attention + the all-to-all (by indexing and by
     copies) bit for bit, error <= 2x PyTorch's; with link=host the peers' outputs are pinned host memory."""

@@ -81,7 +81,7 @@ def test_run_attention_ladder_needs_a_gpu_after_validating(tmp_path):
 
 
 def test_a_failing_variant_is_recorded_and_never_timed(tmp_path, cpu_timing, monkeypatch):
-    from xstage import studies
+    from xstage import attention_analysis
     from xstage import ulysses_ladder as L
 
     real, bad = L.check_variant, CPU_VARIANTS[64][1].label
@@ -97,12 +97,12 @@ def test_a_failing_variant_is_recorded_and_never_timed(tmp_path, cpu_timing, mon
     df, m = data.load(tmp_path, ATTENTION_LADDER)
     assert set(df.variant) == {CPU_VARIANTS[64][0].label}
     assert m["failed"] == {"64": {bad: "RuntimeError: PassManager::run failed"}}
-    t = studies.attention_ladder_table(df, m)
+    t = attention_analysis.attention_ladder_table(df, m)
     assert t[t.variant == bad].failed.iloc[0].startswith("RuntimeError") and t[t.variant == bad].D.iloc[0] == 64
 
 
 def test_ladder_table_ratios_are_same_round_medians():
-    from xstage import studies
+    from xstage import attention_analysis
 
     rng = random.Random()
     rows = []
@@ -112,7 +112,7 @@ def test_ladder_table_ratios_are_same_round_medians():
                 rows.append(dict(variant=v, shape="s", S=1024, H=2, D=128, method=meth, repeat=i,
                                  ms=rng.uniform(1, 2), tflops=1.0))
     df = pd.DataFrame(rows)
-    t = studies.attention_ladder_table(df).set_index("variant")
+    t = attention_analysis.attention_ladder_table(df).set_index("variant")
     med = df.groupby(["variant", "method"]).ms.median()
     for v in ("base", "other"):
         assert t.loc[v, "ours_over_cudnn"] == pytest.approx(med[v, "cudnn"] / med[v, "triton"])
@@ -122,25 +122,25 @@ def test_ladder_table_ratios_are_same_round_medians():
 
 
 def test_recorded_ladder_loads_and_plots():
-    from xstage import figures, studies
+    from xstage import attention_analysis, attention_figures
 
     try:
-        df, m = studies.attention_ladder_data("h200x1")
+        df, m = attention_analysis.attention_ladder_data("h200x1")
     except ValueError:
         pytest.skip("no recorded attention ladder")
-    t = studies.attention_ladder_table(df, m)
-    assert t.ours_over_cudnn.notna().any() and len(figures.attention_ladder(t).data) == t["shape"].nunique()
+    t = attention_analysis.attention_ladder_table(df, m)
+    assert t.ours_over_cudnn.notna().any() and len(attention_figures.attention_ladder(t).data) == t["shape"].nunique()
 
 
-# ------------------------------------------------------------------ round 3: beside FA4 (issue 14)
-ROUND3_VARIANTS = {64: (AttnConfig(64, 64, 4, 1), AttnConfig(32, 64, 4, 1, True, pipe=True, scale_q=True)),
+# ------------------------------------------------------------------------------ the levers beside FA4
+LEVER_VARIANTS = {64: (AttnConfig(64, 64, 4, 1), AttnConfig(32, 64, 4, 1, True, pipe=True, scale_q=True)),
                    128: (AttnConfig(64, 32, 4, 1, maxnreg=128),
                          AttnConfig(32, 32, 4, 1, True, persistent=True, per_sm=2, pipe=True))}
 
 
 @pytest.mark.parametrize("cfg", [AttnConfig(64, 32, 4, 1, pipe=True), AttnConfig(32, 32, 4, 1, True, scale_q=True),
                                  AttnConfig(32, 32, 4, 1, True, persistent=True, per_sm=2, pipe=True, maxnreg=128)])
-def test_round3_levers_match_float32_and_the_fused_layer(cfg):
+def test_lever_levers_match_float32_and_the_fused_layer(cfg):
     """The pipelined key loop, the scale folded into q, a capped register count and two persistent programs per
     SM: each within float32's tolerance and the fused layer bit for bit its attention + the all-to-all."""
     chk = check_variant(cfg, 64, seed=random.randrange(2**30), world=EmulatedWorld(2))
@@ -162,7 +162,7 @@ def test_pipelined_key_loop_keeps_the_bits():
 
 @pytest.mark.parametrize("kw, match", [(dict(maxnreg=8), "maxnreg"), (dict(per_sm=2), "per_sm"),
                                        (dict(persistent=True, per_sm=9), "per_sm")])
-def test_bad_round3_config_is_one_error(kw, match):
+def test_bad_lever_config_is_one_error(kw, match):
     with pytest.raises(ValueError, match=match):
         AttnConfig(64, 64, 4, 1, **kw).validate()
 
@@ -170,7 +170,7 @@ def test_bad_round3_config_is_one_error(kw, match):
 def test_labels_name_every_lever_and_studies_reads_them():
     from dataclasses import asdict
 
-    from xstage.studies import _ladder_labels
+    from xstage.attention_analysis import _ladder_labels
 
     cfgs = [AttnConfig(128, 64, 8, 2, True, persistent=True, per_sm=2, maxnreg=128),
             AttnConfig(128, 128, 8, 3, True, persistent=True, scale_q=True), AttnConfig(128, 64, 8, 3, True, pipe=True)]
@@ -184,17 +184,17 @@ def test_beside_fa4_job_checks_each_shape_and_records_fa4_absent(tmp_path, cpu_t
     before either's levers."""
     shapes = [UlyssesShape("tiny", 96, 2, 64), UlyssesShape("t128", 80, 2, 128)]
     meta = {k: "cpu" for k in data.REQUIRED_META if k not in ("schema", "schema_version")}
-    ladder_job(tmp_path, meta, ROUND3_VARIANTS, shapes, 2, 0, random.randrange(2**20), fa=True, launches=2)
+    ladder_job(tmp_path, meta, LEVER_VARIANTS, shapes, 2, 0, random.randrange(2**20), fa=True, launches=2)
     df, m = data.load(tmp_path, ATTENTION_LADDER)
     assert set(df.method) == {"triton"} and len(df) == 8
     assert "no FA4 rows" in capsys.readouterr().err and m["fa4_absent"].startswith("FA4 needs a CUDA GPU")
-    for D, cfgs in ROUND3_VARIANTS.items():
+    for D, cfgs in LEVER_VARIANTS.items():
         for c in cfgs:
             chk = m["shape_checks"][str(D)][c.label]
             assert set(chk) == {s.name for s in shapes if s.D == D}
             assert all(e["triton"] < 1e-2 and e["rows"] >= 2 for e in chk.values())
     first = list(dict.fromkeys(df.variant))
-    assert first[:2] == [ROUND3_VARIANTS[128][0].label, ROUND3_VARIANTS[64][0].label]
+    assert first[:2] == [LEVER_VARIANTS[128][0].label, LEVER_VARIANTS[64][0].label]
 
 
 def test_a_wrong_kernel_on_a_timed_shape_is_never_timed(tmp_path, cpu_timing, monkeypatch):
@@ -235,7 +235,7 @@ def test_run_attention_vs_fa4_validates_then_needs_a_gpu(tmp_path):
 
 
 def test_beside_fa4_summary_is_same_round_medians_and_flags_the_goal():
-    from xstage import studies
+    from xstage import attention_analysis
 
     rng = random.Random()
     rows = []
@@ -246,39 +246,39 @@ def test_beside_fa4_summary_is_same_round_medians_and_flags_the_goal():
                     rows.append(dict(variant=v, shape=f"s{S}", S=S, H=2, D=128, method=meth, repeat=i,
                                      ms=rng.uniform(1, 2), tflops=1.0))
     df = pd.DataFrame(rows)
-    t = studies.attention_ladder_table(df)
+    t = attention_analysis.attention_ladder_table(df)
     med = df.groupby(["shape", "variant", "method"]).ms.median()
-    s = studies.attention_vs_fa4_summary(t).set_index("shape")
+    s = attention_analysis.attention_vs_fa4_summary(t).set_index("shape")
     for S in (4096, 8192):
         sh = f"s{S}"
         best = min(("base", "other"), key=lambda v: med[sh, v, "triton"])
         assert s.loc[sh, "best_variant"] == best and s.loc[sh, "base_variant"] == "base"
         assert s.loc[sh, "best_over_fa"] == pytest.approx(med[sh, best, "fa4"] / med[sh, best, "triton"])
         assert s.loc[sh, "base_over_fa"] == pytest.approx(med[sh, "base", "fa4"] / med[sh, "base", "triton"])
-        assert s.loc[sh, "met"] == (s.loc[sh, "best_over_fa"] >= studies.ATTENTION_LADDER_GOAL)
+        assert s.loc[sh, "met"] == (s.loc[sh, "best_over_fa"] >= attention_analysis.ATTENTION_LADDER_GOAL)
     assert list(s.goal_applies) == [False, True]
-    assert studies.attention_vs_fa4_summary(studies.attention_ladder_table(df[df.method != "fa4"])).empty
+    assert attention_analysis.attention_vs_fa4_summary(attention_analysis.attention_ladder_table(df[df.method != "fa4"])).empty
 
 
 @pytest.mark.parametrize("record", ["attention_vs_fa4", "attention_triton_vs_fa4"])
 def test_recorded_beside_fa4_loads_and_plots(record):
-    from xstage import figures, studies
+    from xstage import attention_analysis, attention_figures
 
-    df, m = studies.attention_ladder_data("h200x1", record=record)
-    t = studies.attention_ladder_table(df, m)
-    s = studies.attention_vs_fa4_summary(t)
+    df, m = attention_analysis.attention_ladder_data("h200x1", record=record)
+    t = attention_analysis.attention_ladder_table(df, m)
+    s = attention_analysis.attention_vs_fa4_summary(t)
     assert len(s) == t["shape"].nunique() and (s.fa_tflops > 0).all() and set(s.D) <= {64, 128}
-    assert len(figures.attention_vs_fa4(s).data) == 2
-    assert len(figures.attention_ladder(t, against="fa").data) == t["shape"].nunique()
+    assert len(attention_figures.attention_vs_fa4(s).data) == 2
+    assert len(attention_figures.attention_ladder(t, against="fa").data) == t["shape"].nunique()
     with pytest.raises(ValueError, match="record must be one of"):
-        studies.attention_ladder_data("h200x1", record="nope")
+        attention_analysis.attention_ladder_data("h200x1", record="nope")
 
 
 def test_beside_fa4_goal_row_is_the_smallest_ratio_at_8k_and_up():
-    from xstage import studies
+    from xstage import attention_analysis
 
     s = pd.DataFrame(dict(goal_applies=[False, True, True], best_over_fa=[0.5, random.uniform(0.9, 1.0), 0.97]))
-    g = studies.attention_vs_fa4_goals(s, "w")
+    g = attention_analysis.attention_vs_fa4_goals(s, "w")
     assert g.ours.iloc[0] == pytest.approx(min(s.best_over_fa[1:])) and "(w)" in g.quantity.iloc[0]
-    assert g.met.iloc[0] == (g.ours.iloc[0] >= studies.ATTENTION_LADDER_GOAL)
-    assert studies.attention_vs_fa4_goals(s[:1]).met.iloc[0] is None
+    assert g.met.iloc[0] == (g.ours.iloc[0] >= attention_analysis.ATTENTION_LADDER_GOAL)
+    assert attention_analysis.attention_vs_fa4_goals(s[:1]).met.iloc[0] is None

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import bench, data, env
+from . import bench, data, env, fa4
 from .data import ATTENTION_CLOCKS
 from .ulysses import UlyssesShape, attention_flops, default_dtype
 from .ulysses_gluon import sweep_config
@@ -151,7 +151,6 @@ def run_attention_clocks(out: str | Path, shapes: Sequence[UlyssesShape] = CLOCK
     """The study (module docstring) with the sweep's Gluon tile of each head dim (``sweep_config``) into
     ``out``/attention_clocks.csv. Needs one GPU, nvidia-smi and the extra fa4 (FA4's rows absent otherwise, one line
     in the sidecar)."""
-    from . import fa4
 
     validate(shapes, seconds, windows)
     env.require_gpus(1, "the attention clocks study")

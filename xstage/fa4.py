@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 import torch
 
 from . import env
+from .ulysses import MAX_POLLS, _validate_fused, end_barrier, validate_qkv
 
 METHODS = ("fa", "fa_kernel", "fa_serial", "fa_fused")
 PACKAGES = ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]==4.8.1", "quack-kernels==0.6.5",
@@ -110,7 +111,6 @@ def versions() -> dict:
 # ------------------------------------------------------------------------------------------- validation
 def validate_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int]:
     """q, k, v [S, Hl, D] bf16 contiguous on one CUDA device, D 64 or 128 -> (S, Hl, D); one clear error."""
-    from .ulysses import validate_qkv
 
     S, Hl, D = validate_qkv(q, k, v)
     if q.dtype != torch.bfloat16 or not q.is_cuda:
@@ -163,9 +163,9 @@ def attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale
         raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype} on {q.device}")
     from flash_attn.cute.utils import AuxData
 
-    q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    q_bshd, k_bshd, v_bshd, o_bshd = (t.unsqueeze(0) for t in (q, k, v, out))
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-    _compiled(D, q4, k4, v4, o4, None)(q4, k4, v4, o4, None, scale, None, None, None, None, None, None, None, None,
+    _compiled(D, q_bshd, k_bshd, v_bshd, o_bshd, None)(q_bshd, k_bshd, v_bshd, o_bshd, None, scale, None, None, None, None, None, None, None, None,
                                        None, AuxData(None, None), None, None)
     return out
 
@@ -176,10 +176,10 @@ _TABLES: dict = {}
 _SCRATCH: dict = {}
 
 
-def _compiled(D: int, q4, k4, v4, o4, table):
+def _compiled(D: int, q_bshd, k_bshd, v_bshd, o_bshd, table):
     """The fused kernel for head dim D (``table`` given) or FA's own kernel (``table`` None), compiled once per head
     dim and device (shapes are dynamic), with FA's config and FA's compile options."""
-    key = (D, q4.device, table is None)
+    key = (D, q_bshd.device, table is None)
     if key not in _COMPILED:
         import cutlass
         import cutlass.cute as cute
@@ -197,8 +197,8 @@ def _compiled(D: int, q4, k4, v4, o4, table):
             cutlass.BFloat16, D, D, 1, is_causal=False, is_local=False, pack_gqa=False, tile_m=tile_m,
             tile_n=tile_n, num_stages=NUM_STAGES, num_threads=NUM_THREADS, Q_in_regs=False,
             intra_wg_overlap=overlap, mma_pv_is_rs=rs)
-        qt, kt, vt = (to_cute_tensor(t) for t in (q4, k4, v4))
-        ot = to_cute_tensor(o4, assumed_align=16)
+        qt, kt, vt = (to_cute_tensor(t) for t in (q_bshd, k_bshd, v_bshd))
+        ot = to_cute_tensor(o_bshd, assumed_align=16)
         aux = AuxData(None if table is None else [to_cute_tensor(table, assumed_align=8, leading_dim=0)], None)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         _COMPILED[key] = cute.compile(kern, qt, kt, vt, ot, None, 1.0, None, None, None, None, None, None, None,
@@ -209,8 +209,8 @@ def _compiled(D: int, q4, k4, v4, o4, table):
 
 def _table(bufs, S: int, H: int, D: int, rank: int, device) -> torch.Tensor:
     """The fused kernel's peer table on ``device``, cached by its values (the buffers' addresses), never by the
-    buffers object's id: a freed object's id comes back for new buffers at other addresses (run G2 of
-    docs/lab-notebook.md, "Ulysses round 3": a host-link sweep after a local one in one process stored into the freed buffers)."""
+    buffers object's id: a freed object's id comes back for new buffers at other addresses (an earlier record of
+    docs/findings.md: a host-link sweep after a local one in one process stored into the freed buffers)."""
     vals = peer_table_values(S, H, D, bufs.world_size, rank, bufs.out.ptrs)
     key = (tuple(vals), rank, device)
     if key not in _TABLES:
@@ -234,7 +234,6 @@ def ulysses_fused_fa(world, q: Mapping[int, torch.Tensor], k: Mapping[int, torch
     out[r] [Sl, H, D] in ``bufs`` (``xstage.ulysses.ulysses_buffers``), then the end-of-layer barrier of every
     rank. ``events`` (start, end) CUDA events recorded around the kernels (before the barrier): the sender's
     view. Everything is validated before any launch."""
-    from .ulysses import MAX_POLLS, _validate_fused, end_barrier
 
     require()
     ranks = list(world.local_ranks if ranks is None else ranks)
@@ -248,13 +247,13 @@ def ulysses_fused_fa(world, q: Mapping[int, torch.Tensor], k: Mapping[int, torch
 
     launches = []
     for r in ranks:
-        q4, k4, v4 = (t[r].unsqueeze(0) for t in (q, k, v))
-        table = _table(bufs, S, H, D, r, q4.device)
-        launches.append((_compiled(D, q4, k4, v4, _scratch(q[r]), table), q4, k4, v4, _scratch(q[r]), table))
+        q_bshd, k_bshd, v_bshd = (t[r].unsqueeze(0) for t in (q, k, v))
+        table = _table(bufs, S, H, D, r, q_bshd.device)
+        launches.append((_compiled(D, q_bshd, k_bshd, v_bshd, _scratch(q[r]), table), q_bshd, k_bshd, v_bshd, _scratch(q[r]), table))
     if events is not None:
         events[0].record()
-    for fn, q4, k4, v4, o4, table in launches:
-        fn(q4, k4, v4, o4, None, scale, None, None, None, None, None, None, None, None, None,
+    for fn, q_bshd, k_bshd, v_bshd, o_bshd, table in launches:
+        fn(q_bshd, k_bshd, v_bshd, o_bshd, None, scale, None, None, None, None, None, None, None, None, None,
            AuxData([table], None), None, None)
     if events is not None:
         events[1].record()

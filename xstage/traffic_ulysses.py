@@ -37,9 +37,16 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
-from . import data, env
+from . import bench, data, env
 from .numeric import check_bit_identical
+from .ranks import spawn
+from .resume import pending
 from .traffic import TRAFFIC_RANKS, TrafficWorld, label, validate_traffic
+from .ulysses import (H200_CONFIGS, MAX_POLLS, UlyssesShape, _as_shape, _random_inputs, alltoall_bytes,
+                      attention_forward, attention_reference, check_barrier_status, check_close, default_config,
+                      default_dtype, n_programs, relayout_received, sender_visible_ms, shapes_for, ulysses_buffers,
+                      ulysses_fused, validate_shape, validate_torch_dtype)
+from .ulysses_measure import epilogue_bursts, record_shape, tune_config
 
 METHODS = ("fused", "serial_bytes", "attention_only")
 METHOD_HELP = {
@@ -64,7 +71,6 @@ def validate(world, S: int, H: int, D: int) -> None:
 
 def validate_traffic_shape(S: int, H: int, D: int, traffic_ranks: int) -> None:
     """``xstage.ulysses.validate_shape`` at P = ``traffic_ranks``, its error naming the traffic world."""
-    from .ulysses import validate_shape
 
     try:
         validate_shape(S, H, D, traffic_ranks)
@@ -138,7 +144,6 @@ def layer_inputs(world: TrafficWorld, S: int, H: int, D: int, dtype: torch.dtype
     """{rank: (q, k, v)} [S, Hl, D] of the L-rank layer for ``ranks`` (played ranks): its inputs after the
     pre-attention all-to-all, built on the host from the layer's q, k, v [S, H, D] (seeded: the same on every GPU
     and in the emulated L-rank layer of the tests)."""
-    from .ulysses import UlyssesShape, _random_inputs
 
     Hl = H // world.traffic_ranks
     out = {}
@@ -194,7 +199,6 @@ def make_serial_bytes(world: TrafficWorld, rank: int, q, k, v, config, recv: tor
     :func:`a2a_splits` (one process per GPU: NCCL ``all_to_all_single``; one process driving both GPUs, the CPU
     tests: :func:`serial_bytes_copies` with the peer's output ``o_peer`` computed before), then
     ``xstage.ulysses.relayout_received`` at L ranks."""
-    from .ulysses import attention_forward, relayout_received
 
     S, Hl, D = q.shape
     L, g = world.traffic_ranks, world.gpu_of(rank)
@@ -222,9 +226,6 @@ def check_job(world: TrafficWorld, cases: Sequence, seed: int, dtype: torch.dtyp
     the traffic world, then (1) :func:`check_layer` (bit for bit against our attention of both played ranks, the
     rest still NaN), (2) the real outputs' two head groups within 2x PyTorch's error of the float32 reference,
     (3) the bytes that crossed (:func:`egress`, (L-1)/L). Returns one dict per (case, GPU of this process)."""
-    from .ulysses import (MAX_POLLS, _as_shape, attention_forward, attention_reference, check_close,
-                          default_config, default_dtype, ulysses_buffers, ulysses_fused, validate_torch_dtype,
-                          _random_inputs)
 
     if not isinstance(world, TrafficWorld):
         raise ValueError("xstage.traffic_ulysses.check_job needs a TrafficWorld")
@@ -302,9 +303,6 @@ def measure_shape(world: TrafficWorld, shape, bufs, methods: Sequence[str], repe
     GPU (the sweep): the fused layer checked first (:func:`check_layer`, every slot poisoned), then
     ``serial_bytes``' movement; then every method warmed up and timed round-robin (``xstage.bench``). One process
     driving both GPUs (the CPU tests of the flow): both kernels run in the check, GPU 0's rank is timed."""
-    from . import bench
-    from .ulysses import (attention_forward, check_barrier_status, n_programs, sender_visible_ms, ulysses_fused)
-    from .ulysses_sweep import epilogue_bursts
 
     L, S, H, D = world.traffic_ranks, shape.S, shape.H, shape.D
     Hl = H // L
@@ -364,9 +362,6 @@ def sweep_job(world, traffic_ranks: int, shapes: Sequence, folder: str, meta: di
     """On each of the 2 GPUs (``xstage.ranks.spawn``): shapes not yet in ``folder`` checked, timed and appended
     (schema ``ulysses_traffic``; resumable, one shape at a time). ``world``: the base world of this process (a
     TrafficWorld is accepted as it is)."""
-    from .resume import pending
-    from .ulysses import H200_CONFIGS, default_config, ulysses_buffers
-    from .ulysses_sweep import record_shape, tune_config
 
     tw = world if isinstance(world, TrafficWorld) else TrafficWorld(world, traffic_ranks)
     L = tw.traffic_ranks
@@ -410,7 +405,6 @@ def run(out: str | Path, traffic_ranks: int = TRAFFIC_RANKS, world_size: int = 2
     """``xstage sweep ulysses --traffic-ranks L``: Ulysses with L-rank traffic on 2 GPUs into ``out``/
     ulysses_traffic.csv (a folder of its own named traffic<L>, e.g. data/h200x2/traffic8); returns its path. Every
     parameter is validated (one clear error) before the GPUs are checked and anything launches."""
-    from .ulysses import shapes_for
 
     if world != "gpus":
         raise ValueError(f"traffic ranks are for the gpus world (2 GPUs, NVLink peers), got world {world!r} "
@@ -445,7 +439,6 @@ def run(out: str | Path, traffic_ranks: int = TRAFFIC_RANKS, world_size: int = 2
                              f"{traffic_ranks} in another folder")
     env.require_gpus(world_size, f"the Ulysses sweep with {label(traffic_ranks, world_size)}")
     env.apply_safe_env()
-    from .ranks import spawn
 
     params = dict(world=world, world_size=world_size, traffic_ranks=traffic_ranks, gpus=world_size,
                   played=[g * (traffic_ranks // world_size) for g in range(world_size)], label=label(traffic_ranks),
@@ -480,7 +473,6 @@ def predicted_fused_over_serial(df, meta: dict, traffic_ranks: int = TRAFFIC_RAN
     hides everything and pays nothing), with the times behind them (ms); ``attrs["alltoall_fit"]`` the law."""
     import numpy as np
 
-    from .ulysses import alltoall_bytes
 
     if set(df.P) != {2}:
         raise ValueError(f"predicted_fused_over_serial needs recorded P = 2 rows, got P = {sorted(set(df.P))}")

@@ -161,12 +161,12 @@ class AttnConfig:
 
 
 # H200 (sm_90): BLOCK_M=128, BLOCK_N=64; 4 warps / 2 stages ran 510-523 TFLOP/s at D=128 in a
-# reference run before this project's sweeps (docs/lab-notebook.md has ours). The tuner
+# reference run before this project's sweeps (docs/findings.mdhas ours). The tuner
 # (``tune_config``) times every candidate on the shape and keeps the fastest; the TMA ones load K/V with Hopper's
 # bulk tensor copies. The first candidate is the untuned default. The last (TMA, 4 stages, 8 warps) was added
 # for issue 14: a deeper K/V pipeline for the S >= 8K shapes (at D = 128 with 64-key blocks: four stages of
 # 128-key K/V blocks would need 256 KiB of shared memory). The persistent 128 x 128 tile at D = 128 (one program
-# per SM looping over tiles) won in the attention ladder (run L1, data/h200x1/attention_ladder: +1-7 % over the
+# per SM looping over tiles) won in the attention ladder (an earlier record, data/h200x1/attention_ladder: +1-7 % over the
 # same tile launched one program per tile, checked bit for bit in the same run); at D = 64 it lost (spills).
 H200_CONFIGS = {
     64: (AttnConfig(128, 64, 4, 3), AttnConfig(128, 128, 4, 3), AttnConfig(128, 128, 8, 3), AttnConfig(128, 64, 4, 2),
@@ -355,8 +355,7 @@ def ulysses_buffers(world, S: int, H: int, D: int, dtype: torch.dtype | None = N
     numel = S // P * H * D
     # peers store into every rank's output: a destination buffer (pinned host memory for the peers of
     # OneGPUWorld(link="host"), so the observed rank's fused stores cross PCIe; before this was marked, the
-    # one-GPU host-link records' fused outputs were all in device memory (docs/lab-notebook.md, "Ulysses on the
-    # FA-class Hopper kernel"); the tables are each rank's own (``SymmTensor.table``: ``ptrs`` in every world but
+    # one-GPU host-link records' fused outputs were all in device memory (docs/findings.md); the tables are each rank's own (``SymmTensor.table``: ``ptrs`` in every world but
     # xstage.traffic.TrafficWorld, whose GPU g sends the rows of the ranks no GPU plays into sinks on its peer)
     out = world.symmetric_empty(numel, dtype, destination=True)
     flags = world.symmetric_empty(P, torch.int32)

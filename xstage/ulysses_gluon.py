@@ -1,5 +1,5 @@
 """Our attention forward written in Gluon for Hopper (``xstage.kernels.attention_gluon``), a method beside the Triton
-kernel (issue 14, round 4): same I/O as ``xstage.ulysses.attention_forward`` ([S, Hl, D] bf16, D 64 / 128,
+kernel: same I/O as ``xstage.ulysses.attention_forward`` ([S, Hl, D] bf16, D 64 / 128,
 non-causal), plus the optional log-sum-exp [Hl, S] float32.
 
 - ``available()``: (True, versions) on a Hopper GPU whose Triton has Gluon for Hopper; else (False, one line):
@@ -12,7 +12,7 @@ non-causal), plus the optional log-sum-exp [Hl, S] float32.
 The ladder (``xstage.ulysses_ladder``) times a ``GluonConfig`` as method ``gluon`` in the same rounds as FA4's kernel
 and cuDNN SDPA, after checking it against a float32 reference on fresh inputs; the ladder does not run a fused
 (all-to-all) epilogue for it, so the fused layer's bit-exact check does not apply there (recorded as such).
-- ``attention_fused`` / ``ulysses_fused`` (session 8; compiled for sm_90a, **not yet run on a GPU**): the ws kernel
+- ``attention_fused`` / ``ulysses_fused`` (compiled for sm_90a, **not yet run on a GPU**): the ws kernel
   with the Ulysses post-attention all-to-all in its epilogue (each row to its owner rank through a table of peer
   addresses, straddling tiles split per row), then ``xstage.ulysses.end_barrier``; tests/test_attention_gluon.py
   checks it bit for bit against the kernel alone + ``post_all_to_all`` on one GPU (local and host link).
@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from . import env
+from .kernels import attention_gluon
+from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel, gluon_attention_ws_kernel
+from .ulysses import HEAD_DIMS, end_barrier
 
 METHOD = "gluon"          # the ladder's method name for this kernel's rows
 
@@ -46,12 +49,12 @@ class GluonConfig:
     stages: int = 2
     ws: bool = False
     regs: int = 232
-    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (run C3 masked every one; U3:
-                              # faster, on in CONFIGS; off here so the recorded rungs keep their meaning)
-    pingpong: bool = False    # ws: the consumers' GEMMs issued in turn (session 8)
-    persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer (session 9)
-    peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop (session 10)
-    named_pp: bool = False    # ws, with pingpong: the turns in named barriers, not mbarriers (session 25)
+    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (faster than masking
+                              # every block; on in CONFIGS; off here so the recorded rungs keep their meaning)
+    pingpong: bool = False    # ws: the consumers' GEMMs issued in turn
+    persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer
+    peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop
+    named_pp: bool = False    # ws, with pingpong: the turns in named barriers, not mbarriers
     reverse_kv: bool = False  # ws, with mask_last: the key blocks last to first, the masked one outside the loop (s. 25)
     joint_release: bool = False   # ws: one release per ring slot (after the P V that read its V), not K's and V's apart
 
@@ -125,9 +128,9 @@ class GluonConfig:
 SMEM_LIMIT = 227 * 1024   # Hopper's shared memory per CTA (opt-in maximum)
 # the default tiles (attention_forward without a config): the one-partition kernel (its waits complete by
 # themselves; the ws kernel's do not, see tests/test_attention_gluon.py), with the key mask on the last block only
-# (call U3: +33 % for ws on 32760x6, the same on the shapes with S % 128 == 0)
+# (an earlier record: +33 % for ws on 32760x6, the same on the shapes with S % 128 == 0)
 CONFIGS = {128: (GluonConfig(128, 128, 8, 2, mask_last=True),), 64: (GluonConfig(128, 128, 8, 3, mask_last=True),)}
-# session 8 (issue 14 item 3): the rungs after the last-block mask, timed in the gluon_next study beside
+# The rungs after the last-block mask, timed in the gluon_next study beside
 # xstage.ulysses_ladder.FA4_GLUON_NEXT_VARIANTS (scripts/attention_vs_fa4.py appends them): FA3's ping-pong of the
 # two consumers at D = 128 (and a deeper ring), FA4's D = 64 tile (192 rows: three consumer warpgroups)
 NEXT_RUNGS = {
@@ -139,18 +142,18 @@ NEXT_RUNGS = {
          GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, pingpong=True)),
 }
 
-# session 9 (issue 14 item 3): the persistent grid (one CTA per SM walking tiles; the output staged apart from Q, so
-# the next tile's Q and K/V load under this tile's last P V and epilogue) on the fastest rungs of call S8-U4
+# The persistent grid (one CTA per SM walking tiles; the output staged apart from Q, so
+# the next tile's Q and K/V load under this tile's last P V and epilogue) on the fastest rungs of an earlier record
 PERSISTENT_RUNGS = {
     128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True),
           GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, persistent=True)),
     64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True),),
 }
 
-# session 10 (issue 14 item 3): the masked last key block peeled out of the consumers' loop (``peel_last``, label -lp),
+# The masked last key block peeled out of the consumers' loop (``peel_last``, label -lp),
 # on the shapes whose S is not a multiple of 128 (Wan 32760, CogVideoX 17776, 30000): the loop is then the unmasked
 # one of S % 128 == 0 (sm_90a, Triton 3.6 and 3.9: no SEL in it; -ml's loop carries 64 SEL + 34 ISETP per block).
-# Call U10-3 (record attention_vs_fa4_gluon_lp): never faster than -ml on those shapes; not a tuner candidate.
+# an earlier record (record attention_vs_fa4_gluon_lp): never faster than -ml on those shapes; not a tuner candidate.
 PEEL_RUNGS = {
     128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True),
           GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, peel_last=True)),
@@ -160,8 +163,8 @@ PEEL_RUNGS = {
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, peel_last=True)),
 }
 
-# session 25 (issue 14 item 3): the ping-pong's turns in hardware named barriers (``named_pp``, label -nb), FA4's
-# Hopper schedule (its warp-scheduler barriers; -pp's mbarrier turns lost 3-4 % at D = 128 in call U3), one CTA per
+# The ping-pong's turns in hardware named barriers (``named_pp``, label -nb), FA4's
+# Hopper schedule (its warp-scheduler barriers; -pp's mbarrier turns lost 3-4 % at D = 128 in an earlier record), one CTA per
 # tile (as FA4 runs) and persistent
 NAMED_RUNGS = {
     128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, named_pp=True),
@@ -170,10 +173,10 @@ NAMED_RUNGS = {
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
                      persistent=True)),
 }
-# session 25 (issue 14 item 3): the key blocks last to first (``reverse_kv``, label -rv), FA4's order: the block with
+# The key blocks last to first (``reverse_kv``, label -rv), FA4's order: the block with
 # the keys past S is then the first, which runs outside the overlapped loop anyway, and the loop is the unmasked one
-# with no second copy of the step (session 10's -lp peeled the block out after the loop: a second copy, never
-# faster). Call N2 (data/h100x1/attention_vs_fa4_gluon_nb): the masked shapes are the ones left under 0.95 of FA4.
+# with no second copy of the step (-lp peeled the block out after the loop: a second copy, never
+# faster). an earlier record (data/h100x1/attention_vs_fa4_gluon_nb): the masked shapes are the ones left under 0.95 of FA4.
 REVERSE_RUNGS = {
     128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, reverse_kv=True),
           GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, reverse_kv=True)),
@@ -181,11 +184,11 @@ REVERSE_RUNGS = {
          GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
                      reverse_kv=True)),
 }
-# session 25 (issue 14 item 3): one release per ring slot (``joint_release``, label -jr). Each one-thread mbarrier arrive
+# One release per ring slot (``joint_release``, label -jr). Each one-thread mbarrier arrive
 # costs the consumer warpgroup a 128-thread bar.sync first (Triton 3.6's SASS: three per block), where FA4's pipelines
 # release per warp with no warpgroup barrier. -jr drops K's release; the slot is freed when the P V that read its V is
 # done, one block later than K alone would be, so it runs with a third ring slot. D = 64 first (CogVideoX, 0.94-0.95 of
-# FA4 in call N4), where a block carries half the MMA work of D = 128 and the same per-block costs.
+# FA4 in an earlier record), where a block carries half the MMA work of D = 128 and the same per-block costs.
 JOINT_RUNGS = {
     128: (GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True),
           GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True, joint_release=True)),
@@ -211,7 +214,6 @@ def available() -> tuple[bool, str]:
     if cap[0] != 9:
         _AVAILABLE = (False, f"Gluon attention is written for sm_90 (Hopper's wgmma); this GPU is sm_{cap[0]}{cap[1]}")
         return _AVAILABLE
-    from .kernels import attention_gluon
 
     if not attention_gluon.AVAILABLE:
         _AVAILABLE = (False, f"this Triton has no Gluon for Hopper ({attention_gluon.WHY}); needs Triton >= 3.5")
@@ -231,7 +233,6 @@ def require() -> None:
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonConfig) -> tuple[int, int, int]:
     """q, k, v [S, Hl, D] bf16 contiguous on one CUDA device, D 64 or 128, a tile that fits -> (S, Hl, D); one
     clear error before any launch (Gluon's absence included)."""
-    from .ulysses import HEAD_DIMS
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -286,7 +287,6 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     """The Gluon attention (non-causal): [S, Hl, D] -> out [S, Hl, D]; ``lse`` (float32 [Hl, S], contiguous) gets
     the natural-log softmax denominators when given. ``fused`` (ws kernels only; see :func:`attention_fused`):
     (out_table int64 [P], rank, P): each output row goes to its owner rank's out [Sl, H, D] instead of ``out``."""
-    from .kernels.attention_gluon import gluon_attention_kernel, gluon_attention_ws_kernel
 
     D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
     config = config or CONFIGS.get(D, CONFIGS[128])[0]
@@ -399,7 +399,6 @@ def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barri
     ranks run one after another. ``config``: default ``SWEEP_CONFIGS[D]``. ``events`` (start, end): CUDA events
     recorded around the kernels (before the barrier), the sender's view. Every rank's inputs are validated before
     any launch. Returns {rank: its out [Sl, H, D] view}."""
-    from .ulysses import end_barrier
 
     P = world.world_size
     ranks = list(world.local_ranks if ranks is None else ranks)
@@ -419,25 +418,24 @@ def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barri
     return {r: bufs.out_view(r, S, Hl * P, D) for r in ranks}
 
 
-# the Ulysses sweep's Gluon methods (xstage.ulysses_sweep; issue 14 item 6): the Gluon kernel alone, then the
+# the Ulysses sweep's Gluon methods (xstage.ulysses_sweep): the Gluon kernel alone, then the
 # post-attention all-to-all as serial_* does it, and its fused layer (the all-to-all in the epilogue, then the
 # end-of-layer barrier; sender-visible: CUDA events around the kernel). Dropped with one line where
 # ``available()`` says no (recorded as absent in the sidecar's ``params.gluon``, never as a 0 time).
 SWEEP_METHODS = ("gluon", "gluon_serial", "gluon_fused")
-# the sweep's tile per head dim: FA4's schedule, the fastest fused-capable rungs of the recorded ladders. Session 25
-# (data/h100x1/attention_vs_fa4_gluon_rv, call N4): ws -ml-rv 0.95-0.98 of FA4 at D = 128 and S >= 8K, Wan 0.97 (ws -ml
-# 0.91); 192 -ml-pp-nb-rv 0.94-0.96 at D = 64. Until session 24: ws -ml and 192 -ml-pp (data/h200x1/
-# attention_vs_fa4_gluon_lp, call U10-3), whose sweep records name them (params.gluon.configs). Both checked bit for
-# bit in the fused epilogue on one GPU (tests/test_attention_gluon.py, -k reversed).
+# the sweep's tile per head dim: FA4's schedule, the fastest fused-capable variants of the ladder: ws -ml-rv
+# 0.95-0.98 of FA4 at D = 128 and S >= 8K; 192 -ml-pp-nb-rv 0.94-0.96 at D = 64 (one H100). Sweep records made
+# with other tiles name theirs (params.gluon.configs). Both checked bit for bit in the fused epilogue on one GPU
+# (tests/test_attention_gluon.py, -k reversed).
 SWEEP_CONFIGS = {128: GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, reverse_kv=True),
                  64: GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
                                  reverse_kv=True)}
-# session 26 (issue 14 item 3): the goal judged in one record. Call N6 (data/h100x1/attention_vs_fa4_gluon_jr, 10
-# repeats a block) showed FA4's own median moving 5 % between blocks of one shape, as much as the rungs differ, so
-# the best of each head dim's earlier records run again side by side with 30 repeats a block (STUDY=gluon_final):
-# the sweep's tiles, ws -ml-pe-rv (8192 x 24's best in N4), -jr; at D = 64 also -pp-nb (CogVideoX's best rung in N4)
-# and -jr on the persistent grid (one CTA per SM: -jr's third slot fits beside the second Q buffer at D = 64 only).
-FINAL_RUNGS = {
+# The ladder of the current record beside FA4 (data/<machine>/attention_vs_fa4, 30 repeats a block: FA4's own
+# median moves ~5 % between blocks of one shape, as much as the variants differ), each step named by what it adds
+# to the sweep's tile: the persistent grid (-pe) and one release per ring slot (-jr, with a third ring slot); at
+# D = 64 also the keys in forward order (-pp-nb, no -rv) and -jr on the persistent grid (one CTA per SM: -jr's third
+# slot fits beside the second Q buffer at D = 64 only).
+LADDER = {
     128: (SWEEP_CONFIGS[128], REVERSE_RUNGS[128][1], JOINT_RUNGS[128][1]),
     64: (SWEEP_CONFIGS[64], NAMED_RUNGS[64][0], JOINT_RUNGS[64][1],
          GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
@@ -460,7 +458,6 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from .kernels.attention_gluon import AVAILABLE, WHY, gluon_attention_kernel, gluon_attention_ws_kernel
 
     if not AVAILABLE:
         raise RuntimeError(f"this Triton has no Gluon for Hopper ({WHY})")

@@ -1,4 +1,4 @@
-"""The attention speed ladder (issue 14, item 3): launch variants of our attention, each checked, then timed
+"""The attention speed ladder: launch variants of our attention, each checked, then timed
 beside cuDNN SDPA in the same run.
 
 ``run_attention_ladder`` is what ``scripts/attention_ladder.py`` calls on one GPU. For every variant (an
@@ -9,7 +9,7 @@ before any timing:
    (relative L2 below ``REF_TOL``);
 2. the fused layer bit for bit against this variant's attention + the all-to-all (every rank of a P = 2
    one-process world, outputs poisoned with NaN first; a shape whose tiles straddle the two ranks), because the
-   fused kernel shares the variant's inner loop and tile schedule (``xstage.ulysses_sweep._check_fused``).
+   fused kernel shares the variant's inner loop and tile schedule (``xstage.ulysses_measure.check_fused``).
 
 A variant that fails to compile or fails a check is recorded as such in the sidecar (``failed``) and never
 timed. The sidecar's ``configs`` / ``checks`` / ``failed`` are keyed by head dim, then ``AttnConfig.label`` (run
@@ -21,7 +21,7 @@ runs and agrees with our attention (or on the CPU) the cuDNN rows are absent (on
 
 Beside FA4 (``run_attention_vs_fa4``, ``scripts/attention_vs_fa4.py``): the same job with
 FA4's CuTe Hopper forward as a third method (``fa4``: ``xstage.fa4.attention_kernel``, FA's kernel launched
-directly, bit for bit ``flash_attn_func``'s output in run F4), timed in the same rounds as ours and cuDNN, on
+directly, bit for bit ``flash_attn_func``'s output in an earlier record), timed in the same rounds as ours and cuDNN, on
 ``FA4_SHAPES`` (the issue's table and the per-rank shapes of the one-GPU sweep) with ``FA4_VARIANTS``. Before a
 shape is timed, ours, FA4 and cuDNN are each compared with the float32 reference on sampled query rows of that
 shape's fresh inputs (``shape_checks`` in the sidecar; a method that disagrees is not timed). Each timed sample is
@@ -43,20 +43,22 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
-from . import bench, data, env
+from . import bench, data, env, fa4, ulysses_gluon
 from .bench import median
 from .data import ATTENTION_LADDER
 from .numeric import rel_l2
-from .ulysses import (AttnConfig, UlyssesShape, attention_flops, attention_forward, default_dtype,
+from .ranks import EmulatedWorld, OneGPUWorld
+from .ulysses import (LAST_LAUNCH, AttnConfig, UlyssesShape, attention_flops, attention_forward, default_dtype,
                       receive_buffers, sdpa_cudnn, ulysses_buffers, validate_shape)
-from .ulysses_gluon import GluonConfig
+from .ulysses_gluon import LAST_LAUNCH as GLUON_LAST_LAUNCH
+from .ulysses_gluon import GluonConfig, ptx_facts
+from .ulysses_measure import check_fused, make_inputs
 
 
 def ours(config) -> tuple[str, callable]:
     """The method name of a variant's rows and its attention: ``triton`` for an AttnConfig (kernels/attention.py),
     ``gluon`` for a GluonConfig (kernels/attention_gluon.py); fn(q, k, v) -> out [S, Hl, D]."""
     if isinstance(config, GluonConfig):
-        from . import ulysses_gluon
 
         return ulysses_gluon.METHOD, lambda q, k, v: ulysses_gluon.attention_forward(q, k, v, config=config)
     return "triton", lambda q, k, v: attention_forward(q, k, v, config=config)
@@ -76,7 +78,7 @@ LADDER_SHAPES = (
 )
 # per head dim: the U2 record's chosen configuration first (the ladder's base rung), then the levers
 LADDER_VARIANTS = {
-    128: (AttnConfig(128, 128, 8, 3, True),                      # d: chosen at every S >= 8K in run U2
+    128: (AttnConfig(128, 128, 8, 3, True),                      # d: chosen at every S >= 8K in an earlier record
           AttnConfig(128, 128, 8, 3, True, ws=True),             # + warp-specialised key loop
           AttnConfig(128, 128, 8, 2, True, ws=True),
           AttnConfig(128, 64, 4, 3, True, ws=True),              # the tutorial's 4-warp tile, specialised
@@ -84,7 +86,7 @@ LADDER_VARIANTS = {
           AttnConfig(128, 128, 8, 3, True, ws=True, persistent=True),
           AttnConfig(256, 64, 8, 3, True),                       # 128 query rows per warpgroup
           AttnConfig(256, 64, 8, 2, True)),
-    64: (AttnConfig(128, 128, 4, 3, True),                       # chosen at CogVideoX (D = 64) in run U2
+    64: (AttnConfig(128, 128, 4, 3, True),                       # chosen at CogVideoX (D = 64) in an earlier record
          AttnConfig(128, 128, 4, 3, True, ws=True),
          AttnConfig(128, 128, 8, 3, True, ws=True),
          AttnConfig(128, 128, 4, 3, True, persistent=True),
@@ -111,7 +113,7 @@ FA4_VARIANTS = {
           AttnConfig(128, 64, 8, 2, True, persistent=True, per_sm=2, maxnreg=128),
           AttnConfig(64, 64, 4, 3, True),                                 # 2 one-warpgroup programs per SM
           AttnConfig(128, 128, 8, 3, True, persistent=True, scale_q=True)),
-    # (128x64w8s3-tma-pers-pipe was timed in run G2 only: data/h200x1/attention_vs_fa4_late_v/)
+    # (128x64w8s3-tma-pers-pipe was timed in an earlier record only: data/h200x1/attention_vs_fa4_late_v/)
     64: (AttnConfig(128, 128, 4, 3, True),                                # U2 / L1's best at D = 64
          AttnConfig(128, 64, 8, 3, True),                                 # 2 programs of 8 warps per SM
          AttnConfig(128, 128, 8, 2, True, maxnreg=128),
@@ -132,7 +134,7 @@ FA4_GLUON_VARIANTS = {
          GluonConfig(128, 128, 4, 3, ws=True),
          GluonConfig(128, 128, 8, 2)),
 }
-# the next study (not run yet): run C3's fastest Gluon rungs beside the same rungs with the key mask on the last block
+# the next study (not run yet): an earlier record's fastest Gluon rungs beside the same rungs with the key mask on the last block
 # only (GluonConfig.mask_last; S % 128 != 0 on the Wan and both D = 64 shapes, where C3's rungs lost)
 FA4_GLUON_NEXT_VARIANTS = {
     128: (AttnConfig(128, 128, 8, 3, True, persistent=True),
@@ -181,18 +183,15 @@ def check_variant(config: AttnConfig, D: int, seed: int, world=None) -> dict:
     """The checks before timing (module docstring) on fresh random inputs drawn from ``seed``; raises
     AssertionError naming what failed. ``world``: the P-rank one-process world of the fused check (default
     OneGPUWorld(CHECK_P) on a GPU, EmulatedWorld(CHECK_P) on the CPU). Returns what was checked."""
-    from .ranks import EmulatedWorld, OneGPUWorld
-    from .ulysses_sweep import _check_fused, _inputs
 
     shape = (INTERPRETER_CHECK_SHAPES if env.interpreted() else CHECK_SHAPES)[D]
     if world is None:
         world = EmulatedWorld(CHECK_P) if env.interpreted() else OneGPUWorld(CHECK_P, "local")
     dtype = default_dtype()
-    qkv = _inputs(world, shape, dtype, seed, range(CHECK_P))
+    qkv = make_inputs(world, shape, dtype, seed, range(CHECK_P))
     q, k, v = qkv[0]
     method, fn = ours(config)
     if method != "triton":
-        from . import ulysses_gluon
 
         ulysses_gluon.require()     # one line where the Gluon kernel cannot run (the interpreter, not Hopper)
     err = rel_l2(fn(q, k, v), attention_reference(q, k, v))
@@ -206,7 +205,7 @@ def check_variant(config: AttnConfig, D: int, seed: int, world=None) -> dict:
                 **facts}
     bufs = ulysses_buffers(world, shape.S, shape.H, shape.D, dtype)
     recv = receive_buffers(world, shape.S, shape.H // CHECK_P, shape.D, dtype)
-    _check_fused(world, shape, bufs, qkv, config, recv)
+    check_fused(world, shape, bufs, qkv, config, recv)
     return {"rel_l2_vs_fp32": err, "reference_shape": [shape.S, shape.H // CHECK_P, shape.D],
             "fused_bit_exact": True, "fused_shape": [shape.S, shape.H, shape.D], "fused_P": CHECK_P, "seed": seed,
             **facts}
@@ -217,12 +216,7 @@ def compiled_facts(method: str = "triton") -> dict:
     shared memory, and whether its PTX re-allocates registers between warp groups (``setmaxnreg``: the mark of
     Hopper warp specialisation; without it ``ws`` compiled to the plain software pipeline); for the Gluon kernel
     also its wgmma waits (``xstage.ulysses_gluon.ptx_facts``: ``wait_group 1`` is the overlapped wait)."""
-    if method == "triton":
-        from .ulysses import LAST_LAUNCH
-    else:
-        from .ulysses_gluon import LAST_LAUNCH
-
-    kern = LAST_LAUNCH.get("kernel")
+    kern = (LAST_LAUNCH if method == "triton" else GLUON_LAST_LAUNCH).get("kernel")
     if kern is None or env.interpreted():
         return {}
     out = {}
@@ -234,7 +228,6 @@ def compiled_facts(method: str = "triton") -> dict:
         out.update(shared_bytes=int(kern.metadata.shared), setmaxnreg="setmaxnreg" in ptx,
                    ptx_sha256=__import__("hashlib").sha256(ptx.encode()).hexdigest()[:16])
         if method != "triton":
-            from .ulysses_gluon import ptx_facts
 
             out["ptx"] = ptx_facts(ptx)
     except (AttributeError, KeyError, TypeError):
@@ -268,7 +261,6 @@ def method_fns(q, k, v, config, cudnn: bool, fa: bool = False) -> tuple[dict, ob
     if cudnn:
         fns["cudnn"] = lambda: sdpa_cudnn(q, k, v)
     if fa:
-        from . import fa4
 
         fns["fa4"] = lambda: fa4.attention_kernel(q, k, v, out=out_fa)
     ctx = nullcontext()
@@ -303,7 +295,6 @@ def check_shape(q, k, v, config, seed: int, cudnn: bool, fa: bool) -> dict:
     method, fn = ours(config)
     errs = {method: rel_l2(fn(q, k, v)[rows], ref)}
     if fa:
-        from . import fa4
 
         errs["fa4"] = rel_l2(fa4.attention_kernel(q, k, v)[rows], ref)
     if cudnn:
@@ -356,7 +347,6 @@ def ladder_job(folder: str | Path, meta: dict, variants: Mapping[int, Sequence[A
     cudnn_why: dict[str, str | None] = {}
     fa_why = None
     if fa:
-        from . import fa4
 
         ok, why = fa4.available()
         fa_why = None if ok else why
@@ -458,7 +448,6 @@ def run_attention_vs_fa4(out: str | Path, variants: Mapping[int, Sequence[AttnCo
     """Our attention's variants beside FA4's CuTe Hopper forward and cuDNN SDPA, same rounds, on one GPU, into
     ``out``/attention_ladder.csv (module docstring; record folder data/<machine>/attention_vs_fa4/). ``lead``: each
     sample queued behind a GPU-side wait (``bench.time_ms``), recorded in the sidecar's ``lead``."""
-    from . import fa4
 
     variants = FA4_VARIANTS if variants is None else variants
     shapes = FA4_SHAPES if shapes is None else list(shapes)
@@ -491,7 +480,6 @@ def _gluon_params(variants) -> dict | None:
     """The Gluon kernel's availability for the sidecar (None when no variant is a Gluon one)."""
     if not any(isinstance(c, GluonConfig) for cs in variants.values() for c in cs):
         return None
-    from . import ulysses_gluon
 
     ok, why = ulysses_gluon.available()
     return dict(available=ok, why=why)

@@ -19,7 +19,7 @@ world: every rank's output, poisoned with NaN first), picks the overlapped basel
 times every method of ``xstage.ulysses.METHODS`` and appends its rows (schema ``ulysses``, xstage.data;
 resumable: shapes already recorded are skipped). With device timers the sidecar also gets the fused epilogue's
 per-program times split by where the tile goes (``bursts``: tiles stored to a peer vs to this rank's own rows),
-which ``xstage.studies.ulysses_bursts`` sets beside the stage model of the link.
+which ``xstage.ulysses_analysis.ulysses_bursts`` sets beside the stage model of the link.
 
 FA-class methods (``xstage.fa4.METHODS``, the optional extra ``fa4``, Hopper only): ``fa`` (FA4 alone through its
 interface, ``flash_attn_func``), ``fa_kernel`` (the same kernel launched as the fused one is, checked bit for bit),
@@ -43,148 +43,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
-from . import bench, data, env, fa4
+from . import bench, data, env, fa4, ulysses_records
 from . import ulysses_gluon as gluon
-from .bench import median
 from .data import ULYSSES, ULYSSES_FUSED_OUTPUTS
 from .numeric import check_bit_identical, rel_l2
+from .ranks import ONE_GPU_LINKS, OneGPUWorld, spawn
 from .resume import pending
-from .ulysses import (H200_CONFIGS, METHODS, AttnConfig, UlyssesBuffers, UlyssesShape, attention_flops,
-                      attention_forward, check_barrier_status, default_dtype, make_overlapped, n_programs,
-                      overlap_chunk_candidates, overlap_receive_buffers, post_all_to_all, post_all_to_all_copies,
-                      post_all_to_all_nccl, receive_buffers, relayout_received, sdpa_cudnn, send_copies,
-                      sender_visible_ms, shapes_for, ulysses_buffers, ulysses_fused, validate_shape)
+from .sources import source_data
+from .ulysses import (H200_CONFIGS, METHODS, AttnConfig, UlyssesBuffers, UlyssesShape, attention_forward,
+                      check_barrier_status, default_dtype, make_overlapped, n_programs, overlap_chunk_candidates,
+                      overlap_receive_buffers, post_all_to_all, post_all_to_all_nccl, receive_buffers,
+                      relayout_received, sdpa_cudnn, send_copies, sender_visible_ms, shapes_for, ulysses_buffers,
+                      ulysses_fused, validate_shape)
+from .ulysses_measure import check_fused, epilogue_bursts, make_inputs, record_shape, tune_chunks, tune_config
 
 WORLDS = ("gpus", "one-gpu")
 WORLD_HELP = {"gpus": "one process per GPU, NCCL all-to-alls, peers over NVLink",
               "one-gpu": "every rank on one GPU, one after another; all-to-alls by copies (no NCCL)"}
-
-
-def tune_config(q, k, v, candidates: Sequence[AttnConfig], reps: int = 5) -> AttnConfig:
-    """The fastest candidate for our attention on these inputs (GPU); candidates that fail to compile are
-    skipped."""
-    best, best_ms = None, float("inf")
-    for cfg in candidates:
-        try:
-            ms = median(bench.time_ms(lambda: attention_forward(q, k, v, config=cfg), warmup=2, reps=reps))
-        except Exception as e:  # noqa: BLE001 (e.g. triton OutOfResources: too much shared memory)
-            print(f"ulysses: config {cfg} failed: {type(e).__name__}: {e}", file=sys.stderr)
-            continue
-        print(f"ulysses: tune S={q.shape[0]} D={q.shape[2]} {cfg}: {ms:.3f} ms", file=sys.stderr, flush=True)
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    if best is None:
-        raise RuntimeError(f"no attention config compiled: {candidates}")
-    return best
-
-
-def tune_chunks(world, q, k, v, config: AttnConfig, candidates: Sequence[int], reps: int = 3,
-                rank: int | None = None) -> tuple[int, dict[int, float]]:
-    """The overlapped baseline's fastest head-chunk count on this shape: every candidate timed (median of
-    ``reps``; the max over ranks with one process per GPU, every rank timing each candidate together).
-    Returns (chosen, {chunks: ms})."""
-    times = {}
-    for n in candidates:
-        fn = make_overlapped(world, q, k, v, n, config, rank=rank)
-        if not world.emulated:
-            world.barrier()
-        ms = median(bench.time_ms(fn, warmup=1, reps=reps))
-        if not world.emulated:
-            every = [None] * world.world_size
-            world.dist.all_gather_object(every, ms)
-            ms = max(every)
-        times[n] = float(ms)
-        del fn
-    chosen = min(times, key=times.get)
-    print(f"ulysses: overlapped S={q.shape[0]} Hl={q.shape[1]}: chunks {chosen} "
-          f"({', '.join(f'{n}: {t:.3f} ms' for n, t in times.items())})", file=sys.stderr, flush=True)
-    return chosen, times
-
-
-def epilogue_bursts(ts: torch.Tensor, S: int, Hl: int, D: int, P: int, rank: int, config: AttnConfig,
-                    elem_bytes: int = 2) -> dict | None:
-    """The fused kernel's programs of one timed run (``ts`` [n_programs, 2] global-timer ns), split by where
-    their output tile goes: ``remote`` (every row owned by a peer), ``local`` (every row this rank's own),
-    ``straddle`` (both). Per kind: programs and the median / p10 / p90 program time (start -> last store
-    issued, ns); and the most programs running at once, the tile's bytes (BLOCK_M x D), the kernel's span.
-    None without device timers (the interpreter writes 0)."""
-    t = ts.reshape(-1)[: 2 * n_programs(S, Hl, config)].view(-1, 2).cpu().numpy().astype(np.int64)
-    if not ((t[:, 1] >= t[:, 0]).all() and t[:, 1].max() > t[:, 0].min()):
-        return None
-    n_m = -(-S // config.block_m)
-    m = np.arange(len(t)) % n_m                                         # program id = head * n_m + query block
-    Sl = S // P
-    first, last = m * config.block_m // Sl, (np.minimum((m + 1) * config.block_m, S) - 1) // Sl
-    kind = np.where(first != last, "straddle", np.where(first == rank, "local", "remote"))
-    dur = (t[:, 1] - t[:, 0]).astype(float)
-    ev = np.concatenate([np.stack([t[:, 0], np.ones(len(t))], 1), np.stack([t[:, 1], -np.ones(len(t))], 1)])
-    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]                           # ends before starts at equal times
-    out = {"programs": int(len(t)), "concurrent_max": int(np.cumsum(ev[:, 1]).max()),
-           "tile_bytes": int(config.block_m * D * elem_bytes), "span_ns": float(t[:, 1].max() - t[:, 0].min()),
-           "block_m": config.block_m}
-    for k in ("remote", "local", "straddle"):
-        d = dur[kind == k]
-        out[k] = ({"programs": int(len(d)), "median_ns": float(np.median(d)), "p10_ns": float(np.quantile(d, 0.1)),
-                   "p90_ns": float(np.quantile(d, 0.9))} if len(d) else {"programs": 0})
-    return out
-
-
-def sidecar_key(shape: str, P: int) -> str:
-    """The key of a shape's entries in the sidecar's ``configs`` / ``overlap_chunks`` / ``bursts``."""
-    return f"{shape}/P{P}"
-
-
-def _inputs(world, shape: UlyssesShape, dtype: torch.dtype, seed: int, ranks: Sequence[int]) -> dict:
-    """{rank: (q, k, v)} [S, Hl, D] for ``ranks``, each rank's own random draw (seed + rank)."""
-    Hl, out = shape.H // world.world_size, {}
-    for r in ranks:
-        dev = world.device(r)
-        g = torch.Generator(device=dev).manual_seed(seed + r)
-        out[r] = tuple(torch.randn(shape.S, Hl, shape.D, generator=g, device=dev).to(dtype) for _ in range(3))
-    return out
-
-
-def _check_fused(world, shape: UlyssesShape, bufs: UlyssesBuffers, qkv: dict, config: AttnConfig,
-                 recv=None) -> dict:
-    """Bit-exactness before any timing, every output poisoned with NaN first: the fused layer against our
-    attention + the all-to-all. One process per GPU: NCCL, this rank. One process driving every rank: every
-    rank's output against the all-to-all by indexing (the reference layout) and the copies baseline too
-    (which leaves every peer's block in ``recv``, where the timed runs' relayout reads them). Returns
-    {rank: the expected output} (one process driving every rank; {} otherwise)."""
-    P, S, H, D = world.world_size, shape.S, shape.H, shape.D
-    q, k, v = ({r: t[i] for r, t in qkv.items()} for i in range(3))
-    what = f"{shape.name} P={P}"
-    if world.emulated:
-        for r in range(P):
-            bufs.out_view(r, S, H, D).fill_(float("nan"))
-        world.barrier()
-        outs = ulysses_fused(world, q, k, v, bufs, config=config)
-        world.barrier()
-        local = {r: attention_forward(q[r], k[r], v[r], config=config) for r in range(P)}
-        want = post_all_to_all([local[r] for r in range(P)])
-        copies = post_all_to_all_copies(world, local, recv)
-        for r in range(P):
-            dev = want[r].device
-            check_bit_identical(outs[r].to(dev), want[r], f"{what} rank {r}: fused vs attention + all-to-all")
-            check_bit_identical(copies[r].to(dev), want[r], f"{what} rank {r}: all-to-all by copies vs indexing")
-        return dict(enumerate(want))
-    rank = world.local_ranks[0]
-    # compile both variants without the barrier (no rank spins on a peer's compiler), then the checked layer
-    ts = torch.zeros(n_programs(S, H // P, config), 2, dtype=torch.int64, device=world.device(rank))
-    ulysses_fused(world, q, k, v, bufs, config=config, barrier=False)
-    ulysses_fused(world, q, k, v, bufs, config=config, barrier=False, ts={rank: ts})
-    world.barrier()
-    bufs.out_view(rank, S, H, D).fill_(float("nan"))
-    world.barrier()
-    out = ulysses_fused(world, q, k, v, bufs, config=config)[rank]
-    torch.cuda.synchronize()
-    serial = post_all_to_all_nccl(attention_forward(q[rank], k[rank], v[rank], config=config), world)
-    check_bit_identical(out, serial, f"{what} rank {rank}: fused vs attention + NCCL all-to-all")
-    return {}
 
 
 def _overlapped_checked(world, qkv: dict, chunks: int, config: AttnConfig, rank: int, want: dict, what: str):
@@ -352,9 +230,9 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
     P, S, H, D = world.world_size, shape.S, shape.H, shape.D
     Hl = H // P
     rank = getattr(world, "observed", 0) if world.emulated else world.local_ranks[0]
-    qkv = _inputs(world, shape, bufs.dtype, seed, range(P) if world.emulated else [rank])
+    qkv = make_inputs(world, shape, bufs.dtype, seed, range(P) if world.emulated else [rank])
     recv = receive_buffers(world, S, Hl, D, bufs.dtype) if world.emulated else None
-    want = _check_fused(world, shape, bufs, qkv, config, recv)
+    want = check_fused(world, shape, bufs, qkv, config, recv)
     q, k, v = qkv[rank]
     dev = world.device(rank)
     npg = n_programs(S, Hl, config)
@@ -412,7 +290,7 @@ def _measure_shape(world, shape: UlyssesShape, bufs: UlyssesBuffers, methods, re
         methods = [m for m in methods if "cudnn" not in m and "sdpa" not in m]
     # every method warmed up (and compiled) first, then the repeats round-robin over the methods, so that a
     # drift of the GPU's clocks over the run falls on every method alike (timing them one block after another
-    # gave later methods a different clock, docs/lab-notebook.md)
+    # gave later methods a different clock, docs/findings.md)
     calls[0] = 0
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         times = bench.round_robin_ms({m: fns[m] for m in methods}, repeats, warmup=warmup, before=world.barrier)
@@ -475,30 +353,6 @@ def ulysses_job(world, shapes: Sequence[UlyssesShape], folder: str, meta: dict, 
             torch.cuda.empty_cache()
 
 
-def record_shape(csv, folder, schema, shape: UlyssesShape, P: int, parts, repeats: int, cfg: AttnConfig,
-                 extras: dict, **columns) -> None:
-    """One shape's rows (every method and repeat; a time is the slowest rank's: ``parts`` holds each rank's
-    {method: [(sender_visible_ms, end_to_end_ms)] per repeat}) appended to ``csv``, then its tuned config and
-    ``extras`` into the sidecar under the shape's key. ``columns``: constant columns the schema adds."""
-    flops = attention_flops(shape.S, shape.H, shape.D) / P
-    rows = []
-    for m in parts[0]:
-        for i in range(repeats):
-            sv = max(p[m][i][0] for p in parts)
-            e2e = max(p[m][i][1] for p in parts)
-            rows.append(dict(shape=shape.name, S=shape.S, H=shape.H, D=shape.D, P=P, method=m,
-                             sender_visible_ms=sv, end_to_end_ms=e2e, repeat=i,
-                             tflops=flops / (e2e * 1e-3) / 1e12, **columns))
-    data.append_rows(csv, schema, pd.DataFrame(rows))
-    side = Path(folder) / f"{schema.name}.json"
-    m = data.read_meta(side, schema)
-    key = sidecar_key(shape.name, P)
-    m.setdefault("configs", {})[key] = asdict(cfg)
-    for name, value in extras.items():
-        m.setdefault(name, {})[key] = value
-    data.write_json_atomic(side, m)
-
-
 def check_outputs_placement(out: str | Path, link: str) -> None:
     """One clear error, before anything launches, where ``out`` holds a one-GPU host-link record whose fused
     outputs were elsewhere than this sweep puts them (``xstage.data.ulysses_fused_outputs``: device memory before
@@ -558,8 +412,6 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     "host"; see the module docstring). ``chunks``: the overlapped baseline's head chunks (None: timed per shape
     over the candidates, the fastest kept). Parameters are validated before the GPUs are checked and anything
     launches."""
-    from .ranks import ONE_GPU_LINKS
-
     if world not in WORLDS:
         raise ValueError(f"world must be one of {', '.join(WORLDS)}, got {world!r}")
     if world == "one-gpu":
@@ -590,8 +442,6 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
                   timing="every method warmed up, then each repeat round-robin over the methods")
     methods = list(methods)
     if world == "one-gpu":
-        from .ranks import OneGPUWorld
-
         check_outputs_placement(out, link)
         env.require_gpus(1, "the one-GPU Ulysses sweep")
         env.apply_safe_env()
@@ -606,8 +456,6 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
                     tune, chunks, seed)
     else:
         env.require_gpus(world_size, "the Ulysses sweep")
-        from .ranks import spawn
-
         if any(m in fa4.METHODS for m in methods):
             methods, params["fa4"] = fa4_methods(methods)
         if any(m in gluon.SWEEP_METHODS for m in methods):
@@ -617,3 +465,41 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         spawn(ulysses_job, world_size, list(shapes), str(out), meta, repeats, warmup, list(methods), tune, chunks,
               seed)
     return Path(out) / f"{ULYSSES.name}.csv"
+
+
+def ulysses_data(source: str = "auto", machine: str = "h200x2", out: str | Path | None = None,
+                 link: str | None = None, record: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Ulysses attention rows (schema xstage.data.ULYSSES: per shape, method, repeat) and provenance;
+    ``df.attrs["world"]`` says which world and link the rows come from (every Ulysses figure's title shows it).
+
+    source:  recorded (xstage.ulysses_records.recorded_folder: data/<machine>/ulysses; with ``link``:
+             data/<machine>/ULYSSES_ONE_GPU_RECORDS[link]/), gpu (run or resume the sweep into ``out``: on every
+             visible GPU, or with ``link`` the one-GPU world, by default into <out>/ULYSSES_ONE_GPU_RECORDS[link]),
+             or auto (gpu when the GPUs are visible, else recorded). There is no simulated source.
+    machine: the folder under data/ (recorded); gpu ignores it (the default folder is named after this
+             machine's GPUs, xstage.sources.default_out).
+    out:     where a gpu sweep writes; a folder already holding a sweep resumes it.
+    link:    None: one process per GPU (NCCL, NVLink peers); "local" / "host": the one-GPU world
+             (xstage.ranks.OneGPUWorld: every rank on one GPU, the peers' outputs in device memory or in pinned
+             host memory, all-to-alls by copies).
+    record:  with ``link``, recorded only: another folder under data/<machine>/ than the link's record, e.g.
+             ULYSSES_HOST_BEFORE_FIX (fused outputs in device memory; ``df.attrs["world"]`` says so).
+    """
+    ulysses_records.check_link(link, record, source)
+    name = None if link is None else record or ulysses_records.ULYSSES_ONE_GPU_RECORDS[link]
+
+    def run(folder: Path) -> None:
+        if link is None:
+            run_ulysses(folder, world_size=torch.cuda.device_count(),
+                        command="xstage.ulysses_sweep.ulysses_data('gpu')")
+        else:
+            run_ulysses(folder, world="one-gpu", link=link,
+                        command=f"xstage.ulysses_sweep.ulysses_data('gpu', link={link!r})")
+
+    def gpu_folder(folder: Path) -> Path:
+        return folder if link is None else folder / name
+
+    df, meta, _ = source_data(source, data.ULYSSES, "the Ulysses study",
+                              lambda: ulysses_records.recorded_folder(machine, link, record), run, out,
+                              gpu_folder=gpu_folder if out is None else (lambda f: f))
+    return ulysses_records.label_world(df, meta), meta
