@@ -76,10 +76,18 @@ def rows() -> pd.DataFrame:
 
 
 @pytest.fixture
-def data_root(tmp_path, monkeypatch) -> Path:
+def data_root(tmp_path, monkeypatch):
     """An empty data root in place of data/ (studies and xstage.data read data.DATA_ROOT at call time)."""
     monkeypatch.setattr(data, "DATA_ROOT", tmp_path)
-    return tmp_path
+    _clear_record_caches()   # the record summaries are cached per process (the README rows read them once)
+    yield tmp_path
+    _clear_record_caches()
+
+
+def _clear_record_caches() -> None:
+    for fn in vars(analysis).values():
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
 
 
 def _ref(df: pd.DataFrame) -> dict:
