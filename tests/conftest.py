@@ -57,7 +57,7 @@ def record_launches(monkeypatch, targets) -> list:
 @pytest.fixture
 def tiny_gemm_case(monkeypatch, cpu_timing):
     """One tiny MoE configuration for the GEMM studies' end-to-end runs under the interpreter (tests/
-    test_megamoe_gemm9.py, test_megamoe_round10.py): 2 SMs, the interpreter's tiles for every default."""
+    test_moe_gemm.py): 2 SMs, the interpreter's tiles for every default."""
     import types
 
     from xstage import moe_gemm as MG

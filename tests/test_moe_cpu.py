@@ -717,8 +717,8 @@ def test_kernels_compile_for_hopper_with_bf16_and_fp8_wgmma():
 
 
 def test_version_1_records_load_with_the_per_schedule_control_missing(tmp_path):
-    """megamoe v1 (the first 2-GPU record) had no compute_sched_ms: it loads with NaN there, and a v2 sweep
-    refuses to append to it."""
+    """megamoe schema version 1 (the first 2-GPU record) had no compute_sched_ms: it loads with NaN there, and a
+    version 2 sweep refuses to append to it."""
     from xstage import env
 
     meta = {**env.provenance("test", {}), "schema": "megamoe", "schema_version": 1, "runs": []}

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HISTORY = re.compile(
     r"(?ix)(?<![a-z0-9])(?:"
     r"(?:session|round|call[\s_-]?n?|gemm|lists|tiles?|order|lag|rung)[\s_-]?\d+"
-    r"|s\d{2}|(?<![-.])(?<!deepseek_)v\d{1,2}|final(?:\d+|_q)|gluon_final"
+    r"|s\d{2}(?!_h\d)|(?<![-.])(?<!deepseek_)v\d{1,2}|final(?:\d+|_q)|gluon_final"
     r")(?![a-z0-9])"
 )
 # Words the pattern would catch that are not history: hardware, formats, library versions.
@@ -43,7 +43,8 @@ def test_pattern_catches_history_and_spares_concepts():
         assert tags(bad), bad
     for good in ("expert_wave", "interleaved", "bf16", "fp8", "H200", "sm_90a", "torch 2.11", "seq_128k",
                  "round_shared", "Gen 5 x16", "NV18", "python3", "x16", "cu13", "block_n1", "lag_2n",
-                 "final store", "DeepSeek-V4", "nbformat.v4", "vnd.plotly.v1+json", "deepseek_v4_flash", "st.global.v4.b32"):
+                 "final store", "DeepSeek-V4", "nbformat.v4", "vnd.plotly.v1+json", "deepseek_v4_flash", "st.global.v4.b32",
+                 "S64_H8_D64"):
         assert not tags(good), good
 
 

@@ -289,7 +289,7 @@ for fp8 in (False, True):
         BLOCK_R=16, BLOCK_H=512, SCALE_COLS=64, FP8=fp8, ITEMS=True), attrs={(i,): [['tt.divisibility', 16]]
                                                                              for i in (0, 1, 2, 3, 4, 5, 6, 10)})
     c = triton.compile(src, target=GPUTarget('cuda', 90, 32), options=dict(num_warps=4))
-    print('push', 'fp8' if fp8 else 'bf16', 'v4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-v4')
+    print('push', 'fp8' if fp8 else 'bf16', 'vec4' if 'st.global.v4.b32' in c.asm['ptx'] else 'no-vec4')
 """
 
 
@@ -305,7 +305,7 @@ def test_push_kernel_compiles_for_hopper_with_16_byte_stores():
     if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:2] == ["push bf16 v4", "push fp8 v4"], out.stdout
+    assert out.stdout.split("\n")[:2] == ["push bf16 vec4", "push fp8 vec4"], out.stdout
 
 
 # ------------------------------------------------------------------------------------------- 2 GPUs (multigpu)

@@ -399,7 +399,7 @@ def schedule_expert_wave(grid: TileGrid, n_sms: int) -> list[tuple]:
 #      the same weight columns, as DeepGEMM's scheduler claims Linear-2 tiles in pool-block order).
 #   4  (ORDER_VERSION, the default) 3, and lag's releases never split a swizzle group of row blocks (``align=1``;
 #      interleaved's lists are 3's): a release that ends between an expert's two row blocks reads each of its W2
-#      column blocks twice (DeepSeek-V4-Pro T2048 uniform bf16: lag 1.045-1.060x Expert-Wave's compute-only time,
+#      column blocks twice (DeepSeek-V4-Pro T2048 uniform bf16: lag's list 1.045-1.060x Expert-Wave's compute-only time,
 #      aligned 1.00x; docs/findings.md).
 ORDER_VERSION = 4
 ORDER_VERSIONS = (1, 3, ORDER_VERSION)  # the list forms build_schedule builds
@@ -408,7 +408,7 @@ ORDER_VERSIONS = (1, 3, ORDER_VERSION)  # the list forms build_schedule builds
 # row blocks that read one weight column block run back to back (as a grouped GEMM rasterises for L2 reuse). Why:
 # with row-block-major tiles a Linear-1 tile re-reads its weight column block one row block (N1 tiles, ~43 MB for
 # DeepSeek-V4-Pro fp8) later, about the H200's 50 MB L2, and a mixing list puts Linear-2 tiles in between: an LRU
-# model of the L2 over the list order (at commit 8ed668e) gives Pro fp8's mixing lists 1.4-4x Expert-Wave's DRAM bytes,
+# model of the L2 over the list order (at commit 8ed668e) gives Pro fp8's mixing lists a cost of 1.4-4x Expert-Wave's DRAM bytes,
 # and their measured compute-only cost followed it (1.14-1.15x Expert-Wave's geomean, swizzled 1.00-1.01x).
 TILE_SWIZZLE = 8
 
@@ -636,7 +636,7 @@ LAG_RULE_TOLERANCE = 0.005               # ties within 0.5 % of the least walk g
 def lag_walk_time(grid: TileGrid, n_sms: int, lag: int, group: int | None, align: bool = False) -> float:
     """Compute-only makespan (units of one Linear-1 tile) of lag's list (chunks of ``group`` row blocks, releases
     aligned to swizzle groups with ``align``; None: each ready row block at once) under dynamic claims:
-    ``claim_walk`` with every Linear-1 tile 1 and every Linear-2 tile c2 / c1 = N1 / (2 N2) (the FLOP ratio of
+    ``claim_walk`` with every Linear-1 tile costing 1 and every Linear-2 tile c2 / c1 = N1 / (2 N2) (the FLOP ratio of
     predict_kernel_ns's c1, c2: 2 BM I BN2 / (2 BM Hd 2 BN1)); no rate, no link."""
     tasks = np.array(schedule_lag(grid, lag, group, align), dtype=np.int64).reshape(-1, TASK_FIELDS)
     return 0.0 if not len(tasks) else claim_walk(tasks, 1.0, grid.n1 / (2.0 * max(grid.n2, 1)), n_sms)[0]
