@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
-from xstage import cli, data, records, report, reproduce, studies
+from xstage import burst_gap_sweep, cli, data, records, report, reproduce, studies
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -383,16 +383,16 @@ def _env(monkeypatch, **kv):
 
 
 API_CASES = [
-    ("source-unknown", lambda mp: studies.burst_gap_data("moon"), r"source must be one of"),
-    ("machine-unknown", lambda mp: studies.burst_gap_data("recorded", machine="nope"),
+    ("source-unknown", lambda mp: burst_gap_sweep.burst_gap_data("moon"), r"source must be one of"),
+    ("machine-unknown", lambda mp: burst_gap_sweep.burst_gap_data("recorded", machine="nope"),
      r"machine 'nope' has no recorded burst_gap data"),
-    ("variant-unknown", lambda mp: studies.burst_gap_data("recorded", variant="sideways"),
+    ("variant-unknown", lambda mp: burst_gap_sweep.burst_gap_data("recorded", variant="sideways"),
      r"variant must be one of sync, free_running"),
     ("ulysses-simulated", lambda mp: studies.ulysses_data("simulated"), r"no simulated source"),
     ("megamoe-simulated", lambda mp: studies.megamoe_data("simulated"), r"no simulated source"),
     ("megamoe-assignment", lambda mp: studies.megamoe_data("recorded", assignment="random"),
      r"assignment must be one of"),
-    ("bandwidth-simulated", lambda mp: studies.bandwidth_data(source="simulated"), r"has no bandwidth benchmark"),
+    ("bandwidth-simulated", lambda mp: burst_gap_sweep.bandwidth_data(source="simulated"), r"has no bandwidth benchmark"),
     ("paper-number-unknown", lambda mp: studies.paper_number("megamoe", "nope"), r"no paper number megamoe/nope"),
     ("convert-int", lambda mp: reproduce.convert_value("n_bootstrap", "lots", "int"),
      r"parameter 'n_bootstrap' expects int, got 'lots'"),

@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from xstage import data, fit, studies
+from xstage import data, fit, stage_analysis, studies
 from xstage.model import StageParams, load_params, params_from_dict
 
 H = data.machine_dir("h200x1")
@@ -24,9 +24,9 @@ def test_each_link_names_its_full_rung_and_load_params_reads_it():
     assert load_params(H, "host").free_kib > 0 and load_params(H, "host").free_cap_kib == 32.0
     old = fit.read_stage_fit(H, "host", "stage")
     assert old["rung"] == "stage" and old["params"]["arbitration"] == "slots" and "free_kib" not in old["params"]
-    fits = studies.stage_fits(("host",))
+    fits = stage_analysis.stage_fits(("host",))
     assert ("host", "free_store") in fits and ("host", "stage") in fits
-    p = studies.stage_params(fits)
+    p = stage_analysis.stage_params(fits)
     assert {"free_kib", "free_cap_kib"} <= set(p.parameter)
     assert p.set_index("parameter").loc["free_cap_kib", ["ci95_low", "ci95_high"]].tolist() == [32.0, 32.0]
 
@@ -43,8 +43,8 @@ def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
     """The switch rule (lab notebook, session 23) on the record of a seed never recorded before the fits
     (train_seed22_clean): free_store's median |error| below rung stage's."""
     rec = H / "train_seed22_clean"
-    full = studies.score_trains(rec, "host")[1].median_abs_error.iloc[0]
-    stage = studies.score_trains(rec, "host", prm=params_from_dict(fit.read_stage_fit(H, "host", "stage")["params"]))
+    full = stage_analysis.score_trains(rec, "host")[1].median_abs_error.iloc[0]
+    stage = stage_analysis.score_trains(rec, "host", prm=params_from_dict(fit.read_stage_fit(H, "host", "stage")["params"]))
     assert full < stage[1].median_abs_error.iloc[0] and full < 0.2
 
 

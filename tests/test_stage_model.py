@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from xstage import data, fit, model
+from xstage import data, fit, model, stage_analysis, stage_programs_analysis
 from xstage.model import KIB, StageParams, predict_train, simulate_stage, stage_measure
 
 RNG = np.random.default_rng()
@@ -244,16 +244,16 @@ def test_train_explorer_updates_and_refuses_bad_lists():
 def test_recorded_fits_load_and_predict():
     """The committed fits of both links load (their records unchanged since), predict, and say where the
     onset is by the same rule as the measurement."""
-    from xstage import studies
+    from xstage import sources, stage_analysis
 
-    fits = studies.stage_fits()
+    fits = stage_analysis.stage_fits()
     for link in ("nvlink", "host"):
-        prm = model.load_params(studies.data.machine_dir(studies.LINK_MACHINES[link]), link)
+        prm = model.load_params(data.machine_dir(sources.LINK_MACHINES[link]), link)
         t = predict_train(prm, 132, [64 * KIB, 8 * KIB], [10_000, 0])
         assert t.shape == (2,) and np.all(t > 0)
-        on = studies.onset_model_vs_measured(fits[(link, "stage")])
+        on = stage_analysis.onset_model_vs_measured(fits[(link, "stage")])
         assert set(on.columns) >= {"measured_onset_kib", "model_onset_kib", "ratio"} and len(on) >= 4
-    err = studies.stage_errors(fits)
+    err = stage_analysis.stage_errors(fits)
     assert set(err.kind) >= {"sync", "free", "train"} and (err.median_abs_error >= 0).all()
 
 
@@ -324,15 +324,15 @@ def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
     draws); favoured afresh in every burst it is 0 (sd ~0.05). (With 16 SMs, sd ~0.07, a bar of 0.5 failed 17 %
     of draws.) 96 shuffled bursts: an SM favoured in half of them, the only way its median favour passes 1.5, has
     odds ~1e-8."""
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
     fav = list(np.random.default_rng().choice(np.arange(64) * 2, 16, replace=False))
-    per_sm, summ = studies.program_favour(_program_rows(fav, True, seed=int(RNG.integers(1 << 31)), programs=64))
+    per_sm, summ = stage_programs_analysis.program_favour(_program_rows(fav, True, seed=int(RNG.integers(1 << 31)), programs=64))
     got = per_sm.sort_values("rel", ascending=False).smid.head(len(fav))
     assert sorted(got) == sorted(fav)
     assert summ.favoured_share.iloc[0] == 0.25 and summ.persistence_across_repeats.iloc[0] > 0.3
     assert summ.next_burst_rank_spearman.iloc[0] > 0.3
-    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=int(RNG.integers(1 << 31)), programs=64,
+    _, shuffled = stage_programs_analysis.program_favour(_program_rows(fav, False, seed=int(RNG.integers(1 << 31)), programs=64,
                                                        bursts=24, repeats=4))
     assert abs(shuffled.persistence_across_repeats.iloc[0]) < 0.3
     assert abs(shuffled.next_burst_rank_spearman.iloc[0]) < 0.3
@@ -341,11 +341,11 @@ def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
 
 @pytest.mark.parametrize("sub", ["train_programs", "train_programs_p"])
 def test_program_favour_of_the_recorded_trains(sub):
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
-    pp, meta = studies.train_programs_data(sub=sub)
+    pp, meta = stage_programs_analysis.train_programs_data(sub=sub)
     assert meta["params"]["grid"]["per_program"] and pp.smid.between(0, meta["sm_count"] - 1).all()
-    per_sm, summ = studies.program_favour(pp)
+    per_sm, summ = stage_programs_analysis.program_favour(pp)
     grid = set(meta["params"]["grid"]["programs"])   # a lone program never shares the drain: no contended burst
     assert set(summ.programs) <= grid and {p for p in grid if p >= 16} <= set(summ.programs)
     assert (summ.sms == np.minimum(summ.programs, meta["sm_count"])).all()
@@ -360,17 +360,17 @@ def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeyp
 
     import pandas as pd
 
-    from xstage import data, studies
+    from xstage import data, stage_analysis, stage_programs_analysis
 
-    rec = studies.record_floor()
+    rec = stage_analysis.record_floor()
     by = rec.groupby(["kind", "programs"]).median_abs_ratio.median()
     assert by[("processes, one call", 16)] < by[("records, two calls", 16)]
     assert (rec.within_repeats < rec.median_abs_ratio + 0.05).all()
 
-    src = data.machine_dir("h200x1") / studies.TRAIN_PROCESSES[0]
+    src = data.machine_dir("h200x1") / stage_analysis.TRAIN_PROCESSES[0]
     root = tmp_path / "h200x1"
     for i, factor in enumerate((1.0, 1.0, 1.25)):
-        dst = root / studies.TRAIN_PROCESSES[i]
+        dst = root / stage_analysis.TRAIN_PROCESSES[i]
         dst.mkdir(parents=True)
         df, meta = data.load(src, data.BURST_TRAIN)
         for c in [c for c in df.columns if c.startswith("issue") and c.endswith("_ns")]:
@@ -379,7 +379,7 @@ def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeyp
         shutil.copy(data.paths(src, data.BURST_TRAIN)[1], dst / "burst_train.json")
         data.seal(dst, data.BURST_TRAIN)
     monkeypatch.setattr(data, "DATA_ROOT", tmp_path)
-    f = studies.record_floor().set_index(["pair", "programs"]).median_abs_ratio
+    f = stage_analysis.record_floor().set_index(["pair", "programs"]).median_abs_ratio
     same = f.loc["S8-1 process 0 / S8-1 process 1"]
     scaled = f.loc["S8-1 process 0 / S8-1 process 2"]
     assert (same == 0).all() and np.allclose(scaled, 0.25) and len(scaled) == 3
@@ -388,12 +388,12 @@ def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeyp
 def test_scores_by_programs_covers_every_never_fitted_record():
     """Every never-fitted train record scores per program count and over all (programs = 0); the all-row's
     burst count is the sum of its program counts'."""
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
-    s = studies.scores_by_programs("host")
-    present = {r for r in studies.SCORED_TRAIN_RECORDS
+    s = stage_analysis.scores_by_programs("host")
+    present = {r for r in stage_analysis.SCORED_TRAIN_RECORDS
                if data.paths(data.machine_dir("h200x1") / r, data.BURST_TRAIN)[0].is_file()}
-    assert set(studies.SCORED_TRAIN_RECORDS[:4]) <= present == set(s.record)
+    assert set(stage_analysis.SCORED_TRAIN_RECORDS[:4]) <= present == set(s.record)
     for rec, g in s.groupby("record"):
         assert g[g.programs == 0].bursts.iloc[0] == g[g.programs > 0].bursts.sum()
         assert (g.median_abs_error >= 0).all() and (g.p90_abs_error >= g.median_abs_error).all()
@@ -406,7 +406,7 @@ def test_dispatch_order():
     assert sorted(order) == list(range(132))
     assert list(order[:10]) == [124, 126, 128, 130, 125, 127, 129, 131, 0, 2]
     assert list(order[8 + 62:8 + 64]) == [1, 3]
-    pp, _ = __import__("xstage.studies", fromlist=["x"]).train_programs_data(sub="train_programs_p")
+    pp, _ = stage_programs_analysis.train_programs_data(sub="train_programs_p")
     first = pp[(pp.burst == 0) & (pp.repeat == 0)].drop_duplicates(["programs", "program"]).sort_values("program")
     for P in (8, 16, 66, 132):   # the recorded grids: the first 8 and the TPC occupancy as dispatch_order says
         sm = first[first.programs == P].smid.to_numpy()
@@ -419,9 +419,9 @@ def test_dispatch_order():
 def test_gpc_map():
     """The model's GPC map is the recorded one (data/h200x1/gpc_map: SMs that share a cluster of >= 4 share a GPC;
     the SMs outside every such cluster in GPC 0)."""
-    from xstage import data, studies
+    from xstage import data, stage_analysis, stage_programs_analysis
 
-    rec = studies.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
+    rec = stage_programs_analysis.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
     clustered = rec[rec.gpc >= 0]
     for _, g in clustered.groupby("gpc"):                       # one recorded group is one model GPC
         assert len(set(model.GPC_OF_SM[g.smid])) == 1
@@ -436,7 +436,7 @@ def test_gpc_map():
 
 def test_gpc_shares_let_the_lone_programs_of_a_gpc_finish_first():
     """P = 16 under the drain shared per GPC (spread 0): the 7 programs alone in their GPC finish a contended burst
-    before the 9 of GPC 0, as measured (studies.favour_by_gpc); equal slots shares keep all 16 together."""
+    before the 9 of GPC 0, as measured (stage_programs_analysis.favour_by_gpc); equal slots shares keep all 16 together."""
     b = np.full((1, 1), 4.0 * 2**20)             # 16 x 4 MiB: contends whatever the random parameters drew
     for arb, apart in (("gpc_drain", True), ("slots", False)):
         _, end, m = simulate_stage(random_params(arbitration=arb, spread=0.0, drain_gbps=40.0), [16], b,
@@ -449,18 +449,18 @@ def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():
     """The recorded first bursts: the capacity they show per program count (fitted D, r, o) and the share a
     program gets by its placement. Both read the recorded files; both can fail if the records or the model's
     placement rule change."""
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
-    cap = studies.first_burst_capacity()
+    cap = stage_analysis.first_burst_capacity()
     assert {16, 66, 132}.issubset(set(cap.programs))
     row = cap.set_index("programs")
     assert (row.loc[[16, 66, 132], "bursts"] >= 20).all()
     # the capacity grows with the programs (16 -> 66 -> 132) and the model's C(P) is given beside it
     assert row.capacity_kib[16] < row.capacity_kib[66] < row.capacity_kib[132]
-    assert np.allclose(row.model_kib, model.load_params(studies.data.machine_dir("h200x1"), "host")
+    assert np.allclose(row.model_kib, model.load_params(data.machine_dir("h200x1"), "host")
                        .capacity_bytes(row.index.to_numpy()) / KIB)
-    pp, _ = studies.train_programs_data(sub="train_programs_p")
-    sh = studies.placement_share(pp, first=True).set_index(["programs", "on_sm", "on_tpc"])
+    pp, _ = stage_programs_analysis.train_programs_data(sub="train_programs_p")
+    sh = stage_programs_analysis.placement_share(pp, first=True).set_index(["programs", "on_sm", "on_tpc"])
     # first bursts: a program sharing its TPC drains slower than one alone on its TPC (P = 16 .. 66)
     for P in (16, 32, 48, 66):
         assert sh.rel_median[(P, 1, 2)] < sh.rel_median[(P, 1, 1)], P

@@ -5,16 +5,16 @@ other GPCs 11-12: equal GPC shares give 0.72), the SMs of TPCs 60-61 do not (the
 grids no GPC stands out."""
 import numpy as np
 
-from xstage import studies
-from xstage.studies import gpc_map
-from xstage import data
+from xstage import stage_programs_analysis
+from xstage.stage_programs_analysis import gpc_map
+from xstage import data, stage_programs_analysis
 
 
 def test_recorded_full_grids_per_gpc():
     folder = data.machine_dir("h200x1") / "train_gpc_full"
     before, after = (gpc_map(folder / f"gpc_map_{w}.jsonl") for w in ("before", "after"))
     assert before.equals(after)                          # the map did not move over the trains
-    sm, g = studies.favour_by_gpc(sub="train_gpc_full")
+    sm, g = stage_programs_analysis.favour_by_gpc(sub="train_gpc_full")
     assert sorted(set(g.programs)) == [100, 132, 198, 264]
     g100 = g[g.programs == 100].set_index("gpc")
     assert (g100.loc[0, "programs_in_gpc"], g100.loc[-1, "programs_in_gpc"]) == (8, 10)   # 8 of the 10: the head

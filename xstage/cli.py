@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             print(run_burst_gap(grid, args.out, source=args.source, command=command))
         elif args.cmd == "bench":
             from .data import BANDWIDTH, load
-            from .studies import bandwidth_summary
+            from .burst_gap_analysis import bandwidth_summary
             from .burst_gap_sweep import run_bandwidth
 
             run_bandwidth(args.out, command=command, world_size=args.world_size)
