@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from xstage import burst_gap_sweep, data, fit, records
-from xstage.model import BurstGapParams, simulate_sweep
+from xstage.fluid import BurstGapParams, simulate_sweep
 from xstage.burst_gap_sweep import BurstGapGrid
 
 GRID = BurstGapGrid(burst_kib=(1, 4, 16, 64, 256, 1024, 4096), gap_us=(0, 3, 30), programs=(4, 16, 66, 132, 264),

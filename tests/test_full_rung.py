@@ -1,5 +1,5 @@
 """Each link's full model is one rung of the ladder (xstage.fit.FULL_RUNG; the host link's is free_store since
-session 24): the file names, the check that a file holds the rung its name says, what load_params reads, the
+): the file names, the check that a file holds the rung its name says, what load_params reads, the
 switch rule on a record neither rung saw, and MegaMoE's host rows re-predicted with other parameters."""
 import shutil
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from xstage import data, fit, stage_analysis, studies
-from xstage.model import StageParams, load_params, params_from_dict
+from xstage.model import load_params, params_from_dict
+from xstage.stage_params import StageParams
 
 H = data.machine_dir("h200x1")
 
@@ -40,7 +41,7 @@ def test_a_file_holding_another_rung_than_its_name_is_refused(tmp_path):
 
 
 def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
-    """The switch rule (lab notebook, session 23) on the record of a seed never recorded before the fits
+    """The switch rule (lab notebook,) on the record of a seed never recorded before the fits
     (train_seed22_clean): free_store's median |error| below rung stage's."""
     rec = H / "train_seed22_clean"
     full = stage_analysis.score_trains(rec, "host")[1].median_abs_error.iloc[0]

@@ -1,6 +1,6 @@
-"""The probe trains (issue 11, session 19): remote_store.probe_family's designed trains and stage_programs_analysis.probe_summary.
+"""The probe trains (issue 11): remote_store.probe_family's designed trains and stage_programs_analysis.probe_summary.
 CPU: the summary on a per-program record built by hand (its every statistic derivable); the recorded folder
-(data/h200x1/probe_trains, GPU run S19-1), where it exists, through the same function."""
+(data/h200x1/probe_trains, GPU run a run), where it exists, through the same function."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -61,7 +61,7 @@ def test_probe_summary_refuses_another_record():
 def test_recorded_probe_trains_summarise_with_the_model_beside_them():
     folder = data.machine_dir("h200x1") / stage_programs_analysis.TRAIN_PROBE
     if not data.paths(folder, data.BURST_PROGRAM)[0].is_file():
-        pytest.skip(f"no probe record in {folder} (GPU run S19-1)")
+        pytest.skip(f"no probe record in {folder} (GPU run a run)")
     from xstage.model import load_params
 
     pp, _ = data.load(folder, data.BURST_PROGRAM)

@@ -88,7 +88,7 @@ def test_the_observations_mark_the_legacy_bursts_of_the_train_records_only():
 
 
 def test_the_fence_predicts_the_never_fitted_probes_4_and_8():
-    """S20-1's probe trains (never fitted): eleven identical 2 KiB probes, of which only 4 and 8 wait (up to 49 us).
+    """a run's probe trains (never fitted): eleven identical 2 KiB probes, of which only 4 and 8 wait (up to 49 us).
     Without the fence the model gives them the other probes' 0.14 us; with it, the median program within a factor
     of ~1.5 (median |ln(model / measured)| over the configurations where the probe took >= 1 us)."""
     from xstage import stage_programs_analysis
@@ -119,7 +119,7 @@ def _pp(rng, scale_at=None, factor=1.0):
 
 
 def test_preload_ab_finds_a_wait_at_the_read_bursts_only():
-    """S20-2's analysis on hand-built records: the legacy record is the preload one with bursts 4 and 8 made 1.5x
+    """a run's analysis on hand-built records: the legacy record is the preload one with bursts 4 and 8 made 1.5x
     slower; the A/B says 1.5 there and 1 elsewhere. Shuffling which bursts are slowed moves the finding with them."""
     from xstage import stage_programs_analysis
 

@@ -71,7 +71,7 @@ def _load_probe_check_job(world, trains, seed):
 
 @pytest.mark.gpu
 def test_load_probe_trains_bit_exact_and_timed_on_one_gpu(tmp_path):
-    """The load-after-store kernel (session 22) on the GPU: destinations bit-exact and every load made (both kinds),
+    """The load-after-store kernel on the GPU: destinations bit-exact and every load made (both kinds),
     then a per-program record whose every load_ns is finite and positive."""
     fam = train_family(random.randrange(1000), 2)
     trains = [BurstTrain(n, t, p, sz, gp) for t in ("host", "local") for p in (16, 264) for n, sz, gp in fam]

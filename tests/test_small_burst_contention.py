@@ -1,4 +1,4 @@
-"""stage_programs_analysis.small_burst_contention (session 17): small bursts of free-running trains binned by the share of the other
+"""stage_programs_analysis.small_burst_contention: small bursts of free-running trains binned by the share of the other
 programs inside a burst when they start, measured (per-program record) and from the stage model's simulated
 programs. Hand-built records with known answers; bad input."""
 import numpy as np
@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from xstage import stage_programs_analysis
-from xstage.model import KIB, StageParams
+from xstage.fluid import KIB
+from xstage.stage_params import StageParams
 
 
 def test_active_share_by_hand():

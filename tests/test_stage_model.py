@@ -7,8 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from xstage import data, fit, model, stage_analysis, stage_programs_analysis
-from xstage.model import KIB, StageParams, predict_train, simulate_stage, stage_measure
+from xstage import data, fit, model, stage_analysis, stage_params, stage_programs_analysis, stage_sim
+from xstage.fluid import KIB
+from xstage.model import predict_train
+from xstage.stage_params import StageParams
+from xstage.stage_sim import simulate_stage, stage_measure
 
 RNG = np.random.default_rng()
 
@@ -36,7 +39,7 @@ def random_train(n=8):
     return (RNG.integers(1, 160, n) * 2048).astype(float), RNG.choice([0, 500, 3000, 30_000, 100_000], n).astype(float)
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
@@ -51,7 +54,7 @@ def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     assert np.ptp(end[0, :, 0]) > 0
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_a_program_alone_issues_at_its_own_rate(arb):
     prm = random_params(arbitration=arb, drain_gbps=500.0, issue_ns_per_kib=25.0)   # r = 41 GB/s < D: one program never stalls
     b, g = random_train()
@@ -59,7 +62,7 @@ def test_a_program_alone_issues_at_its_own_rate(arb):
     assert np.allclose(t, prm.overhead_ns + b * prm.issue_ns_per_kib / KIB, rtol=1e-9)
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     """The stage recovers fully in a long gap: with the grid barrier (every burst starts together) and with equal
     shares, every burst costs what the first did. (Free-running with unequal shares, the programs stay staggered
@@ -75,7 +78,7 @@ def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     assert t[-1] < t[0]
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
     """The recorded sweeps' grid barrier is a release: it returns once the stage has drained, so with no gap at
     all every synchronised burst costs what the first did. A relaxed barrier leaves the stage full: with no gap,
@@ -98,7 +101,7 @@ def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
         predict_train(prm, P, b, gap, sync=True, barrier="acquire")
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_the_total_drain_never_exceeds_D(arb):
     """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst). The candidate
     "slots_issuing" (not adopted) is held to C(P) + C_0: by design a program that starts a burst takes its equal
@@ -118,7 +121,7 @@ def test_the_total_drain_never_exceeds_D(arb):
     assert np.all(issued <= prm.capacity_bytes(P) + extra + prm.drain_gbps * t + 1e-6 * issued)
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_sync_is_the_grids_span_and_free_running_is_faster_after_the_first_burst(arb):
     prm = random_params(arbitration=arb, spread=0.8, drain_gbps=60.0)
     b, g = np.full(8, 128 * KIB), np.full(8, 30_000.0)
@@ -153,7 +156,7 @@ def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, se
 def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung):
     """Each arbitration the host link's ladder fits (rung "pool": one pool; "stage": per-program slots). With slots
     the stall acts on the shared part only, so that part is made large enough to be seen (C_0 = 1 MB, as the host
-    link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, lab notebook session 6)."""
+    link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, lab notebook)."""
     arbitration = fit.RUNG_ARBITRATION.get((rung, "host"), "pool")
     truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
                         base_capacity_kib=1000.0 if arbitration == "slots" else 300.0, arbitration=arbitration)
@@ -168,15 +171,19 @@ def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung)
 
 
 @pytest.mark.parametrize("args,match", [
-    (dict(programs=0), "programs must be a positive integer"),
-    (dict(programs=2.5), "programs must be a positive integer"),
-    (dict(burst_bytes=[4096, 4096], gap_ns=[0]), "same length"),
-    (dict(burst_bytes=[], gap_ns=[]), "empty"),
-    (dict(burst_bytes=[-4096], gap_ns=[0]), "burst_bytes must be >= 0"),
-    (dict(burst_bytes=[0], gap_ns=[0]), "burst_bytes must be positive"),
-    (dict(gap_ns=[-1.0]), "gap_ns must be >= 0"),
-    (dict(gap_ns=[float("nan")]), "gap_ns must be finite"),
-    (dict(burst_bytes=[float("inf")]), "burst_bytes must be finite"),
+    (dict(programs=0), "programs must be a whole number of programs >= 1, got 0"),
+    (dict(programs=-5), "programs must be a whole number of programs >= 1, got -5"),
+    (dict(programs=2.5), "programs must be a whole number"),
+    (dict(programs=True), "programs must be a whole number"),
+    (dict(burst_bytes=[4096, 4096], gap_ns=[0]), "one gap per burst: 2 bursts, 1 gaps"),
+    (dict(burst_bytes=[], gap_ns=[]), "empty: a train needs at least one burst"),
+    (dict(burst_bytes=4096), "list of sizes in bytes .* single value 4096"),
+    (dict(burst_bytes=[-4096], gap_ns=[0]), r"burst_bytes must be sizes > 0 bytes, got \[-4096\]"),
+    (dict(burst_bytes=[0], gap_ns=[0]), "burst_bytes must be sizes > 0"),
+    (dict(gap_ns=[-1.0]), r"gap_ns must be gaps >= 0 ns .*\[-1\]"),
+    (dict(gap_ns=[float("nan")]), r"gap_ns must be gaps >= 0 ns .*\[nan\]"),
+    (dict(burst_bytes=[float("inf")]), "burst_bytes must be sizes > 0"),
+    (dict(sync="no"), "sync must be True or False, got 'no'"),
 ])
 def test_predict_train_rejects_bad_input(args, match):
     kw = dict(programs=4, burst_bytes=[4096], gap_ns=[0.0])
@@ -273,14 +280,14 @@ def test_own_slots_let_the_favoured_programs_pass_a_full_stage():
     """Just past the onset (the grid's burst 5-15 % over C(P)), per-program slots let the favoured programs through
     much earlier than the rest (the recorded host first bursts: p10 unimpeded, a tail 10-40x slower), where one
     pool slows every program alike (its weights only share the drain). Random parameters, spread >= 0.3; with the
-    host link's rung stage (the slots arbitration, its full model through session 24) the favoured programs finish
-    unimpeded. (The full model since, free_store, slows its fastest program 2.4x there: lab notebook, session 24.)"""
+    host link's rung stage (the slots arbitration, its full model through) the favoured programs finish
+    unimpeded. (The full model since, free_store, slows its fastest program 2.4x there: lab notebook,.)"""
     prm = random_params(spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
     P = int(RNG.choice([66, 132]))
     b = RNG.uniform(1.05, 1.15) * float(prm.capacity_bytes(P)) / P
     unimpeded = prm.overhead_ns + b / prm.program_rate
     got = {}
-    for arb in model.ARBITRATIONS:
+    for arb in stage_params.ARBITRATIONS:
         start, end, _ = simulate_stage(replace(prm, arbitration=arb), [P], np.array([[b]]), np.zeros((1, 1)),
                                        [False])
         got[arb] = (end - start)[0, :, 0] / unimpeded
@@ -402,7 +409,7 @@ def test_scores_by_programs_covers_every_never_fitted_record():
 def test_dispatch_order():
     """The dispatch order measured on the host link's per-program records: the last 4 TPCs first (even SMs, then
     odd), then one SM of every other TPC, then their other SMs; every SM once per pass."""
-    order = model.dispatch_order(132)
+    order = stage_params.dispatch_order(132)
     assert sorted(order) == list(range(132))
     assert list(order[:10]) == [124, 126, 128, 130, 125, 127, 129, 131, 0, 2]
     assert list(order[8 + 62:8 + 64]) == [1, 3]
@@ -424,12 +431,12 @@ def test_gpc_map():
     rec = stage_programs_analysis.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
     clustered = rec[rec.gpc >= 0]
     for _, g in clustered.groupby("gpc"):                       # one recorded group is one model GPC
-        assert len(set(model.GPC_OF_SM[g.smid])) == 1
-    assert clustered.groupby(model.GPC_OF_SM[clustered.smid]).gpc.nunique().max() == 1   # and no two groups merge
+        assert len(set(stage_params.GPC_OF_SM[g.smid])) == 1
+    assert clustered.groupby(stage_params.GPC_OF_SM[clustered.smid]).gpc.nunique().max() == 1   # and no two groups merge
     outside = rec.smid[rec.gpc < 0].to_numpy()                  # TPCs 60-65: the head's four in GPC 0, 60-61 not
     assert sorted(outside) == list(range(120, 132))
-    assert (model.GPC_OF_SM[124:132] == 0).all() and (model.GPC_OF_SM[120:124] != 0).all()
-    assert np.bincount(model.GPC_OF_SM[::2]).max() <= 9       # TPCs per GPC: at most 9 on a Hopper GPC
+    assert (stage_params.GPC_OF_SM[124:132] == 0).all() and (stage_params.GPC_OF_SM[120:124] != 0).all()
+    assert np.bincount(stage_params.GPC_OF_SM[::2]).max() <= 9       # TPCs per GPC: at most 9 on a Hopper GPC
     with pytest.raises(ValueError, match="needs the measured GPC map"):
         random_params(arbitration="gpc_drain", sm_count=114)
 
@@ -485,8 +492,8 @@ def test_the_free_running_measure_is_the_median_program_over_groups_of_unequal_s
 
 
 def _gpc_populations(P):
-    order = model.dispatch_order(132)
-    return np.bincount(model.GPC_OF_SM[order[np.arange(P) % 132]], minlength=model.N_GPC)
+    order = stage_params.dispatch_order(132)
+    return np.bincount(stage_params.GPC_OF_SM[order[np.arange(P) % 132]], minlength=stage_params.N_GPC)
 
 
 def test_gpc_drain_groups_and_its_batches():
@@ -494,7 +501,7 @@ def test_gpc_drain_groups_and_its_batches():
     (one per program up to 16 per GPC), configurations of equal group counts in one batch: the batches give what one
     simulation of all GPC_DRAIN_GROUPS groups gives (the same spread levels), and fewer groups than a grid needs are
     refused."""
-    assert [model.gpc_drain_groups(P) for P in (1, 8, 16, 66, 132, 264)] == [1, 8, 16, 66, 128, 128]
+    assert [stage_params.gpc_drain_groups(P) for P in (1, 8, 16, 66, 132, 264)] == [1, 8, 16, 66, 128, 128]
     assert list(_gpc_populations(66)) == [12, 8, 8, 8, 8, 8, 7, 7]
     prm = random_params(arbitration="gpc_drain", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
     P = np.array([1, 16, 66, 132, 66])
@@ -503,8 +510,8 @@ def test_gpc_drain_groups_and_its_batches():
     g = np.stack([random_train(6)[1] for _ in P])
     sync = np.array([False, False, False, True, True])
     s1, e1, m1 = simulate_stage(prm, P, b, g, sync)                                  # batched
-    s2, e2, m2 = simulate_stage(prm, P, b, g, sync, groups=model.GPC_DRAIN_GROUPS)    # all groups at once
-    assert m1.shape == m2.shape == (5, model.GPC_DRAIN_GROUPS) and np.array_equal(m1, m2)
+    s2, e2, m2 = simulate_stage(prm, P, b, g, sync, groups=stage_params.GPC_DRAIN_GROUPS)    # all groups at once
+    assert m1.shape == m2.shape == (5, stage_params.GPC_DRAIN_GROUPS) and np.array_equal(m1, m2)
     assert np.allclose(m1.sum(axis=1), P)
     assert np.array_equal(np.isnan(e1), np.isnan(e2))
     assert np.allclose(e1, e2, rtol=1e-9, equal_nan=True) and np.allclose(s1, s2, rtol=1e-9, equal_nan=True)
@@ -548,7 +555,7 @@ def test_gpc_drain_shares_the_drain_per_gpc_holding_stores():
 
 
 def test_the_fit_recovers_known_parameters_under_free_store():
-    """Rung "free_store" (arbitration gpc_drain through its fast path, model._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
+    """Rung "free_store" (arbitration gpc_drain through its fast path, stage_sim._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
     GPC 0; GPC 0 11 programs, the other GPCs 3) and synchronised regular ones: the arbitration's own parameters (issue
     time, spread, stall) come back. The stage's sizes, drain and overheads are given as measured (fixed) and the fit
     starts off the truth, to keep it under a minute (~30 s; at P = 16 / 132 and the overheads free, 100 s)."""

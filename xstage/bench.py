@@ -25,7 +25,7 @@ def time_ms(fn: Callable[[], None], warmup: int = 3, reps: int = 10, device: tor
     The start event is recorded on an idle GPU, so a run's time includes the host's work to launch its first kernel
     (the rest hide behind the kernels before them). ``lead``: the GPU first waits LEAD_CYCLES (``torch.cuda._sleep``)
     ahead of the start event, so the host has queued the run before its clock starts: the GPU's time alone, as in
-    a layer whose launches run ahead of the GPU (session 27, docs/lab-notebook.md)."""
+    a layer whose launches run ahead of the GPU (docs/lab-notebook.md)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)

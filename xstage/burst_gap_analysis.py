@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import data, records
 from .fit import fit_burst_gap, fluid_summary
-from .model import KIB, BurstGapParams, onset_burst_bytes
+from .fluid import KIB, BurstGapParams, onset_burst_bytes
 
 BURSTS = ("first", "later", "all")
 

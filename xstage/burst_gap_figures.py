@@ -14,7 +14,7 @@ from .figures import (_BURSTS, bytes_label, _colors, _DASH, empty_figure, _gap_l
                       _iqr, _LAYOUT, _log_axis, _MEASURES, _METHOD_NAME, _palette, _size_ticks, _TARGET_NAME,
                       _targets, _title, _trace_ys, WIDTH)
 from .fit import fluid_summary
-from .model import KIB, BurstGapParams, burst_bytes_total, onset_burst_bytes, steady_slowdown, train
+from .fluid import KIB, BurstGapParams, burst_bytes_total, onset_burst_bytes, steady_slowdown, train
 
 # ------------------------------------------------------------------------------------------- study 1: sweep
 def _size_lines(df, target, store_bytes, burst, gap_us, measure, control, value):

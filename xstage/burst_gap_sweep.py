@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data, env, resume
-from .model import KIB, BurstGapParams
+from .fluid import KIB, BurstGapParams
 from .sources import (check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
                       source_data as _source_data)
 from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
@@ -267,7 +267,7 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
         meta = env.provenance(command, {"grid": asdict(grid), "source": "gpu"})
         spawn(burst_gap_job, grid.world_size, grid, str(out), meta)
     elif source == "simulated":
-        from .model import BurstGapParams, simulate_sweep
+        from .fluid import BurstGapParams, simulate_sweep
 
         grid.validate(132)
         prm = params or BurstGapParams.reference()
@@ -338,11 +338,11 @@ class TrainGrid:
                                                       # (designed: a lead burst, then 2 KiB probes; seed, count,
                                                       # kib and gap_us unused)
     preload: bool = True                              # the kernel reads every burst's parameters before the first
-                                                      # (False: at each burst's top, as records before session 20,
-                                                      # whose sidecars lack the key: lab notebook, runs S20-1/2)
+                                                      # (False: at each burst's top, as records before the preload,
+                                                      # whose sidecars lack the key: lab notebook)
     load_probe: int = 0                               # 1 / 2: one timed load after each burst (an L1-resident /
                                                       # an L2 word; burst_train_store_kernel), per program only:
-                                                      # burst_program's load_ns (session 22)
+                                                      # burst_program's load_ns
 
     def trains(self) -> list[BurstTrain]:
         if self.family == "probe":

@@ -384,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.write:
                 print(write_stage_fit(res, args.data, command=command))
         elif args.cmd == "predict":
-            from .model import KIB, load_params, predict_train
+            from .fluid import KIB
+            from .model import load_params, predict_train
 
             prm = load_params(args.data, args.link)
             t = predict_train(prm, args.programs, [b * KIB for b in args.burst_kib], [g * 1e3 for g in args.gap_us],

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from .burst_gap_figures import explorer_data, explorer_title, model_explorer_figure
 from .stage_figures import train_prediction_data, train_prediction_figure
-from .model import BurstGapParams
+from .fluid import BurstGapParams
 
 # name -> (widget class, keyword arguments); values are set from the parameters / workload at build time
 SLIDERS = {

@@ -17,7 +17,9 @@ from .burst_gap_analysis import measured_onset, slowdown_table
 from .fit import (LINK_TARGETS as LINK_TARGET, Observations, RUNG_FIXED, RUNG_TRAINS, STAGE_UNITS, _rung_params,
                   error_summary, full_rung, predict_observations, read_stage_fit, stage_fit_name,
                   tidy_for_fit)
-from .model import KIB, load_params, models_read_fence, predict_train
+from .fluid import KIB
+from .model import load_params, predict_train
+from .stage_sim import models_read_fence
 from .sources import LINK_MACHINES, check_source as _check_source, recorded as _recorded
 from .stage_programs_analysis import CONTENDED, TRAIN_PROGRAMS, TRAIN_PROGRAMS_P
 
@@ -139,9 +141,9 @@ def score_trains(folder, link: str = "host", min_ns: float = 1000.0, prm=None) -
     return rows, summary
 
 
-TRAIN_SMALL = "trains_small_bursts"   # session 18 (S18-2): bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
+TRAIN_SMALL = "trains_small_bursts"   # bursts 2-48 KiB, gaps 0.5-50 us, P 66-200, per program, recorded
                                   # after the full model and every candidate rung were written
-# the held-out families re-recorded with the clean kernel (stage trains-clean of scripts/device_session.sh, run S22-1:
+# the held-out families re-recorded with the clean kernel (stage trains-clean of scripts/device_session.sh, a run:
 # the same seeds, sizes, gaps and program counts, and seed 22, never recorded before), scored where recorded
 CLEAN_SCORED_RECORDS = ("independent_clean", "train_programs_p_clean", "train_programs_new_p_clean",
                         "train_small_clean", "train_seed22_clean")

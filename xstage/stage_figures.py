@@ -11,7 +11,8 @@ from plotly.subplots import make_subplots
 
 from .figures import (_colors, _hline, _intersect, _LAYOUT, _TARGET_NAME, _title)
 from .fit import full_rung
-from .model import KIB, predict_train
+from .fluid import KIB
+from .model import predict_train
 
 # ------------------------------------------------------------------------------- the stage model, per link
 _KIND_NAME = {"sync": "synchronised sweep (span)", "free": "free-running, regular (median program)",

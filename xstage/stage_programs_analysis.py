@@ -13,9 +13,11 @@ import numpy as np
 import pandas as pd
 
 from . import data
-from .model import FENCE_ARBITRATIONS, load_params, models_read_fence, predict_train, simulate_stage
+from .model import load_params, predict_train
+from .stage_params import FENCE_ARBITRATIONS
+from .stage_sim import models_read_fence, simulate_stage
 from .fit import LINK_TARGETS as LINK_TARGET
-from .model import KIB
+from .fluid import KIB
 from .sources import LINK_MACHINES
 
 TRAIN_PROGRAMS = "train_programs"   # under data/h200x1/: the seed-0 host trains again, per program with its SM
@@ -66,11 +68,10 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     the other programs inside a burst at its start (``active``), binned (:data:`ACTIVE_BINS`) against the burst's
     size (:data:`SMALL_BURST_KIB`): the median issue time (``measured_ns``), the share over 3 us (``slow``) and the
     count. With ``prm`` (a StageParams, e.g. ``model.load_params``) the same from the model's simulated programs of
-    the same trains (``model_ns``, ``model_slow``; its weight groups stand for their programs). Session 17,
-    measured: a small burst issues at the issue rate while few of the others are inside a burst and waits for about
+    the same trains (``model_ns``, ``model_slow``; its weight groups stand for their programs). Measured: a small burst issues at the issue rate while few of the others are inside a burst and waits for about
     its share of the drain once most are; the full model agrees at the busy end and makes small bursts wait at
     5-60 % busy, where the measured ones mostly do not. ``read_fence``: the bursts the model simulates with the
-    legacy kernel's read wait (``data.legacy_read_bursts`` of the record's sidecar; session 21)."""
+    legacy kernel's read wait (``data.legacy_read_bursts`` of the record's sidecar)."""
     pp = pp[(pp.target == LINK_TARGET[link]) & (pp.programs >= min_programs)]
     if pp.empty:
         raise ValueError(f"no per-program rows for the {link} link with >= {min_programs} programs")
@@ -114,7 +115,7 @@ def small_burst_contention(pp: pd.DataFrame, link: str = "host", min_programs: i
     return out.reset_index()
 
 
-TRAIN_PROBE = "probe_trains"   # session 19 (S19-1): designed probe trains (remote_store.probe_family), per program
+TRAIN_PROBE = "probe_trains"   #: designed probe trains (remote_store.probe_family), per program
 
 
 def _median_program(pp: pd.DataFrame) -> pd.Series:
@@ -129,13 +130,13 @@ def _median_program(pp: pd.DataFrame) -> pd.Series:
 
 def preload_ab(legacy: pd.DataFrame, legacy_meta: dict, preload: pd.DataFrame, link: str = "host",
                min_programs: int = 66, min_ns: float = 1000.0) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """S20-2's A/B: the same trains recorded in one call with the legacy kernel (per-burst parameter reads,
+    """The A/B: the same trains recorded in one call with the legacy kernel (per-burst parameter reads,
     ``--no-preload``) and with the preload, both per program (schema burst_program). Per (train, programs, burst):
     the median program of each (median over repeats: ``legacy_ns``, ``preload_ns``) and ``ratio`` = legacy /
     preload. Per burst, over the grids of >= ``min_programs`` programs where either took >= ``min_ns``: the median
     ratio and the count (``legacy_read``: the bursts the legacy kernel read at, :func:`xstage.data.legacy_read_bursts`
     of the legacy record's sidecar ``legacy_meta``). The read wait predicts ratios > 1 at those bursts and ~1
-    elsewhere (lab notebook, S20-2)."""
+    elsewhere (lab notebook)."""
     def medians(pp, name):
         pp = pp[pp.target == LINK_TARGET[link]]
         if pp.empty:
@@ -162,7 +163,7 @@ PRELOAD_AB_KIB = (0, 8, 16, 48, 128, np.inf)   # burst-size classes (KiB per pro
 def preload_ab_sizes(rows: pd.DataFrame, min_ns: float = 1000.0, kib=PRELOAD_AB_KIB) -> pd.DataFrame:
     """:func:`preload_ab`'s rows by burst size and program count, the legacy-read bursts left out (what the read
     costs where the legacy kernel reads from L1): per (size class, programs) over the bursts either kernel took
-    >= ``min_ns`` on, the median legacy / preload ratio, both medians (us) and the count. Session 22 (S20-2): small
+    >= ``min_ns`` on, the median legacy / preload ratio, both medians (us) and the count. Small
     bursts pay it (0-8 KiB at P >= 66: 1.26-1.52), 8 KiB and larger do not (0.87-1.05)."""
     sel = rows[~rows.legacy_read & ((rows.legacy_ns >= min_ns) | (rows.preload_ns >= min_ns))]
     cls = pd.cut(sel.burst_bytes / 1024, list(kib), right=True)
@@ -175,7 +176,7 @@ def preload_ab_sizes(rows: pd.DataFrame, min_ns: float = 1000.0, kib=PRELOAD_AB_
 
 
 def read_fence_probes(pp: pd.DataFrame, meta: dict, prm, link: str = "host", min_ns: float = 1000.0) -> pd.DataFrame:
-    """The probe trains' read-wait bursts against the model with and without the read fence (session 21). Per probe
+    """The probe trains' read-wait bursts against the model with and without the read fence. Per probe
     train (lead, gap, programs) and burst of :func:`xstage.data.legacy_read_bursts` (the record's sidecar): the
     measured median program (median over repeats, ``measured_ns``) and the model's median program with the fence
     (``model_fence_ns``: ``predict_train(read_fence=...)``) and without it (``model_ns``), and their log ratios to
@@ -211,7 +212,7 @@ LOAD_PROBE_BYTES = 16   # the model's stand-in for a load probe: a fenced 16-byt
 
 
 def load_probe_table(pp: pd.DataFrame, prm, link: str = "host") -> pd.DataFrame:
-    """The load-after-store test (session 22; ``xstage sweep trains --per-program --load-probe 1|2``) against the
+    """The load-after-store test (``xstage sweep trains --per-program --load-probe 1|2``) against the
     read fence of the stage model. Per (train, programs, burst) of the per-program record ``pp``: the median
     program's issue time and load time (median over repeats: ``issue_ns``, ``load_ns``) and the model's wait for
     that load (``model_wait_ns``): the train with a fenced LOAD_PROBE_BYTES burst after every burst (gap 0 before it,
