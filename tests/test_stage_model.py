@@ -152,7 +152,7 @@ def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, se
     return fit.Observations(cfgs, b, g, meas, {})
 
 
-@pytest.mark.parametrize("rung", ["pool", "stage"])
+@pytest.mark.parametrize("rung", [pytest.param("pool", marks=pytest.mark.slow), pytest.param("stage", marks=pytest.mark.slow)])
 def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung):
     """Each arbitration the host link's ladder fits (rung "pool": one pool; "stage": per-program slots). With slots
     the stall acts on the shared part only, so that part is made large enough to be seen (C_0 = 1 MB, as the host
@@ -392,6 +392,18 @@ def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeyp
     assert (same == 0).all() and np.allclose(scaled, 0.25) and len(scaled) == 3
 
 
+def test_scores_by_programs_of_one_record_sum_over_program_counts():
+    """The current record of trains at new program counts, scored per program count and over all (programs = 0):
+    the all-row's burst count is the sum of its program counts'."""
+    from xstage import stage_analysis
+
+    s = stage_analysis.scores_by_programs("host", records=("train_programs_new_p_clean",))
+    assert set(s.record) == {"train_programs_new_p_clean"} and (s.programs > 0).sum() >= 4
+    assert s[s.programs == 0].bursts.iloc[0] == s[s.programs > 0].bursts.sum()
+    assert (s.median_abs_error >= 0).all() and (s.p90_abs_error >= s.median_abs_error).all()
+
+
+@pytest.mark.slow
 def test_scores_by_programs_covers_every_never_fitted_record():
     """Every never-fitted train record scores per program count and over all (programs = 0); the all-row's
     burst count is the sum of its program counts'."""
