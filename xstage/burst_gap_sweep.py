@@ -23,7 +23,10 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data, env, resume
-from .fluid import KIB, BurstGapParams
+from .bench import bandwidth_worker
+from .fluid import KIB, BurstGapParams, simulate_sweep
+from .model import simulated_train_rows
+from .ranks import spawn
 from .sources import (check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
                       source_data as _source_data)
 from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
@@ -263,12 +266,9 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
                                                                    else " (host link)"), simulated=True)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         grid.validate(sms)
-        from .ranks import spawn
         meta = env.provenance(command, {"grid": asdict(grid), "source": "gpu"})
         spawn(burst_gap_job, grid.world_size, grid, str(out), meta)
     elif source == "simulated":
-        from .fluid import BurstGapParams, simulate_sweep
-
         grid.validate(132)
         prm = params or BurstGapParams.reference()
         df = simulate_sweep(grid, prm, sm_count=132, seed=0)
@@ -285,8 +285,6 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
 
 
 def bandwidth_job(world, folder: str, meta: dict) -> None:
-    from .bench import bandwidth_worker
-
     rows: list = []
     bandwidth_worker(world, rows)
     if world.local_ranks[0] == 0:
@@ -301,8 +299,6 @@ def run_bandwidth(out: str | Path, command: str = "", world_size: int | None = N
     if world_size not in (1, 2):
         raise ValueError(f"the bandwidth benchmark runs on 1 or 2 GPUs, got world_size={world_size}")
     env.require_gpus(world_size, "the bandwidth benchmark", simulated=False)
-    from .ranks import spawn
-
     spawn(bandwidth_job, world_size, str(out), env.provenance(command, {"world_size": world_size}))
     return Path(out) / f"{data.BANDWIDTH.name}.csv"
 
@@ -495,12 +491,8 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
     meta = {"grid": asdict(grid), "source": source}
     if source == "gpu":
         env.require_gpus(grid.world_size, "the train study", simulated=True)
-        from .ranks import spawn
-
         spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta))
     elif source == "simulated":
-        from .model import simulated_train_rows
-
         if grid.per_program:
             raise ValueError("per_program records the GPU's programs (their SMs and timestamps): the simulated "
                              "source has none; run it with source='gpu'")
