@@ -185,10 +185,10 @@ def burst_train_store_kernel(
     launch) and then drift apart as the stage shares its drain among them. Same payload as the other kernels.
     PRELOAD=False reads N_k, base_k and gap_k from global memory at the top of burst k, as records before session
     20 did. Their bursts 4 and 8 (a new 32-byte sector of the int64 arrays, an L1 miss) are slow in every
-    configuration, 0.16 us with an empty stage and up to 49 us with a busy one (lab notebook, run S20-1): the read,
+    configuration, 0.16 us with an empty stage and up to 49 us with a busy one (lab notebook): the read,
     issued before t0 and first used inside the timed issue, waits behind the program's outstanding remote stores
-    (the hypothesis that run S20-2, legacy against preload in one call, tests).
-    LOAD_PROBE (session 22, the load-after-store test): right after burst k's stores issued (t1), the program loads
+    (the hypothesis the legacy / preload A/B in one call tests).
+    LOAD_PROBE (the load-after-store test): right after burst k's stores issued (t1), the program loads
     one device word and writes it + 1 to ``sink`` (the store needs the loaded value, so the program waits for the
     load there), then takes t2 after a CTA barrier; its gap starts at t2. t2 - t1 is what a fused kernel's next
     load pays behind its own remote stores: kind 1 a word read before the first burst (resident in L1 unless the
@@ -208,8 +208,8 @@ def burst_train_store_kernel(
     STAMPS: tl.constexpr = 3 if LOAD_PROBE else 2
     if LOAD_PROBE == 1:   # the word every later load of this program reads, brought into L1 before the first burst
         w1 = probe_ptr + pid.to(tl.int64) * N_BURSTS * 16
-        v1 = tl.load(w1)
-        tl.store(sink_ptr + pid.to(tl.int64) * N_BURSTS, v1)   # waits for it here, before the train starts
+        word = tl.load(w1)
+        tl.store(sink_ptr + pid.to(tl.int64) * N_BURSTS, word)   # waits for it here, before the train starts
     tl.store(cal_ptr + pid * 2, globaltimer(DEVICE))
     tl.store(cal_ptr + pid * 2 + 1, clock64(DEVICE))
     tl.store(sm_ptr + pid, smid(DEVICE))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from xstage import burst_gap_sweep as sweep
-from xstage import cli, data, moe_sweep, records, report, reproduce, sources, studies, ulysses_sweep
+from xstage import burst_gap_sweep, cli, data, moe_sweep, records, report, reproduce, sources, ulysses_sweep
 from xstage.model import BurstGapParams
 
 pytestmark = pytest.mark.timeout(120)
@@ -399,16 +399,16 @@ def _env(monkeypatch, **kv):
 
 
 API_CASES = [
-    ("source-unknown", lambda mp: studies.burst_gap_data("moon"), r"source must be one of"),
-    ("machine-unknown", lambda mp: studies.burst_gap_data("recorded", machine="nope"),
+    ("source-unknown", lambda mp: burst_gap_sweep.burst_gap_data("moon"), r"source must be one of"),
+    ("machine-unknown", lambda mp: burst_gap_sweep.burst_gap_data("recorded", machine="nope"),
      r"machine 'nope' has no recorded burst_gap data"),
-    ("variant-unknown", lambda mp: studies.burst_gap_data("recorded", variant="sideways"),
+    ("variant-unknown", lambda mp: burst_gap_sweep.burst_gap_data("recorded", variant="sideways"),
      r"variant must be one of sync, free_running"),
     ("ulysses-simulated", lambda mp: ulysses_sweep.ulysses_data("simulated"), r"no simulated source"),
     ("megamoe-simulated", lambda mp: moe_sweep.megamoe_data("simulated"), r"no simulated source"),
     ("megamoe-assignment", lambda mp: moe_sweep.megamoe_data("recorded", assignment="random"),
      r"assignment must be one of"),
-    ("bandwidth-simulated", lambda mp: studies.bandwidth_data(source="simulated"), r"has no bandwidth benchmark"),
+    ("bandwidth-simulated", lambda mp: burst_gap_sweep.bandwidth_data(source="simulated"), r"has no bandwidth benchmark"),
     ("paper-number-unknown", lambda mp: sources.paper_number("megamoe", "nope"), r"no paper number megamoe/nope"),
     ("convert-int", lambda mp: reproduce.convert_value("n_bootstrap", "lots", "int"),
      r"parameter 'n_bootstrap' expects int, got 'lots'"),

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from xstage import data, fit, records
-from xstage.model import BurstGapParams, simulate_sweep
+from xstage import burst_gap_sweep, data, fit, records
+from xstage.fluid import BurstGapParams, simulate_sweep
 from xstage.burst_gap_sweep import BurstGapGrid
 
 GRID = BurstGapGrid(burst_kib=(1, 4, 16, 64, 256, 1024, 4096), gap_us=(0, 3, 30), programs=(4, 16, 66, 132, 264),
@@ -64,9 +64,9 @@ def test_too_few_configurations(truth_and_rows):
 
 # ----------------------------------------------------------------------- self-test: intervals cover the truth
 def _simulated_fit(seed, uncertainty="bootstrap"):
-    from xstage import studies
+    from xstage import burst_gap_sweep
 
-    grid = BurstGapGrid(**studies.SIMULATED_GRID)
+    grid = BurstGapGrid(**burst_gap_sweep.SIMULATED_GRID)
     truth = BurstGapParams.reference()          # what the simulated source documents
     rows = simulate_sweep(grid, truth, seed=seed)
     return truth, fit.fit_burst_gap(rows, n_bootstrap=60, uncertainty=uncertainty, seed=seed)

@@ -1,6 +1,6 @@
-"""The stage model's free entry (session 23; StageParams.free_kib / free_cap_kib, rung "free_store"): the first f KiB
+"""The stage model's free entry (StageParams.free_kib / free_cap_kib, rung "free_store"): the first f KiB
 of each burst of a program enter the stage at once, whatever the stage's state, while the program holds less than
-its own slots + F. Measured on clean records (S20-2): a 2 KiB burst issues in ~60 ns right after a contended lead.
+its own slots + F. Measured on clean records: a 2 KiB burst issues in ~60 ns right after a contended lead.
 What must hold: such a burst costs the overhead alone where the model without f waits microseconds; a train of small
 bursts cannot issue more than the stage + F per program beyond what the drain has taken; f = 0 is the model
 without it; the fast path equals the general loop; bad values are refused."""
@@ -9,8 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from xstage import model
-from xstage.model import KIB, StageParams, predict_train, simulate_stage
+from xstage import model, stage_sim
+from xstage.fluid import KIB
+from xstage.model import predict_train
+from xstage.stage_params import StageParams
+from xstage.stage_sim import simulate_stage
 
 
 def _prm(arbitration="gpc_drain", **kw):
@@ -42,7 +45,7 @@ def test_small_bursts_back_to_back_cannot_beat_the_drain(monkeypatch, fast):
     """100 bursts of 2 KiB with no gap at P = 264: without the bound F every one would be free and the whole train
     would issue in 100 overheads. With it, the last program ends no earlier than the bytes the stage, its slots and
     the programs' F cannot hold, drained at D."""
-    monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
+    monkeypatch.setattr(stage_sim, "GPC_DRAIN_FAST", fast)
     prm = _prm(free_kib=2.0, free_cap_kib=32.0)
     P, n = 264, 100
     b, g = np.full(n, 2.0 * KIB), np.zeros(n)
@@ -75,7 +78,7 @@ def test_the_fast_path_equals_the_general_loop_with_free_entries(monkeypatch, se
     sync = rng.uniform(size=6) < 0.3
     out = []
     for fast in (True, False):
-        monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
+        monkeypatch.setattr(stage_sim, "GPC_DRAIN_FAST", fast)
         out.append(simulate_stage(prm, P, b, g, sync))
     (s1, e1, _), (s2, e2, _) = out
     ok = np.isfinite(e2)
@@ -94,7 +97,7 @@ def test_bad_free_entries_are_refused():
 
 
 def _random_free(rng, arbitration="gpc_drain", **kw):
-    """Random parameters with free entries (the host link's full model's form since session 24: rung free_store)."""
+    """Random parameters with free entries (the form of the host link's full model, rung free_store)."""
     f = rng.uniform(0.5, 4.0)
     d = dict(issue_ns_per_kib=rng.uniform(5, 60), drain_gbps=rng.uniform(20, 400), capacity_kib=rng.uniform(500, 20000),
              capacity_per_program_kib=rng.uniform(2, 60), spread=rng.uniform(0.1, 0.9), overhead_ns=rng.uniform(0, 300),

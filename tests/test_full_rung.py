@@ -1,14 +1,15 @@
 """Each link's full model is one rung of the ladder (xstage.fit.FULL_RUNG; the host link's is free_store since
-session 24): the file names, the check that a file holds the rung its name says, what load_params reads, the
+): the file names, the check that a file holds the rung its name says, what load_params reads, the
 switch rule on a record neither rung saw, and MegaMoE's host rows re-predicted with other parameters."""
 import shutil
 
 import numpy as np
 import pytest
 
-from xstage import data, fit, megamoe_analysis, studies
+from xstage import data, fit, megamoe_analysis, stage_analysis
 from xstage.megamoe_model_analysis import host_rescore
-from xstage.model import StageParams, load_params, params_from_dict
+from xstage.model import load_params, params_from_dict
+from xstage.stage_params import StageParams
 
 H = data.machine_dir("h200x1")
 
@@ -25,9 +26,9 @@ def test_each_link_names_its_full_rung_and_load_params_reads_it():
     assert load_params(H, "host").free_kib > 0 and load_params(H, "host").free_cap_kib == 32.0
     old = fit.read_stage_fit(H, "host", "stage")
     assert old["rung"] == "stage" and old["params"]["arbitration"] == "slots" and "free_kib" not in old["params"]
-    fits = studies.stage_fits(("host",))
+    fits = stage_analysis.stage_fits(("host",))
     assert ("host", "free_store") in fits and ("host", "stage") in fits
-    p = studies.stage_params(fits)
+    p = stage_analysis.stage_params(fits)
     assert {"free_kib", "free_cap_kib"} <= set(p.parameter)
     assert p.set_index("parameter").loc["free_cap_kib", ["ci95_low", "ci95_high"]].tolist() == [32.0, 32.0]
 
@@ -41,11 +42,11 @@ def test_a_file_holding_another_rung_than_its_name_is_refused(tmp_path):
 
 
 def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
-    """The switch rule (lab notebook, session 23) on the record of a seed never recorded before the fits
+    """The switch rule (lab notebook,) on the record of a seed never recorded before the fits
     (train_seed22_clean): free_store's median |error| below rung stage's."""
     rec = H / "train_seed22_clean"
-    full = studies.score_trains(rec, "host")[1].median_abs_error.iloc[0]
-    stage = studies.score_trains(rec, "host", prm=params_from_dict(fit.read_stage_fit(H, "host", "stage")["params"]))
+    full = stage_analysis.score_trains(rec, "host")[1].median_abs_error.iloc[0]
+    stage = stage_analysis.score_trains(rec, "host", prm=params_from_dict(fit.read_stage_fit(H, "host", "stage")["params"]))
     assert full < stage[1].median_abs_error.iloc[0] and full < 0.2
 
 

@@ -1,12 +1,14 @@
 """Arbitration "gpc_drain"'s fast path (xstage.model._stage_units: the groups of GPCs of equal population merged into
 units, rows whose train has ended dropped, the transitions applied to the due elements only) against the general loop
-of simulate_stage it replaces (model.GPC_DRAIN_FAST = False, kept as the reference): the same starts and ends to
+of simulate_stage it replaces (stage_sim.GPC_DRAIN_FAST = False, kept as the reference): the same starts and ends to
 rounding on random parameters and on the host link's recorded configurations."""
 import numpy as np
 import pytest
 
-from xstage import data, fit, model
-from xstage.model import StageParams, simulate_stage, stage_measure
+from xstage import data, fit, model, stage_params, stage_sim
+from xstage.stage_sim import stage_measure
+from xstage.stage_params import StageParams
+from xstage.stage_sim import simulate_stage
 
 LAYOUT_P = [1, 2, 4, 8, 16, 24, 32, 48, 66, 80, 100, 120, 128, 132, 160, 198, 200, 264]   # every unit layout kind
 
@@ -14,7 +16,7 @@ LAYOUT_P = [1, 2, 4, 8, 16, 24, 32, 48, 66, 80, 100, 120, 128, 132, 160, 198, 20
 def _both(monkeypatch, prm, P, b, g, sync, drains=True, fence=None):
     out = []
     for fast in (True, False):
-        monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
+        monkeypatch.setattr(stage_sim, "GPC_DRAIN_FAST", fast)
         out.append(simulate_stage(prm, P, b, g, sync, barrier_drains=drains, read_fence=fence))
     return out
 
@@ -43,7 +45,7 @@ def test_the_fast_path_equals_the_general_loop_on_random_trains(monkeypatch, see
     g = rng.choice([0, 500, 3000, 30_000, 100_000], (N, n)).astype(float)
     sync = rng.uniform(size=N) < 0.5
     drains = rng.uniform(size=N) < 0.7                                   # release and relaxed barriers
-    fence = rng.uniform(size=(N, n)) < 0.3 if seed % 2 else None        # read fences (session 21) on odd seeds
+    fence = rng.uniform(size=(N, n)) < 0.3 if seed % 2 else None        # read fences on odd seeds
     fast, ref = _both(monkeypatch, prm, P, b, g, sync, drains, fence)
     _assert_same(fast, ref)
     assert np.ptp(np.nan_to_num(fast[1][:, :, 0]), axis=1).max() > 0       # the programs did not all end alike
@@ -64,7 +66,7 @@ def test_the_fast_path_equals_the_general_loop_on_the_host_records(monkeypatch):
     prm = replace(StageParams(**f["params"]), arbitration="gpc_drain")
     pred = []
     for fast in (True, False):
-        monkeypatch.setattr(model, "GPC_DRAIN_FAST", fast)
+        monkeypatch.setattr(stage_sim, "GPC_DRAIN_FAST", fast)
         pred.append(fit.predict_observations(obs, prm, f["span_overhead_ns"]))
     assert set(obs.cfgs.programs) >= {1, 4, 16, 66, 132, 264} and set(obs.cfgs.kind) == {"sync", "free", "train"}
     assert np.array_equal(np.isnan(pred[0]), np.isnan(pred[1]))
@@ -78,8 +80,8 @@ def test_units_merge_the_groups_of_gpcs_of_equal_population():
     prm = StageParams(17.0, 51.0, 7000.0, 33.0, 0.6, 100.0, stalled_fraction=0.8, base_capacity_kib=800.0,
                       arbitration="gpc_drain")
     for P, units, mults in ((66, 27, {1: 12, 5: 8, 2: 7}), (132, 32, {6: 16, 2: 16}), (1, 1, {1: 1})):
-        m, _, ws, gid = model._gpc_groups(np.array([P]), prm.spread, model.GPC_DRAIN_GROUPS, prm.sm_count)
-        um, uws, mult, ucls, ncop, gmap = model._drain_units(m[0], ws[0], gid[0])
+        m, _, ws, gid = stage_params._gpc_groups(np.array([P]), prm.spread, stage_params.GPC_DRAIN_GROUPS, prm.sm_count)
+        um, uws, mult, ucls, ncop, gmap = stage_sim._drain_units(m[0], ws[0], gid[0])
         assert len(um) == units and np.isclose((um * mult).sum(), P)
         assert {int(k): int(v) for k, v in zip(*np.unique(mult, return_counts=True))} == mults
         on = m[0] > 0

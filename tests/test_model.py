@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from xstage.model import (KIB, BurstGapParams, issue_time, onset_burst_bytes, recover, simulate_train,
+from xstage.fluid import (KIB, BurstGapParams, issue_time, onset_burst_bytes, recover, simulate_train,
                           steady_slowdown, sustained_rate, train)
 
 

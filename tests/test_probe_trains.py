@@ -1,11 +1,11 @@
-"""The probe trains (issue 11, session 19): remote_store.probe_family's designed trains and studies.probe_summary.
+"""The probe trains (issue 11): remote_store.probe_family's designed trains and stage_programs_analysis.probe_summary.
 CPU: the summary on a per-program record built by hand (its every statistic derivable); the recorded folder
-(data/h200x1/probe_trains, GPU run S19-1), where it exists, through the same function."""
+(data/h200x1/probe_trains, GPU run a run), where it exists, through the same function."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from xstage import data, studies
+from xstage import data, stage_programs_analysis
 from xstage.remote_store import probe_family
 
 
@@ -34,7 +34,7 @@ def _record(P=8, repeats=2, release_at=None, seed=0):
 
 
 def test_probe_summary_reads_what_was_built_into_the_record():
-    r = studies.probe_summary(_record())
+    r = stage_programs_analysis.probe_summary(_record())
     assert len(r) == 3 and set(r.programs) == {8}
     assert np.allclose(r.lead_ns, 4500.0) and np.allclose(r.lead_spread, 4.5)     # median of 1..8 us; / 1 us
     assert np.allclose(r.probe1_ns, 4500.0, rtol=1e-3) and (r.probe1_slow == 1.0).all()
@@ -44,27 +44,27 @@ def test_probe_summary_reads_what_was_built_into_the_record():
 
 
 def test_probe_summary_sees_probes_released_together():
-    r = studies.probe_summary(_record(release_at=60_000.0))
+    r = stage_programs_analysis.probe_summary(_record(release_at=60_000.0))
     assert (r.end_over_start_spread < 1e-6).all()
-    r2 = studies.probe_summary(_record())
+    r2 = stage_programs_analysis.probe_summary(_record())
     assert (r2.end_over_start_spread > 0.5).all()
 
 
 def test_probe_summary_refuses_another_record():
     pp = _record()
     with pytest.raises(ValueError, match="no per-program rows"):
-        studies.probe_summary(pp.assign(target="local"))
+        stage_programs_analysis.probe_summary(pp.assign(target="local"))
     with pytest.raises(ValueError, match="probe family"):
-        studies.probe_summary(pp.assign(train="s0-00"))
+        stage_programs_analysis.probe_summary(pp.assign(train="s0-00"))
 
 
 def test_recorded_probe_trains_summarise_with_the_model_beside_them():
-    folder = data.machine_dir("h200x1") / studies.TRAIN_PROBE
+    folder = data.machine_dir("h200x1") / stage_programs_analysis.TRAIN_PROBE
     if not data.paths(folder, data.BURST_PROGRAM)[0].is_file():
-        pytest.skip(f"no probe record in {folder} (GPU run S19-1)")
+        pytest.skip(f"no probe record in {folder} (GPU run a run)")
     from xstage.model import load_params
 
     pp, _ = data.load(folder, data.BURST_PROGRAM)
-    r = studies.probe_summary(pp, prm=load_params(data.machine_dir("h200x1"), "host"))
+    r = stage_programs_analysis.probe_summary(pp, prm=load_params(data.machine_dir("h200x1"), "host"))
     assert len(r) == len(probe_family()) * pp.programs.nunique()
     assert (r.lead_ns > 0).all() and (r.probe1_ns > 0).all() and (r.model_probe1_ns > 0).all()

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xstage import data, fit, model, records
+from xstage import data, fit, model, records, stage_programs_analysis
 
 KIB = 1024
 
@@ -88,19 +88,19 @@ def test_the_observations_mark_the_legacy_bursts_of_the_train_records_only():
 
 
 def test_the_fence_predicts_the_never_fitted_probes_4_and_8():
-    """S20-1's probe trains (never fitted): eleven identical 2 KiB probes, of which only 4 and 8 wait (up to 49 us).
+    """a run's probe trains (never fitted): eleven identical 2 KiB probes, of which only 4 and 8 wait (up to 49 us).
     Without the fence the model gives them the other probes' 0.14 us; with it, the median program within a factor
     of ~1.5 (median |ln(model / measured)| over the configurations where the probe took >= 1 us)."""
-    from xstage import studies
+    from xstage import stage_programs_analysis
 
     prm = model.load_params(data.machine_dir("h200x1"), "host")
-    pp, meta = data.load(data.machine_dir("h200x1") / studies.TRAIN_PROBE, data.BURST_PROGRAM)
-    t = studies.read_fence_probes(pp, meta, prm)
+    pp, meta = data.load(data.machine_dir("h200x1") / stage_programs_analysis.TRAIN_PROBE, data.BURST_PROGRAM)
+    t = stage_programs_analysis.read_fence_probes(pp, meta, prm)
     assert len(t) >= 40 and set(t.burst) == {4, 8}
     assert t.log_ratio_fence.abs().median() < 0.5 and t.log_ratio.abs().median() > 2.0
     # a record made with the preload has nothing to check
     with pytest.raises(ValueError, match="no legacy read"):
-        studies.read_fence_probes(pp, {"params": {"source": "gpu", "grid": {"preload": True}}}, prm)
+        stage_programs_analysis.read_fence_probes(pp, {"params": {"source": "gpu", "grid": {"preload": True}}}, prm)
 
 
 LEGACY = {"params": {"source": "gpu", "grid": {}}}   # a sidecar of a record made before the preload
@@ -119,28 +119,28 @@ def _pp(rng, scale_at=None, factor=1.0):
 
 
 def test_preload_ab_finds_a_wait_at_the_read_bursts_only():
-    """S20-2's analysis on hand-built records: the legacy record is the preload one with bursts 4 and 8 made 1.5x
+    """a run's analysis on hand-built records: the legacy record is the preload one with bursts 4 and 8 made 1.5x
     slower; the A/B says 1.5 there and 1 elsewhere. Shuffling which bursts are slowed moves the finding with them."""
-    from xstage import studies
+    from xstage import stage_programs_analysis
 
     rng = np.random.default_rng(1)
     pre = _pp(rng)
     leg = pre.copy()
     leg.loc[leg.burst.isin([4, 8]), "issue_ns"] *= 1.5
-    rows, per = studies.preload_ab(leg, LEGACY, pre, min_programs=66)
+    rows, per = stage_programs_analysis.preload_ab(leg, LEGACY, pre, min_programs=66)
     per = per.set_index("burst")
     assert per.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.5, 1.5])
     assert per.drop(index=[4, 8]).median_ratio.tolist() == pytest.approx([1.0] * 10)
     assert per.loc[[4, 8], "legacy_read"].all() and not per.drop(index=[4, 8]).legacy_read.any()
     assert set(rows.programs) == {16, 132} and (per.rows == 1).all()   # per burst: the P = 132 grid only
     made_with_preload = {"params": {"source": "gpu", "grid": {"preload": True}}}   # the flags follow the sidecar
-    assert not studies.preload_ab(leg, made_with_preload, pre)[1].legacy_read.any()
+    assert not stage_programs_analysis.preload_ab(leg, made_with_preload, pre)[1].legacy_read.any()
     leg2 = pre.copy()
     leg2.loc[leg2.burst.isin([3, 5]), "issue_ns"] *= 1.5
-    per2 = studies.preload_ab(leg2, LEGACY, pre)[1].set_index("burst")
+    per2 = stage_programs_analysis.preload_ab(leg2, LEGACY, pre)[1].set_index("burst")
     assert per2.loc[[4, 8], "median_ratio"].tolist() == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="share no"):
-        studies.preload_ab(leg.assign(train="other"), LEGACY, pre)
+        stage_programs_analysis.preload_ab(leg.assign(train="other"), LEGACY, pre)
 
 
 def test_the_cli_predicts_with_a_read_fence_and_refuses_a_bad_one(capsys):
@@ -163,7 +163,7 @@ def test_the_cli_predicts_with_a_read_fence_and_refuses_a_bad_one(capsys):
 def test_preload_ab_sizes_and_burst_train_rows():
     """The size table of the A/B: a wait put on the small bursts alone (outside the read bursts) shows in the
     small class only; the same A/B from burst_train rows (each run's median program) gives the same ratios."""
-    from xstage import studies
+    from xstage import stage_programs_analysis
 
     rng = np.random.default_rng(2)
     pre = _pp(rng)
@@ -171,15 +171,15 @@ def test_preload_ab_sizes_and_burst_train_rows():
     assert small.any() and (~small).any()
     leg = pre.copy()
     leg.loc[small & ~leg.burst.isin([4, 8]), "issue_ns"] *= 1.4
-    rows, _ = studies.preload_ab(leg, LEGACY, pre, min_programs=16)
-    by = studies.preload_ab_sizes(rows, min_ns=0.0).set_index("kib")
+    rows, _ = stage_programs_analysis.preload_ab(leg, LEGACY, pre, min_programs=16)
+    by = stage_programs_analysis.preload_ab_sizes(rows, min_ns=0.0).set_index("kib")
     assert by.loc["(0.0, 8.0]", "median_ratio"].tolist() == pytest.approx([1.4] * 2)
     assert by.drop(index="(0.0, 8.0]").median_ratio.tolist() == pytest.approx([1.0] * (len(by) - 2))
 
     def as_train(pp):   # burst_train rows: one per (run, burst), issue_ns each run's median program
         return (pp.groupby(["train", "target", "programs", "repeat", "burst"], as_index=False)
                 .agg(burst_bytes=("burst_bytes", "first"), issue_ns=("issue_ns", "median")))
-    rows2, per2 = studies.preload_ab(as_train(leg), LEGACY, as_train(pre), min_programs=16)
+    rows2, per2 = stage_programs_analysis.preload_ab(as_train(leg), LEGACY, as_train(pre), min_programs=16)
     assert rows2.ratio.to_numpy() == pytest.approx(rows.ratio.to_numpy())
 
 
@@ -187,14 +187,14 @@ def test_load_probe_table_waits_for_the_programs_own_stores():
     """The model's wait for a load after each burst: none after a small burst on an idle link, the program's own
     drain after a large one at P = 132 (longer after the larger burst), the measured medians carried through;
     a record without load times is refused."""
-    from xstage import studies
+    from xstage import stage_programs_analysis
 
     prm = model.load_params(data.machine_dir("h200x1"), "host")
     sizes, gaps = [2 * KIB, 128 * KIB, 32 * KIB], [50_000, 500, 0]
     rows = [dict(train="x", target="host", programs=P, repeat=rep, program=q, burst=k, burst_bytes=sizes[k],
                  gap_ns=gaps[k], issue_ns=1000.0 + k + rep, load_ns=200.0 + 10 * k + q)
             for P in (1, 132) for rep in range(2) for q in range(3) for k in range(3)]
-    t = studies.load_probe_table(pd.DataFrame(rows), prm).set_index(["programs", "burst"])
+    t = stage_programs_analysis.load_probe_table(pd.DataFrame(rows), prm).set_index(["programs", "burst"])
     assert t.loc[(1, 0), "model_wait_ns"] < 50                    # alone, 2 KiB drains within the load's issue
     share = prm.drain_gbps / 132                                      # one of 132 programs' share of D (bytes/ns)
     assert 0.5 < t.loc[(132, 0), "model_wait_ns"] / (2 * KIB / share) < 2
@@ -202,7 +202,7 @@ def test_load_probe_table_waits_for_the_programs_own_stores():
     assert t.loc[(132, 1), "model_wait_ns"] > t.loc[(132, 2), "model_wait_ns"]
     assert t.loc[(132, 2), "load_ns"] == 221.0 and t.loc[(132, 2), "issue_ns"] == 1002.5
     with pytest.raises(ValueError, match="no load-probe rows"):
-        studies.load_probe_table(pd.DataFrame(rows).assign(load_ns=np.nan), prm)
+        stage_programs_analysis.load_probe_table(pd.DataFrame(rows).assign(load_ns=np.nan), prm)
 
 
 def test_free_store_fits_the_clean_record_of_the_trains_and_refuses_a_missing_one(tmp_path):

@@ -325,7 +325,7 @@ def test_bad_megamoe_sweep_parameters_exit_2(capsys, tmp_path, argv, match):
 
 @pytest.mark.parametrize("load_probe", [1, 2])
 def test_load_probe_trains_bit_exact_with_every_load_made(tmp_path, load_probe):
-    """The load-after-store test's kernel (session 22) under the interpreter: the destination bit-exact, every
+    """The load-after-store test's kernel under the interpreter: the destination bit-exact, every
     program's load after every burst made (sink = its word + 1), load_ns recorded (0 without timers) and NaN
     in a record without the probe; a poisoned sink or a skipped burst is caught, naming program and burst."""
     from xstage import env
@@ -364,7 +364,7 @@ def test_load_probe_grid_rejects_what_it_cannot_record():
         sweep.TrainGrid(load_probe=3, per_program=True).validate()
 
 
-def test_burst_program_v1_records_load_with_no_load_column():
+def test_an_older_burst_program_record_loads_with_no_load_column():
     pp, meta = data.load(data.machine_dir("h200x1") / "trains_clean", data.BURST_PROGRAM)
     assert meta["schema_version"] == 1 and pp.load_ns.isna().all() and len(pp) > 0
 

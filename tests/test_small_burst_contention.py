@@ -1,22 +1,23 @@
-"""studies.small_burst_contention (session 17): small bursts of free-running trains binned by the share of the other
+"""stage_programs_analysis.small_burst_contention: small bursts of free-running trains binned by the share of the other
 programs inside a burst when they start, measured (per-program record) and from the stage model's simulated
 programs. Hand-built records with known answers; bad input."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from xstage import studies
-from xstage.model import KIB, StageParams
+from xstage import stage_programs_analysis
+from xstage.fluid import KIB
+from xstage.stage_params import StageParams
 
 
 def test_active_share_by_hand():
     # intervals [0, 10), [5, 15), [12, 20): at 0 nobody else; at 5 the first; at 12 the second (the first ended at 10)
-    a = studies._active_share([0, 5, 12], [10, 15, 20], [1, 1, 1], 4.0)
+    a = stage_programs_analysis._active_share([0, 5, 12], [10, 15, 20], [1, 1, 1], 4.0)
     np.testing.assert_allclose(a, [0.0, 0.25, 0.25])
     # weights count as programs; an interval ending exactly at another's start does not hold it
-    a = studies._active_share([0, 10], [10, 20], [3, 1], 4.0)
+    a = stage_programs_analysis._active_share([0, 10], [10, 20], [3, 1], 4.0)
     np.testing.assert_allclose(a, [0.0, 0.0])
-    a = studies._active_share([0, 9], [10, 20], [3, 1], 4.0)
+    a = stage_programs_analysis._active_share([0, 9], [10, 20], [3, 1], 4.0)
     np.testing.assert_allclose(a, [0.0, 0.75])
 
 
@@ -37,7 +38,7 @@ def _record(P=66, busy=60):
 
 
 def test_measured_bins_a_known_record():
-    r = studies.small_burst_contention(_record())
+    r = stage_programs_analysis.small_burst_contention(_record())
     two = r[r.size_kib.astype(str) == "(0, 2]"].set_index(r.active.astype(str)[r.size_kib.astype(str) == "(0, 2]"])
     # the idle programs' second bursts start while 60 of 65 others are busy: active 0.91, 5 us, all slow
     hi = two.loc["(0.8, 1.0]"]
@@ -51,13 +52,13 @@ def test_measured_bins_a_known_record():
 def test_model_side_runs_on_the_same_trains():
     prm = StageParams(issue_ns_per_kib=16.0, drain_gbps=50.0, capacity_kib=8000.0, capacity_per_program_kib=30.0,
                       spread=0.6, stalled_fraction=0.8, base_capacity_kib=800.0, arbitration="slots")
-    r = studies.small_burst_contention(_record(), prm=prm)
+    r = stage_programs_analysis.small_burst_contention(_record(), prm=prm)
     assert {"model_ns", "model_slow"} <= set(r.columns)
     assert np.isfinite(r.model_ns).any() and ((r.model_slow >= 0) & (r.model_slow <= 1)).all()
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="no per-program rows"):
-        studies.small_burst_contention(_record(P=16, busy=10))          # below min_programs
+        stage_programs_analysis.small_burst_contention(_record(P=16, busy=10))          # below min_programs
     with pytest.raises(ValueError, match="no per-program rows"):
-        studies.small_burst_contention(_record().assign(target="local"))
+        stage_programs_analysis.small_burst_contention(_record().assign(target="local"))

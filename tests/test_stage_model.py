@@ -7,8 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from xstage import data, fit, model
-from xstage.model import KIB, StageParams, predict_train, simulate_stage, stage_measure
+from xstage import data, fit, model, stage_analysis, stage_params, stage_programs_analysis, stage_sim
+from xstage.fluid import KIB
+from xstage.model import predict_train
+from xstage.stage_params import StageParams
+from xstage.stage_sim import simulate_stage, stage_measure
 
 RNG = np.random.default_rng()
 
@@ -36,7 +39,7 @@ def random_train(n=8):
     return (RNG.integers(1, 160, n) * 2048).astype(float), RNG.choice([0, 500, 3000, 30_000, 100_000], n).astype(float)
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     prm = random_params(arbitration=arb, spread=0.0)
     b, g = random_train()
@@ -51,7 +54,7 @@ def test_equal_shares_and_a_synchronous_start_keep_every_program_identical(arb):
     assert np.ptp(end[0, :, 0]) > 0
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_a_program_alone_issues_at_its_own_rate(arb):
     prm = random_params(arbitration=arb, drain_gbps=500.0, issue_ns_per_kib=25.0)   # r = 41 GB/s < D: one program never stalls
     b, g = random_train()
@@ -59,7 +62,7 @@ def test_a_program_alone_issues_at_its_own_rate(arb):
     assert np.allclose(t, prm.overhead_ns + b * prm.issue_ns_per_kib / KIB, rtol=1e-9)
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     """The stage recovers fully in a long gap: with the grid barrier (every burst starts together) and with equal
     shares, every burst costs what the first did. (Free-running with unequal shares, the programs stay staggered
@@ -75,7 +78,7 @@ def test_a_long_gap_makes_every_burst_cost_like_the_first(arb):
     assert t[-1] < t[0]
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
     """The recorded sweeps' grid barrier is a release: it returns once the stage has drained, so with no gap at
     all every synchronised burst costs what the first did. A relaxed barrier leaves the stage full: with no gap,
@@ -98,7 +101,7 @@ def test_a_release_barrier_drains_the_stage_and_a_relaxed_one_does_not(arb):
         predict_train(prm, P, b, gap, sync=True, barrier="acquire")
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_the_total_drain_never_exceeds_D(arb):
     """Bytes issued by time T never exceed what the stage holds plus D * T (for any finished burst). The candidate
     "slots_issuing" (not adopted) is held to C(P) + C_0: by design a program that starts a burst takes its equal
@@ -118,7 +121,7 @@ def test_the_total_drain_never_exceeds_D(arb):
     assert np.all(issued <= prm.capacity_bytes(P) + extra + prm.drain_gbps * t + 1e-6 * issued)
 
 
-@pytest.mark.parametrize("arb", model.ARBITRATIONS)
+@pytest.mark.parametrize("arb", stage_params.ARBITRATIONS)
 def test_sync_is_the_grids_span_and_free_running_is_faster_after_the_first_burst(arb):
     prm = random_params(arbitration=arb, spread=0.8, drain_gbps=60.0)
     b, g = np.full(8, 128 * KIB), np.full(8, 30_000.0)
@@ -149,11 +152,11 @@ def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, se
     return fit.Observations(cfgs, b, g, meas, {})
 
 
-@pytest.mark.parametrize("rung", ["pool", "stage"])
+@pytest.mark.parametrize("rung", [pytest.param("pool", marks=pytest.mark.slow), pytest.param("stage", marks=pytest.mark.slow)])
 def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung):
     """Each arbitration the host link's ladder fits (rung "pool": one pool; "stage": per-program slots). With slots
     the stall acts on the shared part only, so that part is made large enough to be seen (C_0 = 1 MB, as the host
-    link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, lab notebook session 6)."""
+    link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, lab notebook)."""
     arbitration = fit.RUNG_ARBITRATION.get((rung, "host"), "pool")
     truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
                         base_capacity_kib=1000.0 if arbitration == "slots" else 300.0, arbitration=arbitration)
@@ -168,15 +171,19 @@ def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung)
 
 
 @pytest.mark.parametrize("args,match", [
-    (dict(programs=0), "programs must be a positive integer"),
-    (dict(programs=2.5), "programs must be a positive integer"),
-    (dict(burst_bytes=[4096, 4096], gap_ns=[0]), "same length"),
-    (dict(burst_bytes=[], gap_ns=[]), "empty"),
-    (dict(burst_bytes=[-4096], gap_ns=[0]), "burst_bytes must be >= 0"),
-    (dict(burst_bytes=[0], gap_ns=[0]), "burst_bytes must be positive"),
-    (dict(gap_ns=[-1.0]), "gap_ns must be >= 0"),
-    (dict(gap_ns=[float("nan")]), "gap_ns must be finite"),
-    (dict(burst_bytes=[float("inf")]), "burst_bytes must be finite"),
+    (dict(programs=0), "programs must be a whole number of programs >= 1, got 0"),
+    (dict(programs=-5), "programs must be a whole number of programs >= 1, got -5"),
+    (dict(programs=2.5), "programs must be a whole number"),
+    (dict(programs=True), "programs must be a whole number"),
+    (dict(burst_bytes=[4096, 4096], gap_ns=[0]), "one gap per burst: 2 bursts, 1 gaps"),
+    (dict(burst_bytes=[], gap_ns=[]), "empty: a train needs at least one burst"),
+    (dict(burst_bytes=4096), "list of sizes in bytes .* single value 4096"),
+    (dict(burst_bytes=[-4096], gap_ns=[0]), r"burst_bytes must be sizes > 0 bytes, got \[-4096\]"),
+    (dict(burst_bytes=[0], gap_ns=[0]), "burst_bytes must be sizes > 0"),
+    (dict(gap_ns=[-1.0]), r"gap_ns must be gaps >= 0 ns .*\[-1\]"),
+    (dict(gap_ns=[float("nan")]), r"gap_ns must be gaps >= 0 ns .*\[nan\]"),
+    (dict(burst_bytes=[float("inf")]), "burst_bytes must be sizes > 0"),
+    (dict(sync="no"), "sync must be True or False, got 'no'"),
 ])
 def test_predict_train_rejects_bad_input(args, match):
     kw = dict(programs=4, burst_bytes=[4096], gap_ns=[0.0])
@@ -244,16 +251,16 @@ def test_train_explorer_updates_and_refuses_bad_lists():
 def test_recorded_fits_load_and_predict():
     """The committed fits of both links load (their records unchanged since), predict, and say where the
     onset is by the same rule as the measurement."""
-    from xstage import studies
+    from xstage import sources, stage_analysis
 
-    fits = studies.stage_fits()
+    fits = stage_analysis.stage_fits()
     for link in ("nvlink", "host"):
-        prm = model.load_params(studies.data.machine_dir(studies.LINK_MACHINES[link]), link)
+        prm = model.load_params(data.machine_dir(sources.LINK_MACHINES[link]), link)
         t = predict_train(prm, 132, [64 * KIB, 8 * KIB], [10_000, 0])
         assert t.shape == (2,) and np.all(t > 0)
-        on = studies.onset_model_vs_measured(fits[(link, "stage")])
+        on = stage_analysis.onset_model_vs_measured(fits[(link, "stage")])
         assert set(on.columns) >= {"measured_onset_kib", "model_onset_kib", "ratio"} and len(on) >= 4
-    err = studies.stage_errors(fits)
+    err = stage_analysis.stage_errors(fits)
     assert set(err.kind) >= {"sync", "free", "train"} and (err.median_abs_error >= 0).all()
 
 
@@ -273,14 +280,14 @@ def test_own_slots_let_the_favoured_programs_pass_a_full_stage():
     """Just past the onset (the grid's burst 5-15 % over C(P)), per-program slots let the favoured programs through
     much earlier than the rest (the recorded host first bursts: p10 unimpeded, a tail 10-40x slower), where one
     pool slows every program alike (its weights only share the drain). Random parameters, spread >= 0.3; with the
-    host link's rung stage (the slots arbitration, its full model through session 24) the favoured programs finish
-    unimpeded. (The full model since, free_store, slows its fastest program 2.4x there: lab notebook, session 24.)"""
+    host link's rung stage (the slots arbitration, its full model through) the favoured programs finish
+    unimpeded. (The full model since, free_store, slows its fastest program 2.4x there: lab notebook,.)"""
     prm = random_params(spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
     P = int(RNG.choice([66, 132]))
     b = RNG.uniform(1.05, 1.15) * float(prm.capacity_bytes(P)) / P
     unimpeded = prm.overhead_ns + b / prm.program_rate
     got = {}
-    for arb in model.ARBITRATIONS:
+    for arb in stage_params.ARBITRATIONS:
         start, end, _ = simulate_stage(replace(prm, arbitration=arb), [P], np.array([[b]]), np.zeros((1, 1)),
                                        [False])
         got[arb] = (end - start)[0, :, 0] / unimpeded
@@ -324,15 +331,15 @@ def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
     draws); favoured afresh in every burst it is 0 (sd ~0.05). (With 16 SMs, sd ~0.07, a bar of 0.5 failed 17 %
     of draws.) 96 shuffled bursts: an SM favoured in half of them, the only way its median favour passes 1.5, has
     odds ~1e-8."""
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
     fav = list(np.random.default_rng().choice(np.arange(64) * 2, 16, replace=False))
-    per_sm, summ = studies.program_favour(_program_rows(fav, True, seed=int(RNG.integers(1 << 31)), programs=64))
+    per_sm, summ = stage_programs_analysis.program_favour(_program_rows(fav, True, seed=int(RNG.integers(1 << 31)), programs=64))
     got = per_sm.sort_values("rel", ascending=False).smid.head(len(fav))
     assert sorted(got) == sorted(fav)
     assert summ.favoured_share.iloc[0] == 0.25 and summ.persistence_across_repeats.iloc[0] > 0.3
     assert summ.next_burst_rank_spearman.iloc[0] > 0.3
-    _, shuffled = studies.program_favour(_program_rows(fav, False, seed=int(RNG.integers(1 << 31)), programs=64,
+    _, shuffled = stage_programs_analysis.program_favour(_program_rows(fav, False, seed=int(RNG.integers(1 << 31)), programs=64,
                                                        bursts=24, repeats=4))
     assert abs(shuffled.persistence_across_repeats.iloc[0]) < 0.3
     assert abs(shuffled.next_burst_rank_spearman.iloc[0]) < 0.3
@@ -341,11 +348,11 @@ def test_program_favour_finds_the_favoured_sms_and_whether_they_stay_so():
 
 @pytest.mark.parametrize("sub", ["train_programs", "train_programs_p"])
 def test_program_favour_of_the_recorded_trains(sub):
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
-    pp, meta = studies.train_programs_data(sub=sub)
+    pp, meta = stage_programs_analysis.train_programs_data(sub=sub)
     assert meta["params"]["grid"]["per_program"] and pp.smid.between(0, meta["sm_count"] - 1).all()
-    per_sm, summ = studies.program_favour(pp)
+    per_sm, summ = stage_programs_analysis.program_favour(pp)
     grid = set(meta["params"]["grid"]["programs"])   # a lone program never shares the drain: no contended burst
     assert set(summ.programs) <= grid and {p for p in grid if p >= 16} <= set(summ.programs)
     assert (summ.sms == np.minimum(summ.programs, meta["sm_count"])).all()
@@ -360,17 +367,17 @@ def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeyp
 
     import pandas as pd
 
-    from xstage import data, studies
+    from xstage import data, stage_analysis, stage_programs_analysis
 
-    rec = studies.record_floor()
+    rec = stage_analysis.record_floor()
     by = rec.groupby(["kind", "programs"]).median_abs_ratio.median()
     assert by[("processes, one call", 16)] < by[("records, two calls", 16)]
     assert (rec.within_repeats < rec.median_abs_ratio + 0.05).all()
 
-    src = data.machine_dir("h200x1") / studies.TRAIN_PROCESSES[0]
+    src = data.machine_dir("h200x1") / stage_analysis.TRAIN_PROCESSES[0]
     root = tmp_path / "h200x1"
     for i, factor in enumerate((1.0, 1.0, 1.25)):
-        dst = root / studies.TRAIN_PROCESSES[i]
+        dst = root / stage_analysis.TRAIN_PROCESSES[i]
         dst.mkdir(parents=True)
         df, meta = data.load(src, data.BURST_TRAIN)
         for c in [c for c in df.columns if c.startswith("issue") and c.endswith("_ns")]:
@@ -379,21 +386,33 @@ def test_record_floor_measures_what_a_second_record_reproduces(tmp_path, monkeyp
         shutil.copy(data.paths(src, data.BURST_TRAIN)[1], dst / "burst_train.json")
         data.seal(dst, data.BURST_TRAIN)
     monkeypatch.setattr(data, "DATA_ROOT", tmp_path)
-    f = studies.record_floor().set_index(["pair", "programs"]).median_abs_ratio
+    f = stage_analysis.record_floor().set_index(["pair", "programs"]).median_abs_ratio
     same = f.loc["S8-1 process 0 / S8-1 process 1"]
     scaled = f.loc["S8-1 process 0 / S8-1 process 2"]
     assert (same == 0).all() and np.allclose(scaled, 0.25) and len(scaled) == 3
 
 
+def test_scores_by_programs_of_one_record_sum_over_program_counts():
+    """The current record of trains at new program counts, scored per program count and over all (programs = 0):
+    the all-row's burst count is the sum of its program counts'."""
+    from xstage import stage_analysis
+
+    s = stage_analysis.scores_by_programs("host", records=("train_programs_new_p_clean",))
+    assert set(s.record) == {"train_programs_new_p_clean"} and (s.programs > 0).sum() >= 4
+    assert s[s.programs == 0].bursts.iloc[0] == s[s.programs > 0].bursts.sum()
+    assert (s.median_abs_error >= 0).all() and (s.p90_abs_error >= s.median_abs_error).all()
+
+
+@pytest.mark.slow
 def test_scores_by_programs_covers_every_never_fitted_record():
     """Every never-fitted train record scores per program count and over all (programs = 0); the all-row's
     burst count is the sum of its program counts'."""
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
-    s = studies.scores_by_programs("host")
-    present = {r for r in studies.SCORED_TRAIN_RECORDS
+    s = stage_analysis.scores_by_programs("host")
+    present = {r for r in stage_analysis.SCORED_TRAIN_RECORDS
                if data.paths(data.machine_dir("h200x1") / r, data.BURST_TRAIN)[0].is_file()}
-    assert set(studies.SCORED_TRAIN_RECORDS[:4]) <= present == set(s.record)
+    assert set(stage_analysis.SCORED_TRAIN_RECORDS[:4]) <= present == set(s.record)
     for rec, g in s.groupby("record"):
         assert g[g.programs == 0].bursts.iloc[0] == g[g.programs > 0].bursts.sum()
         assert (g.median_abs_error >= 0).all() and (g.p90_abs_error >= g.median_abs_error).all()
@@ -402,11 +421,11 @@ def test_scores_by_programs_covers_every_never_fitted_record():
 def test_dispatch_order():
     """The dispatch order measured on the host link's per-program records: the last 4 TPCs first (even SMs, then
     odd), then one SM of every other TPC, then their other SMs; every SM once per pass."""
-    order = model.dispatch_order(132)
+    order = stage_params.dispatch_order(132)
     assert sorted(order) == list(range(132))
     assert list(order[:10]) == [124, 126, 128, 130, 125, 127, 129, 131, 0, 2]
     assert list(order[8 + 62:8 + 64]) == [1, 3]
-    pp, _ = __import__("xstage.studies", fromlist=["x"]).train_programs_data(sub="train_programs_p")
+    pp, _ = stage_programs_analysis.train_programs_data(sub="train_programs_p")
     first = pp[(pp.burst == 0) & (pp.repeat == 0)].drop_duplicates(["programs", "program"]).sort_values("program")
     for P in (8, 16, 66, 132):   # the recorded grids: the first 8 and the TPC occupancy as dispatch_order says
         sm = first[first.programs == P].smid.to_numpy()
@@ -419,24 +438,24 @@ def test_dispatch_order():
 def test_gpc_map():
     """The model's GPC map is the recorded one (data/h200x1/gpc_map: SMs that share a cluster of >= 4 share a GPC;
     the SMs outside every such cluster in GPC 0)."""
-    from xstage import data, studies
+    from xstage import data, stage_analysis, stage_programs_analysis
 
-    rec = studies.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
+    rec = stage_programs_analysis.gpc_map(data.machine_dir("h200x1") / "gpc_map" / "gpc_map.jsonl")
     clustered = rec[rec.gpc >= 0]
     for _, g in clustered.groupby("gpc"):                       # one recorded group is one model GPC
-        assert len(set(model.GPC_OF_SM[g.smid])) == 1
-    assert clustered.groupby(model.GPC_OF_SM[clustered.smid]).gpc.nunique().max() == 1   # and no two groups merge
+        assert len(set(stage_params.GPC_OF_SM[g.smid])) == 1
+    assert clustered.groupby(stage_params.GPC_OF_SM[clustered.smid]).gpc.nunique().max() == 1   # and no two groups merge
     outside = rec.smid[rec.gpc < 0].to_numpy()                  # TPCs 60-65: the head's four in GPC 0, 60-61 not
     assert sorted(outside) == list(range(120, 132))
-    assert (model.GPC_OF_SM[124:132] == 0).all() and (model.GPC_OF_SM[120:124] != 0).all()
-    assert np.bincount(model.GPC_OF_SM[::2]).max() <= 9       # TPCs per GPC: at most 9 on a Hopper GPC
+    assert (stage_params.GPC_OF_SM[124:132] == 0).all() and (stage_params.GPC_OF_SM[120:124] != 0).all()
+    assert np.bincount(stage_params.GPC_OF_SM[::2]).max() <= 9       # TPCs per GPC: at most 9 on a Hopper GPC
     with pytest.raises(ValueError, match="needs the measured GPC map"):
         random_params(arbitration="gpc_drain", sm_count=114)
 
 
 def test_gpc_shares_let_the_lone_programs_of_a_gpc_finish_first():
     """P = 16 under the drain shared per GPC (spread 0): the 7 programs alone in their GPC finish a contended burst
-    before the 9 of GPC 0, as measured (studies.favour_by_gpc); equal slots shares keep all 16 together."""
+    before the 9 of GPC 0, as measured (stage_programs_analysis.favour_by_gpc); equal slots shares keep all 16 together."""
     b = np.full((1, 1), 4.0 * 2**20)             # 16 x 4 MiB: contends whatever the random parameters drew
     for arb, apart in (("gpc_drain", True), ("slots", False)):
         _, end, m = simulate_stage(random_params(arbitration=arb, spread=0.0, drain_gbps=40.0), [16], b,
@@ -449,18 +468,18 @@ def test_first_burst_capacity_and_placement_share_of_the_recorded_trains():
     """The recorded first bursts: the capacity they show per program count (fitted D, r, o) and the share a
     program gets by its placement. Both read the recorded files; both can fail if the records or the model's
     placement rule change."""
-    from xstage import studies
+    from xstage import stage_analysis, stage_programs_analysis
 
-    cap = studies.first_burst_capacity()
+    cap = stage_analysis.first_burst_capacity()
     assert {16, 66, 132}.issubset(set(cap.programs))
     row = cap.set_index("programs")
     assert (row.loc[[16, 66, 132], "bursts"] >= 20).all()
     # the capacity grows with the programs (16 -> 66 -> 132) and the model's C(P) is given beside it
     assert row.capacity_kib[16] < row.capacity_kib[66] < row.capacity_kib[132]
-    assert np.allclose(row.model_kib, model.load_params(studies.data.machine_dir("h200x1"), "host")
+    assert np.allclose(row.model_kib, model.load_params(data.machine_dir("h200x1"), "host")
                        .capacity_bytes(row.index.to_numpy()) / KIB)
-    pp, _ = studies.train_programs_data(sub="train_programs_p")
-    sh = studies.placement_share(pp, first=True).set_index(["programs", "on_sm", "on_tpc"])
+    pp, _ = stage_programs_analysis.train_programs_data(sub="train_programs_p")
+    sh = stage_programs_analysis.placement_share(pp, first=True).set_index(["programs", "on_sm", "on_tpc"])
     # first bursts: a program sharing its TPC drains slower than one alone on its TPC (P = 16 .. 66)
     for P in (16, 32, 48, 66):
         assert sh.rel_median[(P, 1, 2)] < sh.rel_median[(P, 1, 1)], P
@@ -485,8 +504,8 @@ def test_the_free_running_measure_is_the_median_program_over_groups_of_unequal_s
 
 
 def _gpc_populations(P):
-    order = model.dispatch_order(132)
-    return np.bincount(model.GPC_OF_SM[order[np.arange(P) % 132]], minlength=model.N_GPC)
+    order = stage_params.dispatch_order(132)
+    return np.bincount(stage_params.GPC_OF_SM[order[np.arange(P) % 132]], minlength=stage_params.N_GPC)
 
 
 def test_gpc_drain_groups_and_its_batches():
@@ -494,7 +513,7 @@ def test_gpc_drain_groups_and_its_batches():
     (one per program up to 16 per GPC), configurations of equal group counts in one batch: the batches give what one
     simulation of all GPC_DRAIN_GROUPS groups gives (the same spread levels), and fewer groups than a grid needs are
     refused."""
-    assert [model.gpc_drain_groups(P) for P in (1, 8, 16, 66, 132, 264)] == [1, 8, 16, 66, 128, 128]
+    assert [stage_params.gpc_drain_groups(P) for P in (1, 8, 16, 66, 132, 264)] == [1, 8, 16, 66, 128, 128]
     assert list(_gpc_populations(66)) == [12, 8, 8, 8, 8, 8, 7, 7]
     prm = random_params(arbitration="gpc_drain", spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
     P = np.array([1, 16, 66, 132, 66])
@@ -503,8 +522,8 @@ def test_gpc_drain_groups_and_its_batches():
     g = np.stack([random_train(6)[1] for _ in P])
     sync = np.array([False, False, False, True, True])
     s1, e1, m1 = simulate_stage(prm, P, b, g, sync)                                  # batched
-    s2, e2, m2 = simulate_stage(prm, P, b, g, sync, groups=model.GPC_DRAIN_GROUPS)    # all groups at once
-    assert m1.shape == m2.shape == (5, model.GPC_DRAIN_GROUPS) and np.array_equal(m1, m2)
+    s2, e2, m2 = simulate_stage(prm, P, b, g, sync, groups=stage_params.GPC_DRAIN_GROUPS)    # all groups at once
+    assert m1.shape == m2.shape == (5, stage_params.GPC_DRAIN_GROUPS) and np.array_equal(m1, m2)
     assert np.allclose(m1.sum(axis=1), P)
     assert np.array_equal(np.isnan(e1), np.isnan(e2))
     assert np.allclose(e1, e2, rtol=1e-9, equal_nan=True) and np.allclose(s1, s2, rtol=1e-9, equal_nan=True)
@@ -548,7 +567,7 @@ def test_gpc_drain_shares_the_drain_per_gpc_holding_stores():
 
 
 def test_the_fit_recovers_known_parameters_under_free_store():
-    """Rung "free_store" (arbitration gpc_drain through its fast path, model._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
+    """Rung "free_store" (arbitration gpc_drain through its fast path, stage_sim._stage_units) fitted to simulated irregular trains at P = 4 / 32 (all in
     GPC 0; GPC 0 11 programs, the other GPCs 3) and synchronised regular ones: the arbitration's own parameters (issue
     time, spread, stall) come back. The stage's sizes, drain and overheads are given as measured (fixed) and the fit
     starts off the truth, to keep it under a minute (~30 s; at P = 16 / 132 and the overheads free, 100 s)."""

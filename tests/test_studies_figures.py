@@ -7,27 +7,28 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from xstage import env, figures, fit, sources, studies, ulysses_analysis, ulysses_figures, ulysses_sweep
+from xstage import (burst_gap_analysis, burst_gap_figures, burst_gap_sweep, env, figures, fit, sources,
+                    ulysses_analysis, ulysses_figures, ulysses_sweep)
 from xstage.model import KIB, BurstGapParams, train
 
 PROGRAMS = [1, 4, 16, 66, 132, 264]
-SIM_PROGRAMS = list(studies.SIMULATED_GRID["programs"])
+SIM_PROGRAMS = list(burst_gap_sweep.SIMULATED_GRID["programs"])
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def recorded():
-    df, meta = studies.burst_gap_data("recorded")
-    free, free_meta = studies.burst_gap_data("recorded", variant="free_running")
-    bw, _ = studies.bandwidth_data("recorded", "h200x2")
+    df, meta = burst_gap_sweep.burst_gap_data("recorded")
+    free, free_meta = burst_gap_sweep.burst_gap_data("recorded", variant="free_running")
+    bw, _ = burst_gap_sweep.bandwidth_data("recorded", "h200x2")
     return df, free, bw, meta
 
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
-    df, meta = studies.burst_gap_data("simulated", out=out)
-    free, _ = studies.burst_gap_data("simulated", variant="free_running", out=out)
+    df, meta = burst_gap_sweep.burst_gap_data("simulated", out=out)
+    free, _ = burst_gap_sweep.burst_gap_data("simulated", variant="free_running", out=out)
     return df, free, meta
 
 
@@ -57,11 +58,11 @@ def test_sources_and_provenance(recorded, simulated):
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: studies.burst_gap_data("nope"), "source must be one of"),
-    (lambda: studies.burst_gap_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x1, h200x2"),
-    (lambda: studies.burst_gap_data("recorded", variant="async"), "variant must be one of sync, free_running"),
-    (lambda: studies.bandwidth_data("recorded", "nowhere"), r"machine 'nowhere'.*h200x2"),
-    (lambda: studies.bandwidth_data("simulated", "h200x2"), "source 'simulated' has no bandwidth"),
+    (lambda: burst_gap_sweep.burst_gap_data("nope"), "source must be one of"),
+    (lambda: burst_gap_sweep.burst_gap_data("recorded", machine="a100x8"), r"machine 'a100x8'.*recorded machines: h200x1, h200x2"),
+    (lambda: burst_gap_sweep.burst_gap_data("recorded", variant="async"), "variant must be one of sync, free_running"),
+    (lambda: burst_gap_sweep.bandwidth_data("recorded", "nowhere"), r"machine 'nowhere'.*h200x2"),
+    (lambda: burst_gap_sweep.bandwidth_data("simulated", "h200x2"), "source 'simulated' has no bandwidth"),
     (lambda: sources.paper_number("megamoe", "min_speedup"), "no paper number megamoe/min_speedup"),
 ])
 def test_bad_parameters_name_the_parameter(call, match):
@@ -72,22 +73,22 @@ def test_bad_parameters_name_the_parameter(call, match):
 @pytest.mark.skipif(env.gpu_count() >= 2, reason="this machine has the GPUs")
 def test_gpu_source_without_gpus_says_so():
     with pytest.raises(RuntimeError, match="needs 1 CUDA GPU"):
-        studies.burst_gap_data("gpu")
+        burst_gap_sweep.burst_gap_data("gpu")
 
 
 def test_select_and_pick_bursts_name_what_exists(recorded):
     df = recorded[0]
     with pytest.raises(ValueError, match=r"gap_us=2\.0 not in the data.*have \[0\.0, 1\.0, 3\.0"):
-        studies.select(df, "remote", 16, gap_us=2.0)
+        burst_gap_analysis.select(df, "remote", 16, gap_us=2.0)
     with pytest.raises(ValueError, match="store_bytes=8 not in the data"):
-        studies.select(df, "remote", 8)
+        burst_gap_analysis.select(df, "remote", 8)
     with pytest.raises(ValueError, match="burst must be one of first, later, all"):
-        studies.pick_bursts(df, "middle")
-    assert set(studies.pick_bursts(df, "later").burst) == set(range(1, 8))
+        burst_gap_analysis.pick_bursts(df, "middle")
+    assert set(burst_gap_analysis.pick_bursts(df, "later").burst) == set(range(1, 8))
 
 
 def test_paper_numbers_are_the_abstracts():
-    df, meta = studies.paper_numbers()
+    df, meta = sources.paper_numbers()
     assert list(df.columns) == ["study", "metric", "value", "unit", "hardware"]
     got = {(s, m): v for s, m, v in zip(df.study, df.metric, df.value)}
     assert got == {("megamoe", "geomean_speedup"): 1.18, ("megamoe", "max_speedup"): 1.62,
@@ -97,7 +98,7 @@ def test_paper_numbers_are_the_abstracts():
 
 
 def test_slowdown_is_one_at_the_reference_and_smallest_burst(recorded):
-    slow = studies.slowdown_table(recorded[0])
+    slow = burst_gap_analysis.slowdown_table(recorded[0])
     assert np.allclose(slow[slow.programs == 1].slowdown, 1.0)
     assert np.allclose(slow[slow.burst_bytes == 1024].slowdown, 1.0)
     # drain-limited: P programs at ~54 GB/s each against ~360 GB/s -> slowdown ~ P * 54 / 360
@@ -109,15 +110,15 @@ def test_recorded_numbers(recorded):
     """The numbers notebook 01's check cell prints (from the committed data)."""
     df, free, bw, _ = recorded
     assert (len(df), len(free), len(bw)) == (174720, 174720, 940)
-    assert round(studies.sm_over_ce(bw), 2) == 0.94
-    onset = studies.measured_onset(studies.slowdown_table(df, "remote", 16, 0.0, "first"))
+    assert round(burst_gap_analysis.sm_over_ce(bw), 2) == 0.94
+    onset = burst_gap_analysis.measured_onset(burst_gap_analysis.slowdown_table(df, "remote", 16, 0.0, "first"))
     assert {int(p): round(b / KIB) for p, b in onset.dropna().items()} == {16: 64, 66: 32, 132: 32, 264: 16}
     assert onset.loc[[1, 4]].isna().all()
 
 
 def test_default_params_are_a_fit_or_the_reference(recorded):
-    assert studies.default_params(None) == BurstGapParams.reference()
-    p = studies.default_params(recorded[0])
+    assert sources.default_params(None) == BurstGapParams.reference()
+    p = sources.default_params(recorded[0])
     assert 10 < p.issue_ns_per_kib < 40 and 200 < p.drain_gbps < 500 and isinstance(p.drain_gbps, float)
 
 
@@ -125,55 +126,55 @@ def test_default_params_are_a_fit_or_the_reference(recorded):
 def test_sweep_figures_recorded(recorded, fitted):
     df, free, bw, _ = recorded
     cases = [
-        (figures.issue_vs_burst(df), 12),                                              # 6 P x (remote, local)
-        (figures.issue_vs_burst(df, "local", 4, "later", 10.0, control=False), 6),
-        (figures.effective_bandwidth(df, reference={"copy engine": 396.0}), 12),
-        (figures.burst_train(pd.concat([df, free])), 2 * 3 * 5),                      # variants x programs x gaps
-        (figures.burst_train(df, programs=132, gaps_us=[0, 100]), 2),
-        (figures.backpressure_map(df), 4),
-        (figures.backpressure_map(df, params=fitted.params), 6),
-        (figures.drain_vs_burst(df, params=fitted.params), 12),
-        (figures.free_vs_sync(df, free), 2 * 2 * 3),
-        (figures.bandwidth_bars(bw), 2),
+        (burst_gap_figures.issue_vs_burst(df), 12),                                              # 6 P x (remote, local)
+        (burst_gap_figures.issue_vs_burst(df, "local", 4, "later", 10.0, control=False), 6),
+        (burst_gap_figures.effective_bandwidth(df, reference={"copy engine": 396.0}), 12),
+        (burst_gap_figures.burst_train(pd.concat([df, free])), 2 * 3 * 5),                      # variants x programs x gaps
+        (burst_gap_figures.burst_train(df, programs=132, gaps_us=[0, 100]), 2),
+        (burst_gap_figures.backpressure_map(df), 4),
+        (burst_gap_figures.backpressure_map(df, params=fitted.params), 6),
+        (burst_gap_figures.drain_vs_burst(df, params=fitted.params), 12),
+        (burst_gap_figures.free_vs_sync(df, free), 2 * 2 * 3),
+        (burst_gap_figures.bandwidth_bars(bw), 2),
     ]
     for fig, n in cases:
         assert len(fig.data) == n, fig.layout.title.text
         _nonempty(fig)
-    assert [t.name for t in figures.issue_vs_burst(df).data[:2]] == ["P=1", "P=4"]
-    assert "NVLink 0.936" in figures.bandwidth_bars(bw).layout.title.text
+    assert [t.name for t in burst_gap_figures.issue_vs_burst(df).data[:2]] == ["P=1", "P=4"]
+    assert "NVLink 0.936" in burst_gap_figures.bandwidth_bars(bw).layout.title.text
 
 
 def test_sweep_figures_simulated(simulated):
     df, free, _ = simulated
     n = len(SIM_PROGRAMS)
-    assert len(figures.issue_vs_burst(df).data) == 2 * n
-    assert len(figures.effective_bandwidth(df).data) == 2 * n
-    assert len(figures.burst_train(df).data) == 2 * 3          # P 66, 264 of (66, 132, 264); gaps 0, 10, 100
-    assert len(figures.backpressure_map(df, params=BurstGapParams.reference()).data) == 6
-    assert len(figures.free_vs_sync(df, free).data) == 2 * 2  # of the default configurations only (264, 16 KiB)
-    for fig in (figures.issue_vs_burst(df), figures.burst_train(df), figures.backpressure_map(df)):
+    assert len(burst_gap_figures.issue_vs_burst(df).data) == 2 * n
+    assert len(burst_gap_figures.effective_bandwidth(df).data) == 2 * n
+    assert len(burst_gap_figures.burst_train(df).data) == 2 * 3          # P 66, 264 of (66, 132, 264); gaps 0, 10, 100
+    assert len(burst_gap_figures.backpressure_map(df, params=BurstGapParams.reference()).data) == 6
+    assert len(burst_gap_figures.free_vs_sync(df, free).data) == 2 * 2  # of the default configurations only (264, 16 KiB)
+    for fig in (burst_gap_figures.issue_vs_burst(df), burst_gap_figures.burst_train(df), burst_gap_figures.backpressure_map(df)):
         _nonempty(fig)
-    drain = figures.drain_vs_burst(df)
+    drain = burst_gap_figures.drain_vs_burst(df)
     assert len(drain.data) == 0 and "no drain runs" in drain.layout.annotations[0].text
 
 
 def test_figures_reject_what_is_not_there(recorded):
     df = recorded[0]
     with pytest.raises(ValueError, match="none of programs"):
-        figures.burst_train(df, programs=[7])
+        burst_gap_figures.burst_train(df, programs=[7])
     with pytest.raises(ValueError, match="burst_bytes=3000 not in the data"):
-        figures.burst_train(df, burst_bytes=3000)
+        burst_gap_figures.burst_train(df, burst_bytes=3000)
 
 
 def test_fit_figures(fitted):
     n = fitted.cfgs.programs.nunique()
-    assert len(figures.fit_parity(fitted).data) == n + 2
-    assert len(figures.fit_residuals(fitted).data) == n + 1
-    assert len(figures.heldout_error(fitted).data) == 3
-    table = figures.params_table_figure(fitted)
+    assert len(burst_gap_figures.fit_parity(fitted).data) == n + 2
+    assert len(burst_gap_figures.fit_residuals(fitted).data) == n + 1
+    assert len(burst_gap_figures.heldout_error(fitted).data) == 3
+    table = burst_gap_figures.params_table_figure(fitted)
     assert len(table.data) == 1 and list(table.data[0].cells.values[0])[:3] == ["issue_ns_per_kib", "drain_gbps",
                                                                                 "capacity_kib"]
-    for fig in (figures.fit_parity(fitted), figures.fit_residuals(fitted), figures.heldout_error(fitted)):
+    for fig in (burst_gap_figures.fit_parity(fitted), burst_gap_figures.fit_residuals(fitted), burst_gap_figures.heldout_error(fitted)):
         _nonempty(fig)
 
 
@@ -181,11 +182,11 @@ def test_timeline_follows_the_model():
     prm = BurstGapParams(18.8, 360.0, 976.0, 207.0)
     for P, b, g in [(1, 4096, 0.0), (16, 65536, 1000.0), (132, 32768, 1000.0), (264, 8192, 3000.0)]:
         T, q = train(b, P, g, 8, prm)
-        t, qq, start, end = figures.train_timeline(prm, P, b, g, 8)
+        t, qq, start, end = burst_gap_figures.train_timeline(prm, P, b, g, 8)
         assert np.allclose(end - start, T)
         assert np.all(np.diff(t) >= 0) and qq.max() <= prm.capacity_bytes * (1 + 1e-12) and qq[-1] == 0
         assert np.allclose([qq[np.flatnonzero(t == e)[-1]] for e in end], q)
-    fig = figures.model_explorer_figure(prm)
+    fig = burst_gap_figures.model_explorer_figure(prm)
     assert [tr.name for tr in fig.data] == ["predicted issue time", "backpressure-free", "outstanding q(t)",
                                             "capacity C"]
 

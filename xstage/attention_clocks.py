@@ -8,7 +8,7 @@ slow drift falls on all methods alike. Per window: TFLOP/s (CUDA events around a
 samples after the first ``SETTLE_S`` seconds, and the clock-event reasons seen (power cap, thermal, ...).
 Per shape, before any window, every method is checked against the float32 reference on sampled query rows
 (``ulysses_ladder.check_shape``). Rows: schema ``attention_clocks`` (xstage.data), one shape at a time (resumable).
-``scripts/attention_clocks.py`` runs it; ``xstage.studies.attention_clocks_table`` / ``attention_clocks_ratios`` read
+``scripts/attention_clocks.py`` runs it; ``xstage.attention_analysis.attention_clocks_table`` / ``attention_clocks_ratios`` read
 it. The record is xstage.records' study ``attention_clocks``.
 """
 from __future__ import annotations

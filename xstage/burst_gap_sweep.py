@@ -1,15 +1,19 @@
 """The burst-gap study's sweeps: the synchronised / free-running grid and the irregular trains, run on GPUs
 (one process per GPU; one rank for the host link) or on the model (simulated), resumable.
 
-``run_burst_gap(grid, out, source)`` is what ``xstage sweep burst-gap`` calls. On GPUs it starts its own ranks
+``run_burst_gap(grid, out, source)`` is what ``xstage sweep burst-gap`` calls; :func:`burst_gap_data` and
+:func:`bandwidth_data` are what the notebooks call: the rows of ``source`` (recorded, gpu, simulated, auto), running
+the sweep only for gpu / simulated. On GPUs it starts its own ranks
 (:func:`xstage.ranks.spawn`); every rank sends to its next peer ((r + 1) % W) at the same time, as in a
 combine or an all-to-all, and every rank records. Rows are appended per configuration (all repeats, all
 ranks) atomically; a re-run with the same output folder skips configurations already there.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -19,7 +23,12 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data, env, resume
-from .model import KIB
+from .bench import bandwidth_worker
+from .fluid import KIB, BurstGapParams, simulate_sweep
+from .model import simulated_train_rows
+from .ranks import spawn
+from .sources import (check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
+                      source_data as _source_data)
 from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
@@ -257,12 +266,9 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
                                                                    else " (host link)"), simulated=True)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         grid.validate(sms)
-        from .ranks import spawn
         meta = env.provenance(command, {"grid": asdict(grid), "source": "gpu"})
         spawn(burst_gap_job, grid.world_size, grid, str(out), meta)
     elif source == "simulated":
-        from .model import BurstGapParams, simulate_sweep
-
         grid.validate(132)
         prm = params or BurstGapParams.reference()
         df = simulate_sweep(grid, prm, sm_count=132, seed=0)
@@ -279,8 +285,6 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
 
 
 def bandwidth_job(world, folder: str, meta: dict) -> None:
-    from .bench import bandwidth_worker
-
     rows: list = []
     bandwidth_worker(world, rows)
     if world.local_ranks[0] == 0:
@@ -295,8 +299,6 @@ def run_bandwidth(out: str | Path, command: str = "", world_size: int | None = N
     if world_size not in (1, 2):
         raise ValueError(f"the bandwidth benchmark runs on 1 or 2 GPUs, got world_size={world_size}")
     env.require_gpus(world_size, "the bandwidth benchmark", simulated=False)
-    from .ranks import spawn
-
     spawn(bandwidth_job, world_size, str(out), env.provenance(command, {"world_size": world_size}))
     return Path(out) / f"{data.BANDWIDTH.name}.csv"
 
@@ -332,11 +334,11 @@ class TrainGrid:
                                                       # (designed: a lead burst, then 2 KiB probes; seed, count,
                                                       # kib and gap_us unused)
     preload: bool = True                              # the kernel reads every burst's parameters before the first
-                                                      # (False: at each burst's top, as records before session 20,
-                                                      # whose sidecars lack the key: lab notebook, runs S20-1/2)
+                                                      # (False: at each burst's top, as records before the preload,
+                                                      # whose sidecars lack the key: lab notebook)
     load_probe: int = 0                               # 1 / 2: one timed load after each burst (an L1-resident /
                                                       # an L2 word; burst_train_store_kernel), per program only:
-                                                      # burst_program's load_ns (session 22)
+                                                      # burst_program's load_ns
 
     def trains(self) -> list[BurstTrain]:
         if self.family == "probe":
@@ -489,12 +491,8 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
     meta = {"grid": asdict(grid), "source": source}
     if source == "gpu":
         env.require_gpus(grid.world_size, "the train study", simulated=True)
-        from .ranks import spawn
-
         spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta))
     elif source == "simulated":
-        from .model import simulated_train_rows
-
         if grid.per_program:
             raise ValueError("per_program records the GPU's programs (their SMs and timestamps): the simulated "
                              "source has none; run it with source='gpu'")
@@ -518,3 +516,88 @@ class _OneProcess:
 
 
 _ONE = _OneProcess()
+
+
+# ------------------------------------------------------------------------------- the notebooks' data
+# The simulated source: small enough for a slow CPU (~2 s), wide enough for every panel (P=1 is the
+# backpressure-free reference of the slowdown map).
+SIMULATED_GRID = dict(burst_kib=(1, 4, 16, 64, 256, 1024, 4096), gap_us=(0, 10, 100), programs=(1, 4, 66, 264),
+                      store_bytes=(16,), targets=("remote", "local"), n_bursts=8, repeats=2)
+# The host link is ~7x slower than NVLink: its sweep stops at 1 MiB per program (as recorded in data/h200x1).
+HOST_BURST_KIB = tuple(2**i for i in range(11))
+# The recorded drain runs (a second pass over the same folder): fence after every burst, two gaps, 16 B stores.
+DRAIN_GRID = dict(drain=(True,), gap_us=(0, 10), store_bytes=(16,))
+
+
+def burst_gap_data(source: str, machine: str = "h200x2", variant: str = "sync", out: str | Path | None = None,
+                   grid=None) -> tuple[pd.DataFrame, dict]:
+    """Burst-gap rows (schema xstage.data.BURST_GAP) and provenance for ``source``:
+
+    recorded   data/<machine>/ (committed measurements; ``variant="free_running"`` -> its free_running record)
+    gpu        a fresh sweep on this machine's GPUs (default grid, plus the drain runs), written to ``out``
+    simulated  the Burst-Gap event simulation with reference parameters on a small grid (seconds on a CPU)
+    auto       gpu when GPUs are visible (one GPU measures the host link, two NVLink), else recorded
+
+    ``meta["source"]`` says which one was used.
+
+    machine: the folder under data/ (recorded); gpu/simulated ignore it (a gpu sweep's default folder is named
+             after this machine's GPUs, xstage.env.machine_name).
+    variant: ``sync`` (grid barrier between bursts) or ``free_running`` (none: programs drift apart).
+    out:     where a gpu sweep writes (default: see :func:`_default_out`); a folder already holding a sweep
+             resumes it. Simulated data goes to a temporary folder unless ``out`` is given.
+    grid:    a :class:`xstage.burst_gap_sweep.BurstGapGrid` replacing the default one (gpu/simulated).
+    """
+    _check_variant(variant)
+    src = env.resolve_source(source, gpus_needed=1)   # one GPU measures the host link
+    if src == "recorded":
+        folder = _recorded("burst_gap" if variant == "sync" else "free_running", machine)
+        df, meta = data.load(folder)
+        return df, {**meta, "source": "recorded"}
+
+    sync = variant == "sync"
+    if src == "simulated":
+        grid = replace(grid or BurstGapGrid(**SIMULATED_GRID), sync=sync)
+        tmp = tempfile.TemporaryDirectory(prefix="xstage-sim-") if out is None else None
+        with tmp or contextlib.nullcontext():  # a temporary folder is removed once the rows are loaded
+            folder = Path(tmp.name if tmp else out)
+            if not sync:
+                folder = folder / "free_running"
+            run_burst_gap(grid, folder, source="simulated", params=BurstGapParams.reference(),
+                          command=f"xstage.burst_gap_sweep.burst_gap_data('simulated', variant={variant!r})")
+            df, meta = data.load(folder)
+        return df, {**meta, "source": "simulated",
+                    "note": "Burst-Gap event simulation with BurstGapParams.reference(); it models no drift, so "
+                            "the free-running variant looks like the synchronised one."}
+
+    # gpu: the default grid, then the drain runs, into one folder (each resumes what is already there)
+    folder = Path(out) if out is not None else _default_out(env.machine_name())
+    if not sync:
+        folder = folder / "free_running"
+    targets = default_targets()   # one GPU: the host link (pinned host memory) and local; two: NVLink and local
+    grid = replace(grid or BurstGapGrid(targets=targets, world_size=world_for(targets),
+                                        burst_kib=HOST_BURST_KIB if "host" in targets else BurstGapGrid.burst_kib),
+                   sync=sync)
+    command = f"xstage.burst_gap_sweep.burst_gap_data('gpu', variant={variant!r})"
+    run_burst_gap(grid, folder, source="gpu", command=command)
+    if grid.drain == (False,):
+        run_burst_gap(replace(grid, **DRAIN_GRID), folder, source="gpu", command=command + " [drain runs]")
+    df, meta = data.load(folder)
+    return df, {**meta, "source": "gpu"}
+
+
+def bandwidth_data(source: str = "recorded", machine: str = "h200x2",
+                   out: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
+    """Peak-bandwidth rows (schema xstage.data.BANDWIDTH): SM stores (remote, host, local) and the copy engine
+    on each link (peer copy, device-to-host copy). Arguments in the order of every ``*_data`` function.
+
+    source: recorded (data/<machine>/bandwidth/), gpu (run the benchmark into ``out``), or auto. There is
+    no simulated bandwidth benchmark: pass ``recorded`` to show a machine's measurements beside simulated data.
+    """
+    def run(folder: Path) -> None:
+        if not data.paths(folder, data.BANDWIDTH)[0].is_file():
+            run_bandwidth(folder, command="xstage.burst_gap_sweep.bandwidth_data('gpu')")
+
+    df, meta, _ = _source_data(source, data.BANDWIDTH, "the bandwidth benchmark",
+                               lambda: _recorded("bandwidth", machine), run, out,
+                               no_simulated="source 'simulated' has no bandwidth benchmark; use 'recorded' (or 'gpu')")
+    return df, meta

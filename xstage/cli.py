@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             print(run_burst_gap(grid, args.out, source=args.source, command=command))
         elif args.cmd == "bench":
             from .data import BANDWIDTH, load
-            from .studies import bandwidth_summary
+            from .burst_gap_analysis import bandwidth_summary
             from .burst_gap_sweep import run_bandwidth
 
             run_bandwidth(args.out, command=command, world_size=args.world_size)
@@ -404,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.write:
                 print(write_stage_fit(res, args.data, command=command))
         elif args.cmd == "predict":
-            from .model import KIB, load_params, predict_train
+            from .fluid import KIB
+            from .model import load_params, predict_train
 
             link = args.link or _fitted_link(args.data)
             if len(args.burst_kib) != len(args.gap_us):

@@ -1,5 +1,5 @@
 """The Burst-Gap model explorer (notebook 00): sliders over the model's parameters and a burst/gap workload;
-the plotly figure (xstage.figures.model_explorer_figure) updates in place.
+the plotly figure (xstage.burst_gap_figures.model_explorer_figure) updates in place.
 
     from xstage.explorer import explorer
     explorer()                       # reference parameters
@@ -14,8 +14,9 @@ from __future__ import annotations
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from .figures import explorer_data, explorer_title, model_explorer_figure
-from .model import BurstGapParams
+from .burst_gap_figures import explorer_data, explorer_title, model_explorer_figure
+from .stage_figures import train_prediction_data, train_prediction_figure
+from .fluid import BurstGapParams
 
 # name -> (widget class, keyword arguments); values are set from the parameters / workload at build time
 SLIDERS = {
@@ -96,7 +97,7 @@ def _clip(v: float, cls, kw: dict) -> float:
 def explorer(prm: BurstGapParams | None = None, programs: int = 132, burst_kib: float = 32.0, gap_us: float = 1.0,
              n_bursts: int = 8) -> Explorer:
     """Sliders + live figure. ``prm`` defaults to :meth:`BurstGapParams.reference`; notebook 00 passes the
-    parameters fitted to recorded data (xstage.studies.default_params)."""
+    parameters fitted to recorded data (xstage.sources.default_params)."""
     return Explorer(prm or BurstGapParams.reference(), programs, burst_kib, gap_us, n_bursts)
 
 
@@ -113,8 +114,6 @@ class TrainExplorer(W.VBox):
     ``xstage-train-<link|programs|bursts|gaps|figure|summary>``."""
 
     def __init__(self, params_by_link: dict, link: str, programs: int, burst_kib, gap_us):
-        from .figures import train_prediction_figure
-
         if link not in params_by_link:
             raise ValueError(f"link must be one of {', '.join(params_by_link)}, got {link!r}")
         self.params_by_link = params_by_link
@@ -135,8 +134,6 @@ class TrainExplorer(W.VBox):
         self.update()
 
     def update(self, change=None) -> None:
-        from .figures import train_prediction_data
-
         try:
             b, g = _numbers(self.bursts.value), _numbers(self.gaps.value)
             if len(b) != len(g):

@@ -13,13 +13,21 @@ time, measured in the same sweep on the smallest bursts of each (programs, gap) 
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from .model import KIB, BurstGapParams, fit_file, train
+from . import env
+from .data import BURST_GAP, BURST_TRAIN, DataError, legacy_read_bursts, load, paths, write_json_atomic
+from .fluid import KIB, BurstGapParams, train
+
+from .model import fit_file, read_fit
+from .stage_params import NO_LIMIT_KIB, StageParams
+from .stage_sim import models_read_fence, simulate_stage, stage_measure
 
 CONFIG = ["target", "store_bytes", "programs", "burst_bytes", "gap_ns", "n_bursts", "drain", "sync"]
 PARAM_NAMES = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "overhead_ns"]
@@ -299,18 +307,12 @@ TRAIN_RECORD = "trains"               # the free-running trains (schema burst_tr
 
 def record_dir(folder, name: str, schema):
     """``folder/name`` where it holds a ``schema`` record, else ``folder`` itself (a sweep's output folder)."""
-    from pathlib import Path
-
-    from .data import paths
-
     sub = Path(folder) / name
     return sub if paths(sub, schema)[0].is_file() else Path(folder)
 
 
 def recorded_links(folder) -> list[str]:
     """The links a machine folder holds records of (nvlink: remote target; host: host target)."""
-    from .data import BURST_GAP, DataError, load
-
     try:
         df, _ = load(record_dir(folder, SWEEP_RECORD, BURST_GAP), BURST_GAP)
     except DataError as e:
@@ -329,10 +331,6 @@ def observations(folder, link: str, store_bytes: int = 16, trains: str | None = 
     has one (:func:`xstage.model.models_read_fence`). ``trains``: a subfolder whose
     burst_train record stands in for the folder's own (e.g. the same trains recorded with the clean kernel,
     :data:`RUNG_TRAINS`)."""
-    from pathlib import Path
-
-    from .data import BURST_GAP, BURST_TRAIN, legacy_read_bursts, load, paths
-
     if link not in LINK_TARGETS:
         raise ValueError(f"link must be one of {', '.join(LINK_TARGETS)}, got {link!r}")
     target = LINK_TARGETS[link]
@@ -402,8 +400,6 @@ def observations(folder, link: str, store_bytes: int = 16, trains: str | None = 
 
 
 def _stage_params(x, free, fixed, sm_count, link) -> "StageParams":
-    from .model import StageParams
-
     v = dict(fixed)
     for name, xi in zip(free, x):
         v[name] = float(1 / (1 + np.exp(-xi))) if name in LOGIT else float(np.exp(xi))
@@ -425,8 +421,6 @@ def _to_x(name, v):
 def predict_observations(obs: Observations, prm, span_overhead_ns: float, barrier_drains=True) -> np.ndarray:
     """Predicted [N, n] for every observation (the span's fixed cost added to sync rows); ``barrier_drains``
     as :func:`xstage.model.simulate_stage` takes it (False: the relaxed-barrier harness)."""
-    from .model import models_read_fence, simulate_stage, stage_measure
-
     fence = obs.read_fence if models_read_fence(prm) else None
     start, end, m = simulate_stage(prm, obs.cfgs.programs.to_numpy(), obs.burst_bytes, obs.gap_ns, obs.sync,
                                    barrier_drains=barrier_drains, read_fence=fence)
@@ -526,8 +520,6 @@ def _initial(rung: str, link: str) -> dict:
     if rung == "free_store":
         d["free_kib"] = 2.0   # the clean probes: a 2 KiB burst (one 16-byte store per thread) issues freely
     if rung == "fluid":
-        from .model import NO_LIMIT_KIB
-
         d["capacity_per_program_kib"] = NO_LIMIT_KIB
         d["capacity_kib"] = 1000.0
         d["base_capacity_kib"] = 0.0
@@ -540,10 +532,6 @@ def measured_drain(folder, link: str) -> dict | None:
     of the largest bursts over the time until the last program's stores are performed (median over bursts and
     repeats); D = the median over program counts, its interval the range over them. None without the record.
     A measured D is not fitted (the fit otherwise trades it against the stall and the capacity)."""
-    from pathlib import Path
-
-    from .data import BURST_GAP, load, paths
-
     sub = Path(folder) / DRAIN_RECORD
     if not paths(sub, BURST_GAP)[0].is_file():
         return None
@@ -634,8 +622,6 @@ def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5) -> St
     if d is not None:
         measured["drain_gbps"] = (d["drain_gbps"], d["low"], d["high"])
         obs.sources["drain_programs"] = d["source"]
-    from pathlib import Path
-
     start = None
     if RUNG_ARBITRATION.get((rung, link), "pool") != "pool":
         # the slots model has the pool's parameters, read differently: it starts from the pool rung's fit (its
@@ -680,10 +666,6 @@ def stage_fit_name(link: str, rung: str | None = None) -> str:
 def read_stage_fit(folder, link: str, rung: str | None = None) -> dict:
     """A written fit (:func:`write_stage_fit`; ``rung`` None: the link's full model) with its tables as DataFrames;
     ValueError when absent, stale, or of another rung than its name says."""
-    from pathlib import Path
-
-    from .model import read_fit
-
     obj = read_fit(Path(folder) / stage_fit_name(link, rung), link)
     if obj.get("kind") != "stage_fit" or obj.get("version") != STAGE_FIT_VERSION:
         raise ValueError(f"{folder}/{stage_fit_name(link, rung)} is not a v{STAGE_FIT_VERSION} stage fit")
@@ -701,12 +683,6 @@ def read_stage_fit(folder, link: str, rung: str | None = None) -> dict:
 def write_stage_fit(res: StageFit, folder, command: str = "") -> str:
     """The fit as data/<machine>/stage_fit_<link>.json: parameters, intervals, held-out errors, and what it
     was fitted from (file names and sha256), which :func:`xstage.model.load_params` checks."""
-    import json
-    from pathlib import Path
-
-    from . import env
-    from .data import write_json_atomic
-
     plain = Path(folder) / stage_fit_name(res.link, res.rung)
     path = plain.with_name(plain.name + ".gz")   # the per-burst tables: ~1 MB as JSON, ~10x less compressed
     err = error_summary(res.heldout)

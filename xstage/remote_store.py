@@ -288,7 +288,7 @@ PROBE_SPACING_US = 3                    # probe family: compute gap between cons
 
 def probe_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_LEAD_KIB, gap_us=PROBE_GAP_US,
                  store_bytes: int = 16) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """Designed trains (issue 11, session 19): one lead burst of A KiB per program, a gap g, then n_bursts - 1
+    """Designed trains (issue 11): one lead burst of A KiB per program, a gap g, then n_bursts - 1
     probes of PROBE_KIB KiB PROBE_SPACING_US apart, for every A in ``lead_kib`` x g in ``gap_us``. What a probe
     costs, per program, says what still holds the link back after the program's own lead burst: a stage that
     is full (every program's probe waits alike) or the program's own stores still queued (its probe waits for
@@ -330,9 +330,9 @@ PROBE_SIZE_GAP_US = 0.5                  # probe_size family: compute gap betwee
 def probe_size_family(n_bursts: int = TRAIN_BURSTS, lead_kib=PROBE_SIZE_LEAD_KIB, probe_kib=PROBE_SIZE_KIB,
                       gap_us: float = PROBE_SIZE_GAP_US, store_bytes: int = 16
                       ) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """Designed trains (issue 11, session 22): the probe family with the probe's size as the variable. One lead
+    """Designed trains (issue 11): the probe family with the probe's size as the variable. One lead
     burst of A KiB per program, a gap of ``gap_us``, then n_bursts - 1 probes of S KiB PROBE_SPACING_US apart, for
-    every A in ``lead_kib`` x S in ``probe_kib``. Run S20-2 found 2 KiB probes (one 16-byte store per thread) after a
+    every A in ``lead_kib`` x S in ``probe_kib``. A run found 2 KiB probes (one 16-byte store per thread) after a
     contended lead cost ~60 ns with the clean kernel, where the stage model makes them wait microseconds: how the
     first probe's cost grows with its size says how much a program may issue past a full stage without waiting.
     Names "sS-pA" (S KiB probes, A KiB lead)."""
@@ -388,7 +388,7 @@ def launch_train(dst_addr: int, bufs: dict[str, torch.Tensor], tr: BurstTrain, s
                  cycles_per_ns: float = 1.0, preload: bool = True, load_probe: int = 0) -> None:
     """Launch one free-running train into the buffer at ``dst_addr`` (int32 [sum_k P * N_k]). ``preload``: the
     kernel reads every burst's size, offset and gap before the first burst (False: at the top of each burst, as
-    records before session 20; see ``burst_train_store_kernel``). ``load_probe`` (1 / 2, needs the preload and
+    records before the preload; see ``burst_train_store_kernel``). ``load_probe`` (1 / 2, needs the preload and
     buffers made with the same kind): one load after each burst, timed (``burst_train_store_kernel``)."""
     tr.validate()
     if load_probe not in LOAD_PROBES:
