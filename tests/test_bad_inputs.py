@@ -311,6 +311,19 @@ def test_bad_cli_input(tmp_path, capsys, case, argv, match):
     assert not (tmp_path / "u").exists() and not (tmp_path / "m").exists()  # nothing written or launched
 
 
+def test_predict_warns_outside_the_fitted_program_counts(capsys):
+    """A prediction for more programs than any fitted record ran: the numbers, and one warning line naming the
+    option and the fitted range; inside the range no warning."""
+    argv = ["predict", "--data", str(data.machine_dir("h200x1")), "--burst-kib", "8,8", "--gap-us", "1,1"]
+    assert cli.main(argv + ["--programs", "132"]) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(argv + ["--programs", "4096"]) == 0
+    got = capsys.readouterr()
+    assert len(got.out.splitlines()) == 2
+    assert re.fullmatch(r"xstage: warning: --programs 4096 is outside the program counts the host fit was made on "
+                        r"\(\d+-\d+\): the prediction extrapolates", one_line(got.err)), got.err
+
+
 def test_cli_version_and_help(capsys):
     from xstage import __version__
 

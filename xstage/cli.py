@@ -27,6 +27,7 @@ import math
 import os
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 from .options import HelpFormatter, OneLineParser, error_line
@@ -405,15 +406,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(write_stage_fit(res, args.data, command=command))
         elif args.cmd == "predict":
             from .fluid import KIB
-            from .model import load_params, predict_train
+            from .model import OutsideFitWarning, load_params, predict_train
 
             link = args.link or _fitted_link(args.data)
             if len(args.burst_kib) != len(args.gap_us):
                 raise ValueError(f"--burst-kib has {len(args.burst_kib)} bursts and --gap-us {len(args.gap_us)} gaps: "
                                  "give one gap per burst")
             prm = load_params(args.data, link)
-            t = predict_train(prm, args.programs, [b * KIB for b in args.burst_kib], [g * 1e3 for g in args.gap_us],
-                              sync=args.sync, read_fence=args.read_fence)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", OutsideFitWarning)
+                t = predict_train(prm, args.programs, [b * KIB for b in args.burst_kib],
+                                  [g * 1e3 for g in args.gap_us], sync=args.sync, read_fence=args.read_fence)
+            for w in caught:   # one line each, in the option's words
+                print(f"xstage: warning: --{str(w.message)}", file=sys.stderr)
             what = "grid span" if args.sync else "median program's issue time"
             print(f"{link}, {args.programs} programs, {what} per burst (ns):")
             print(" ".join(f"{x:.1f}" for x in t))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +56,32 @@ def predict_train(prm: StageParams, programs: int, burst_bytes, gap_ns, sync: bo
             raise ValueError(f"read_fence holds burst indices outside 0..{len(b) - 1}: {sorted(set(ks.tolist()))}")
         fence = np.zeros((1, len(b)), bool)
         fence[0, ks] = True
+    _warn_outside_fit(prm, P)
     start, end, m = simulate_stage(prm, [P], b[None, :], g[None, :], [bool(sync)],
                                    barrier_drains=[barrier == "release"], read_fence=fence)
     return stage_measure(start, end, [bool(sync)], m)[0]
+
+
+class OutsideFitWarning(UserWarning):
+    """A prediction for a program count outside the range the parameters were fitted on (an extrapolation)."""
+
+
+# parameters read by load_params -> (link, lowest, highest program count of the records they were fitted on)
+_FITTED_PROGRAMS: dict[StageParams, tuple[str, int, int]] = {}
+
+
+def fitted_programs(prm: StageParams) -> tuple[int, int] | None:
+    """(lowest, highest) program count the fit behind ``prm`` saw, for parameters from :func:`load_params`."""
+    hit = _FITTED_PROGRAMS.get(prm)
+    return hit[1:] if hit else None
+
+
+def _warn_outside_fit(prm: StageParams, programs: int) -> None:
+    hit = _FITTED_PROGRAMS.get(prm)
+    if hit and not hit[1] <= programs <= hit[2]:
+        link, lo, hi = hit
+        warnings.warn(f"programs {programs} is outside the program counts the {link} fit was made on ({lo}-{hi}): "
+                      "the prediction extrapolates", OutsideFitWarning, stacklevel=3)
 
 
 def simulated_train_rows(trains, prm: StageParams, repeats: int, noise: float = 0.03, seed: int = 0) -> pd.DataFrame:
@@ -106,7 +130,12 @@ def load_params(data_dir, link: str) -> StageParams:
     folder = Path(data_dir)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder")
-    return StageParams(**read_fit(folder / f"stage_fit_{link}.json", link)["params"])
+    obj = read_fit(folder / f"stage_fit_{link}.json", link)
+    prm = StageParams(**obj["params"])
+    programs = (obj.get("table") or {}).get("programs") or []
+    if programs:
+        _FITTED_PROGRAMS[prm] = (link, int(min(programs)), int(max(programs)))
+    return prm
 
 
 def fit_file(path):
