@@ -23,13 +23,12 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data, env, resume
-from .bench import bandwidth_worker
 from .fluid import KIB, BurstGapParams, simulate_sweep
 from .model import simulated_train_rows
 from .ranks import spawn
 from .sources import (check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
                       source_data as _source_data)
-from .remote_store import (POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
+from .remote_store import (bandwidth_worker, POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
                            check_barrier_status, check_destination, check_train_destination, destination_buffer,
                            launch_burst_gap, launch_train, summarize_timestamps, summarize_train, to_ns,
                            probe_family, probe_size_family, train_buffers, train_family, LOAD_PROBES, check_load_probe, train_stamps)

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from . import env
+from .bench import time_ms
 from .kernels.remote_store import (burst_gap_store_kernel, burst_train_store_kernel, stream_store_kernel,
                                    stream_store_tma_kernel)
 from .kernels.sync import GRID_MAX_POLLS as MAX_POLLS  # grid-barrier spin bound (why: kernels/sync.py)
@@ -450,3 +451,78 @@ def summarize_timestamps(ts_ns: np.ndarray) -> dict[str, np.ndarray]:
         "idle_ns": idle,
         "start_skew_ns": t0.max(axis=0) - t0.min(axis=0),
     }
+
+
+# ------------------------------------------------------------------------------------------------ bandwidth
+BW_PROGRAMS_PER_SM = (1, 2, 4, 8)
+BW_WARPS = (4, 8, 16)
+BW_UNROLL = (1, 2, 4)
+BW_TMA_ROWS = (16, 32, 64)
+
+
+def bandwidth_worker(world, out_rows: list, bytes_per_program: int = 4 << 20, reps: int = 10,
+                     host_bytes_per_program: int = 1 << 20) -> None:
+    """Rank 0 measures; the others wait. Appends rows (schema ``bandwidth``) to ``out_rows`` on rank 0.
+
+    Targets: ``remote`` (peer over NVLink, with >= 2 ranks) against the copy engine's peer copy; ``host``
+    (pinned host memory over PCIe, ``host_bytes_per_program`` per program: the link is ~7x slower) against the
+    copy engine's device-to-host copy; ``local`` (this GPU's memory) as the control."""
+    rank, dev = world.local_ranks[0], world.device(0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    max_bytes = max(BW_PROGRAMS_PER_SM) * sms * bytes_per_program
+    host_bytes = max(BW_PROGRAMS_PER_SM) * sms * host_bytes_per_program
+    symm = world.symmetric_empty(max_bytes // 4, torch.int32) if world.world_size > 1 else None
+    local = torch.empty(max_bytes // 4, dtype=torch.int32, device=dev)
+    host = destination_buffer(host_bytes // 4, "host", dev)
+    world.barrier()
+    if rank == 0:
+        rows = []
+        targets = [("host", host.data_ptr(), host_bytes_per_program), ("local", local.data_ptr(), bytes_per_program)]
+        if symm is not None:
+            targets.insert(0, ("remote", symm.ptr(1), bytes_per_program))
+        for target, addr, per_prog in targets:
+            for pps in BW_PROGRAMS_PER_SM:
+                for warps in BW_WARPS:
+                    for unroll in BW_UNROLL:
+                        programs, r = pps * sms, 32 * warps * unroll
+                        ms = time_ms(lambda: launch_stream(addr, programs, per_prog, 16, r, warps), reps=reps)
+                        total = programs * per_prog
+                        rows += [dict(method="sm_store", target=target, programs=programs, num_warps=warps, rows=r,
+                                      store_bytes=16, bytes=total, repeat=i, ms=m, gbps=total / m / 1e6)
+                                 for i, m in enumerate(ms)]
+            for pps in BW_PROGRAMS_PER_SM[:3]:
+                for tile_rows in BW_TMA_ROWS:
+                    programs, total = pps * sms, pps * sms * per_prog
+                    ms = time_ms(lambda: launch_stream_tma(addr, programs, per_prog, tile_rows, 64), reps=reps)
+                    rows += [dict(method="sm_tma_store", target=target, programs=programs, num_warps=4,
+                                  rows=tile_rows, store_bytes=tile_rows * 256, bytes=total, repeat=i, ms=m,
+                                  gbps=total / m / 1e6) for i, m in enumerate(ms)]
+        # both store paths write the payload bit for bit, into device memory and into pinned host memory
+        n = sms * host_bytes_per_program // 4
+        for buf in (local, host):
+            for launch in (lambda: launch_stream(buf.data_ptr(), sms, host_bytes_per_program, seed=11),
+                           lambda: launch_stream_tma(buf.data_ptr(), sms, host_bytes_per_program, seed=11)):
+                buf.fill_(-1)
+                launch()
+                torch.cuda.synchronize()
+                if not torch.equal(buf[:n].cpu(), payload_reference(0, n, 11)):
+                    raise AssertionError(f"stream store kernel wrote wrong data into {buf.device} memory")
+        # copy engine, same byte counts: a cross-device copy in this process (cudaMemcpyPeerAsync), and a
+        # device-to-host copy into pinned memory (cudaMemcpyAsync D2H)
+        ce = [("ce_d2h_copy", "host", host_bytes_per_program)]
+        if symm is not None:
+            ce.insert(0, ("ce_peer_copy", "remote", bytes_per_program))
+        for method, target, per_prog in ce:
+            for total in sorted({pps * sms * per_prog for pps in BW_PROGRAMS_PER_SM}):
+                src = torch.randint(-2**31, 2**31 - 1, (total // 4,), dtype=torch.int32, device=dev)
+                dst = (torch.empty(total // 4, dtype=torch.int32, device=torch.device("cuda", 1))
+                       if target == "remote" else host[: total // 4])
+                ms = time_ms(lambda: dst.copy_(src, non_blocking=True), reps=reps)
+                torch.cuda.synchronize()
+                if not torch.equal(dst.cpu(), src.cpu()):
+                    raise AssertionError(f"copy engine ({method}) corrupted data")
+                rows += [dict(method=method, target=target, programs=0, num_warps=0, rows=0, store_bytes=0,
+                              bytes=total, repeat=i, ms=m, gbps=total / m / 1e6) for i, m in enumerate(ms)]
+                del src, dst
+        out_rows.extend(rows)
+    world.barrier()
