@@ -601,6 +601,27 @@ def load(folder: Path | str, schema: Schema = BURST_GAP) -> tuple[pd.DataFrame, 
     return df, meta
 
 
+JSONL_KINDS = ("gpc_map",)   # records that are JSON lines beside a sidecar (kind, jsonl_sha256), not a CSV schema
+
+
+def load_jsonl(folder: Path | str, kind: str) -> tuple[list[dict], dict]:
+    """A JSON-lines record (``<kind>.jsonl`` + ``<kind>.json``: e.g. scripts/gpc_map.sh's SM -> GPC map): its lines
+    and its sidecar, the file checked against the sidecar's ``jsonl_sha256``."""
+    if kind not in JSONL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(JSONL_KINDS)}, got {kind!r}")
+    folder = Path(folder)
+    lines_path, side = folder / f"{kind}.jsonl", folder / f"{kind}.json"
+    for p in (lines_path, side):
+        if not p.is_file():
+            raise DataError(f"missing {p}")
+    meta = json.loads(side.read_text())
+    raw = lines_path.read_bytes()
+    if meta.get("kind") != kind or hashlib.sha256(raw).hexdigest() != meta.get("jsonl_sha256"):
+        raise DataError(f"{lines_path} does not match its sidecar {side.name} (kind {meta.get('kind')!r}, "
+                        "jsonl_sha256): the file changed after it was recorded")
+    return [json.loads(line) for line in raw.decode().splitlines() if line.strip()], meta
+
+
 def done_keys(csv: Path, schema: Schema) -> set[tuple]:
     """Configurations already recorded in ``csv`` (for resuming)."""
     if not csv.is_file():

@@ -164,7 +164,7 @@ def dispatch_order(sm_count: int = 132) -> np.ndarray:
 
 
 def _gpc_of_tpc(t: int) -> int:
-    """The GPC (0-7) of TPC t of an H200, as measured with thread-block clusters (data/h200x1/gpc_map: two chips and
+    """The GPC (0-7) of TPC t of an H200, as measured with thread-block clusters (data/h200x1/gpc_map, and data/h200x1/archive/gpc_map_second_chip: two chips and
     one process before and after its trains alike; stage_programs_analysis.gpc_map): TPCs 0-31 are GPC t mod 8 in turn, TPCs 32-59
     the seven GPCs but GPC 0 in turn. TPCs 60-65 never run a cluster of 4. TPCs 62-65 (the dispatch head, programs
     0-7) are put in GPC 0: they take GPC 0's share at P = 16-66 (stage_programs_analysis.favour_by_gpc). TPCs 60 and 61 are not
