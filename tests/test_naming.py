@@ -53,11 +53,7 @@ def test_no_history_in_file_names():
     assert not bad, f"history tags in tracked file/folder names: {sorted(set(bad))[:20]}"
 
 
-OPEN = pytest.mark.xfail(reason="issue 42 open: the consolidation is part done (see docs/findings.md and the issue); history tags remain in the product", strict=False)
-
-
-@pytest.mark.parametrize("top", [pytest.param("xstage", marks=OPEN), pytest.param("kernels", marks=OPEN),
-                                 pytest.param("tests", marks=OPEN), pytest.param("scripts", marks=OPEN), "docs"])
+@pytest.mark.parametrize("top", ["xstage", "kernels", "tests", "scripts", "docs"])
 def test_no_history_in_sources(top):
     hits = []
     for p in tracked():
@@ -71,7 +67,6 @@ def test_no_history_in_sources(top):
     assert not hits, f"{len(hits)} history tags, e.g. {hits[:15]}"
 
 
-@pytest.mark.xfail(reason="issue 42 open: the consolidation is part done (see docs/findings.md and the issue); history tags remain in the product", strict=False)
 def test_no_history_in_readme_and_notebooks():
     hits = [f"README.md: {t}" for t in tags((ROOT / "README.md").read_text())]
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
