@@ -185,7 +185,7 @@ def burst_train_store_kernel(
     launch) and then drift apart as the stage shares its drain among them. Same payload as the other kernels.
     PRELOAD=False reads N_k, base_k and gap_k from global memory at the top of burst k, as records before session
     20 did. Their bursts 4 and 8 (a new 32-byte sector of the int64 arrays, an L1 miss) are slow in every
-    configuration, 0.16 us with an empty stage and up to 49 us with a busy one (lab notebook): the read,
+    configuration, 0.16 us with an empty stage and up to 49 us with a busy one (docs/findings.md): the read,
     issued before t0 and first used inside the timed issue, waits behind the program's outstanding remote stores
     (the hypothesis the legacy / preload A/B in one call tests).
     LOAD_PROBE (the load-after-store test): right after burst k's stores issued (t1), the program loads

@@ -1,7 +1,7 @@
 """Issue 11, one H200: per-program host-link trains and the chip's SM -> GPC map recorded in ONE process.
 
 The per-program records (data/h200x1/train_programs_p) show three classes of SMs at P = 16 (the drain's share of
-a program 0.5x, 2.3x and 12x the median's); the hypothesis is a drain shared per GPC first. The lab notebook warns
+a program 0.5x, 2.3x and 12x the median's); the hypothesis is a drain shared per GPC first. docs/findings.md warns
 that the %smid numbering may move between processes, so the map is read inside the process that records the
 trains (scripts/gpc_map.cu built as a library, called through ctypes on the same CUDA context), before and after
 the trains. Usage (on the GPU machine; see scripts/trains_gpc.sh):

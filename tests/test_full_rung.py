@@ -42,7 +42,7 @@ def test_a_file_holding_another_rung_than_its_name_is_refused(tmp_path):
 
 
 def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
-    """The switch rule (lab notebook,) on the record of a seed never recorded before the fits
+    """The switch rule (docs/findings.md) on the record of a seed never recorded before the fits
     (train_seed22_clean): free_store's median |error| below rung stage's."""
     rec = H / "train_seed22_clean"
     full = stage_analysis.score_trains(rec, "host")[1].median_abs_error.iloc[0]

@@ -156,7 +156,7 @@ def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, se
 def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung):
     """Each arbitration the host link's ladder fits (rung "pool": one pool; "stage": per-program slots). With slots
     the stall acts on the shared part only, so that part is made large enough to be seen (C_0 = 1 MB, as the host
-    link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, lab notebook)."""
+    link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, docs/findings.md)."""
     arbitration = fit.RUNG_ARBITRATION.get((rung, "host"), "pool")
     truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
                         base_capacity_kib=1000.0 if arbitration == "slots" else 300.0, arbitration=arbitration)
@@ -281,7 +281,7 @@ def test_own_slots_let_the_favoured_programs_pass_a_full_stage():
     much earlier than the rest (the recorded host first bursts: p10 unimpeded, a tail 10-40x slower), where one
     pool slows every program alike (its weights only share the drain). Random parameters, spread >= 0.3; with the
     host link's rung stage (the slots arbitration, its full model through) the favoured programs finish
-    unimpeded. (The full model since, free_store, slows its fastest program 2.4x there: lab notebook,.)"""
+    unimpeded. (The full model since, free_store, slows its fastest program 2.4x there: docs/findings.md.)"""
     prm = random_params(spread=RNG.uniform(0.3, 0.9), drain_gbps=RNG.uniform(30, 100))
     P = int(RNG.choice([66, 132]))
     b = RNG.uniform(1.05, 1.15) * float(prm.capacity_bytes(P)) / P

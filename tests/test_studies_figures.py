@@ -1,4 +1,4 @@
-"""Study data access (xstage.studies), the figure builders (xstage.figures) and the model explorer, on the
+"""Study data access (xstage.sources, xstage.*_sweep), the figure builders (xstage.*_figures) and the model explorer, on the
 recorded H200x2 data and on the simulated source."""
 from __future__ import annotations
 

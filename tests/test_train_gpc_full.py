@@ -1,5 +1,5 @@
 """data/h200x1/train_gpc_full (, call a run): per-program host trains at P = 100 / 132 / 198 / 264 with the
-chip's SM -> GPC map read in the same process. The figures the lab notebook gives, recomputed from the rows: at
+chip's SM -> GPC map read in the same process. The figures docs/findings.md gives, recomputed from the rows: at
 P = 100 the head's SMs and GPC 0 drain at ~2/3 of the median program (GPC 0 with the head holds 16 programs, the
 other GPCs 11-12: equal GPC shares give 0.72), the SMs of TPCs 60-61 do not (they are not in GPC 0); at the full
 grids no GPC stands out."""

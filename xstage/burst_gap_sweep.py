@@ -334,7 +334,7 @@ class TrainGrid:
                                                       # kib and gap_us unused)
     preload: bool = True                              # the kernel reads every burst's parameters before the first
                                                       # (False: at each burst's top, as records before the preload,
-                                                      # whose sidecars lack the key: lab notebook)
+                                                      # whose sidecars lack the key: docs/findings.md)
     load_probe: int = 0                               # 1 / 2: one timed load after each burst (an L1-resident /
                                                       # an L2 word; burst_train_store_kernel), per program only:
                                                       # burst_program's load_ns

@@ -507,7 +507,7 @@ def _long(obs: Observations, pred: np.ndarray) -> pd.DataFrame:
 
 def _initial(rung: str, link: str) -> dict:
     """Starting values, rounded from each link's records (the same for every fit of that link)."""
-    if link == "host":   # read off the host record (lab notebook): D 53 GB/s, 1-2.5 MB absorbed
+    if link == "host":   # read off the host record (docs/findings.md): D 53 GB/s, 1-2.5 MB absorbed
         d = dict(issue_ns_per_kib=18.0, drain_gbps=53.0, capacity_kib=2500.0, capacity_per_program_kib=30.0,
                  base_capacity_kib=1000.0, spread=0.5, stalled_fraction=0.4, overhead_ns=24.0, span_overhead_ns=230.0)
     else:
@@ -625,7 +625,7 @@ def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5) -> St
     start = None
     if RUNG_ARBITRATION.get((rung, link), "pool") != "pool":
         # the slots model has the pool's parameters, read differently: it starts from the pool rung's fit (its
-        # cost moves in steps; from the read-off values it stalls in a worse minimum: lab notebook)
+        # cost moves in steps; from the read-off values it stalls in a worse minimum: docs/findings.md)
         below = fit_file(Path(folder) / stage_fit_name(link, RUNG_START.get(rung, "pool")))
         if below.is_file():
             f = read_stage_fit(folder, link, RUNG_START.get(rung, "pool"))

@@ -170,7 +170,7 @@ def _gpc_of_tpc(t: int) -> int:
     0-7) are put in GPC 0: they take GPC 0's share at P = 16-66 (stage_programs_analysis.favour_by_gpc). TPCs 60 and 61 are not
     measured: a GPC has at most 9 TPCs, so GPC 0 (4 + the head's 4) cannot hold them; they are put in GPCs 6 and 7
     (the two that hold none of the 12 TPCs favoured at P = 132 in data/h200x1/train_programs_p; GPCs 1 and 2
-    score the same within 0.5 %, and all six in GPC 0 worse: lab notebook)."""
+    score the same within 0.5 %, and all six in GPC 0 worse: docs/findings.md)."""
     if t < 32:
         return t % 8
     if t < 60:

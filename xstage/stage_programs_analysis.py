@@ -136,7 +136,7 @@ def preload_ab(legacy: pd.DataFrame, legacy_meta: dict, preload: pd.DataFrame, l
     preload. Per burst, over the grids of >= ``min_programs`` programs where either took >= ``min_ns``: the median
     ratio and the count (``legacy_read``: the bursts the legacy kernel read at, :func:`xstage.data.legacy_read_bursts`
     of the legacy record's sidecar ``legacy_meta``). The read wait predicts ratios > 1 at those bursts and ~1
-    elsewhere (lab notebook)."""
+    elsewhere (docs/findings.md)."""
     def medians(pp, name):
         pp = pp[pp.target == LINK_TARGET[link]]
         if pp.empty:
