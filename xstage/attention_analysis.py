@@ -14,7 +14,6 @@ import pandas as pd
 
 from . import data, records
 from .ulysses import attention_flops
-from .ulysses_analysis import markdown_table
 
 DOCS_PAGE = "attention.md"
 NOTEBOOK = "04"
@@ -231,21 +230,19 @@ def headline() -> list[records.Headline]:
 
 def docs_page() -> str:
     """docs/attention.md: the current numbers of our attention beside FA4 (generated)."""
-    parts = ["# Our attention beside FA4", "",
-             "Generated from the current records (xstage/records.py) by `xstage.attention_analysis.docs_page`; "
-             "notebook 04 shows the figures. The fused Ulysses layer: [ulysses.md](ulysses.md).", "",
-             "| claim | ours | where | record |", "| --- | --- | --- | --- |"]
-    parts += [f"| {h.claim} | {h.ours} | {h.where} | `{h.record}` |" for h in headline()]
+    parts = records.docs_head("Our attention beside FA4", "attention_analysis",
+                              "notebook 04 shows the figures. The fused Ulysses layer: [ulysses.md](ulysses.md).",
+                              headline())
     for machine in MACHINES:
         s = attention_summary(machine)[["shape", "S", "H", "D", "fa_tflops", "best_variant", "best_tflops",
                                         "best_over_fa", "met"]]
         parts += ["", f"## Ours beside FA4, {records.MACHINES[machine]} (`{attention_numbers(machine)['record']}`)",
                   "", "Fastest variant per shape, TFLOP/s of medians timed in the same rounds; the goal applies "
-                  "at S >= 8K.", "", markdown_table(s)]
+                  "at S >= 8K.", "", records.markdown_table(s)]
     clocks = attention_clocks_ratios(attention_clocks_table(attention_clocks_data()[0]))
     parts += ["", f"## Sustained clocks, {records.MACHINES[ATTENTION_CLOCKS_MACHINE]} "
               f"(`{_rel(records.record('attention_clocks', ATTENTION_CLOCKS_MACHINE, 'local'))}`)", "",
               "Each method back to back for 3 s at the power cap: ours / FA4 in time and per SM clock.", "",
-              markdown_table(clocks[["shape", "S", "H", "D", "ours_over_fa", "clock_ratio", "ours_over_fa_per_clock",
+              records.markdown_table(clocks[["shape", "S", "H", "D", "ours_over_fa", "clock_ratio", "ours_over_fa_per_clock",
                                      "ours_w", "fa_w"]])]
     return "\n".join(parts) + "\n"

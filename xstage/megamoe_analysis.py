@@ -610,14 +610,6 @@ def headline() -> list[records.Headline]:
     ]
 
 
-def _md(df: pd.DataFrame, fmt: dict[str, str]) -> str:
-    cols = list(fmt)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(format(r[c], fmt[c]) if fmt[c] else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
-
-
 def docs_page() -> str:
     """docs/megamoe.md: the current record's tables and what each shows."""
     rec_nv, rec_pc = records.record("megamoe", "h200x2", "nvlink"), records.record("megamoe", "h200x1", "host")
@@ -637,20 +629,20 @@ def docs_page() -> str:
         "Two ranks in one process on one H200; each peer's combine stores cross PCIe into pinned host memory. "
         "`predicted` is the model's geomean speedup recorded beside the run; `within` counts configurations it "
         "predicts within ±10 %.", "",
-        _md(pc, {"dtype": "", "schedule": "", "configs": "d", "geomean_speedup": ".3f", "max_speedup": ".2f",
+        records.markdown_table(pc, {"dtype": "", "schedule": "", "configs": "d", "geomean_speedup": ".3f", "max_speedup": ".2f",
                  "geomean_predicted": ".3f", "within": "d"}), "",
         f"## Two H200s over NVLink (`{_rel(rec_nv)}`, the first kernels)", "",
-        _md(nv, {"dtype": "", "schedule": "", "configs": "d", "geomean_speedup": ".2f", "max_speedup": ".2f"}), "",
+        records.markdown_table(nv, {"dtype": "", "schedule": "", "configs": "d", "geomean_speedup": ".2f", "max_speedup": ".2f"}), "",
         f"## Compute only, every store local (`{_rel(records.record('megamoe_controls'))}`)", "",
         "Each schedule's compute-only time / Expert-Wave's (dynamic assignment; > 1: slower). Goal: geomean <= "
         "1.02, worst <= 1.05.", "",
-        _md(ctl, {"dtype": "", "schedule": "", "configs": "d", "over_ew_geomean": ".3f", "over_ew_worst": ".3f"}),
+        records.markdown_table(ctl, {"dtype": "", "schedule": "", "configs": "d", "over_ew_geomean": ".3f", "over_ew_worst": ".3f"}),
         "",
         "## GEMM phases against the library, same rounds", "",
         f"The library's time / ours (> 1: ours faster); `min_big`: the minimum over configurations with >= "
         f"{MIN_ROWS} rows. bf16: `{_rel(records.record('megamoe_gemm_bf16'))}` against `torch._grouped_mm`; "
         f"fp8: `{_rel(records.record('megamoe_gemm_fp8'))}` against `torch._scaled_grouped_mm`.", "",
-        _md(pd.concat([gb, gf], ignore_index=True),
+        records.markdown_table(pd.concat([gb, gf], ignore_index=True),
             {"dtype": "", "library": "", "configs": "d", "geomean": ".3f", "min": ".3f", "min_big": ".3f"}), "",
     ]
     return "\n".join(parts)

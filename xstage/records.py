@@ -63,6 +63,23 @@ class Headline:
     notebook: str          # "03"
 
 
+def markdown_table(df, fmt: dict[str, str] | None = None) -> str:
+    """A table of a generated docs page: ``fmt`` maps each column shown to its format spec ("" = as text;
+    default: every column, floats to 3 decimals)."""
+    fmt = fmt if fmt is not None else {c: "" for c in df.columns}
+    cell = lambda v, f: format(v, f) if f else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = ["| " + " | ".join(fmt) + " |", "|" + "---|" * len(fmt)]
+    lines += ["| " + " | ".join(cell(r[c], f) for c, f in fmt.items()) + " |" for _, r in df.iterrows()]
+    return "\n".join(lines)
+
+
+def docs_head(title: str, module: str, note: str, rows: list["Headline"]) -> list[str]:
+    """The top of a generated ``docs/<study>.md``: its title, where it comes from, and the study's headline rows."""
+    return [f"# {title}", "", f"Generated from the current records (xstage/records.py) by `xstage.{module}.docs_page`; "
+            f"{note}", "", "| claim | ours | where | record |", "| --- | --- | --- | --- |",
+            *(f"| {h.claim} | {h.ours} | {h.where} | `{h.record}` |" for h in rows)]
+
+
 def _records(*rows: Record) -> tuple[Record, ...]:
     return rows
 

@@ -302,22 +302,11 @@ def headline() -> list[records.Headline]:
     ]
 
 
-def markdown_table(df: pd.DataFrame) -> str:
-    """A DataFrame as a Markdown table (floats to 3 decimals), for the generated docs pages."""
-    cols = list(df.columns)
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    rows = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    rows += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in df.itertuples(index=False)]
-    return "\n".join(rows)
-
-
 def docs_page() -> str:
     """docs/ulysses.md: the current numbers of the Ulysses study (generated)."""
-    parts = ["# Ulysses: the all-to-all fused into attention's epilogue", "",
-             "Generated from the current records (xstage/records.py) by `xstage.ulysses_analysis.docs_page`; "
-             "notebook 04 shows the figures. Our attention beside FA4: [attention.md](attention.md).", "",
-             "| claim | ours | where | record |", "| --- | --- | --- | --- |"]
-    parts += [f"| {h.claim} | {h.ours} | {h.where} | `{h.record}` |" for h in headline()]
+    parts = records.docs_head("Ulysses: the all-to-all fused into attention's epilogue", "ulysses_analysis",
+                              "notebook 04 shows the figures. Our attention beside FA4: [attention.md](attention.md).",
+                              headline())
     df, _ = ulysses_records.recorded("h200x2")
     sp = ulysses_speedups(df)
     e2e = sp[sp.line == "fused_e2e"][["shape", "S", "H", "D", "P", "speedup", "low", "high"]]
@@ -326,5 +315,5 @@ def docs_page() -> str:
                                                          "fused_e2e": "fused e2e / attn", "serial": "serial / attn"})
     parts += ["", f"## Per shape, 2x H200 over NVLink (`{nvlink_numbers()['record']}`)", "",
               "Fused / serial end to end (medians; low / high: quartile ratios) and each layer's time over our "
-              "attention alone.", "", markdown_table(t.sort_values(["P", "S"]).reset_index(drop=True))]
+              "attention alone.", "", records.markdown_table(t.sort_values(["P", "S"]).reset_index(drop=True))]
     return "\n".join(parts) + "\n"
