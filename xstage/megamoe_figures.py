@@ -169,21 +169,8 @@ def speedup_figure(df: pd.DataFrame, schedules=None, paper: dict[str, float] | N
     detail = lambda h: [f"kernel {k:.3f} ms vs Expert-Wave {e:.3f} ms; model {p:.2f}×"  # noqa: E731
                         for k, e, p in zip(h.kernel_ms, h.expert_wave_ms, h.predicted_speedup)]
     fig, dtypes = _megamoe_strip(sp, "speedup", schedules, "speedup over Expert-Wave", detail)
-    n_c = len(dtypes)
-    for r, s in enumerate(schedules, 1):
-        for c, d in enumerate(dtypes, 1):
-            v = sp[(sp.schedule == s) & (sp.dtype == d)].speedup.dropna()
-            _grid_line(fig, 1.0, "= Expert-Wave" if c == n_c else None, r, c, n_c, color="#555", dash="solid",
-                       above=False)
-            if len(v):
-                _grid_line(fig, geomean(v), None, r, c, n_c, color="#222", dash="dash")
-            for i, (label, y) in enumerate(paper.items()):
-                _grid_line(fig, y, f"{label} {y:.2f}×" if c == n_c else None, r, c, n_c, color=_PAPER_COLOR,
-                           dash="dot")
-            _panel_note(fig, _stats_text(v), r, c, n_c)
-    fig.update_yaxes(range=_strip_yrange(sp.speedup, list(paper.values()) + [1.0]))
-    for r in range(1, len(schedules) + 1):
-        fig.update_yaxes(title_text="speedup (×)", row=r, col=1)
+    _speedup_panels(fig, sp, "speedup", schedules, dtypes, "= Expert-Wave",
+                    [(y, f"{label} {y:.2f}×", dict(color=_PAPER_COLOR, dash="dot")) for label, y in paper.items()])
     paper_text = " and ".join(f"{k.removeprefix('paper ')} {v:.2f}×" for k, v in paper.items())
     fig.update_layout(title=_title(
         "MegaMoE: kernel speedup of each schedule over Expert-Wave, per configuration",
@@ -294,6 +281,26 @@ def order_cost_figure(cost: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def _speedup_panels(fig: go.Figure, sp: pd.DataFrame, col: str, schedules, dtypes, unity: str, refs,
+                    stats=None) -> None:
+    """Each (schedule, dtype) panel of a speedup strip: the line at 1 (``unity``), the reference lines ``refs``
+    [(y, label, style)] (labelled in the last column), the panel's geomean dashed and its statistics in the corner;
+    the y range over the data and every line, each row's y title."""
+    n_c = len(dtypes)
+    for r, s in enumerate(schedules, 1):
+        for c, d in enumerate(dtypes, 1):
+            v = sp[(sp.schedule == s) & (sp.dtype == d)][col].dropna()
+            _grid_line(fig, 1.0, unity if c == n_c else None, r, c, n_c, color="#555", dash="solid", above=False)
+            for y, label, style in refs:
+                _grid_line(fig, y, label if c == n_c else None, r, c, n_c, **style)
+            if len(v):
+                _grid_line(fig, geomean(v), None, r, c, n_c, color="#222", dash="dash")
+            _panel_note(fig, _stats_text(v, stats) if stats else _stats_text(v), r, c, n_c)
+    fig.update_yaxes(range=_strip_yrange(sp[col], [y for y, _, _ in refs] + [1.0]))
+    for r in range(1, len(schedules) + 1):
+        fig.update_yaxes(title_text="speedup (×)", row=r, col=1)
+
+
 def fused_figure(df: pd.DataFrame, schedules=None, goal: float | None = None) -> go.Figure:
     """The fused layer's speedup over the unfused baseline (NCCL all_to_all + torch._grouped_mm layer):
     unfused_ms / layer_ms per configuration, one panel per (schedule, dtype) as :func:`megamoe_speedup`; the
@@ -307,19 +314,8 @@ def fused_figure(df: pd.DataFrame, schedules=None, goal: float | None = None) ->
     sp = sp[sp.schedule.isin(schedules)]
     detail = lambda h: [f"layer {a:.3f} ms vs unfused {b:.3f} ms" for a, b in zip(h.layer_ms, h.unfused_ms)]  # noqa: E731
     fig, dtypes = _megamoe_strip(sp, "fused_speedup", schedules, "unfused ÷ fused", detail)
-    n_c = len(dtypes)
-    for r, s in enumerate(schedules, 1):
-        for c, d in enumerate(dtypes, 1):
-            v = sp[(sp.schedule == s) & (sp.dtype == d)].fused_speedup.dropna()
-            _grid_line(fig, 1.0, "= unfused" if c == n_c else None, r, c, n_c, color="#555", dash="solid",
-                       above=False)
-            _grid_line(fig, goal, f"goal: geomean ≥ {goal:g}×" if c == n_c else None, r, c, n_c)
-            if len(v):
-                _grid_line(fig, geomean(v), None, r, c, n_c, color="#222", dash="dash")
-            _panel_note(fig, _stats_text(v, ("geomean", "min")), r, c, n_c)
-    fig.update_yaxes(range=_strip_yrange(sp.fused_speedup, [1.0, goal]))
-    for r in range(1, len(schedules) + 1):
-        fig.update_yaxes(title_text="speedup (×)", row=r, col=1)
+    _speedup_panels(fig, sp, "fused_speedup", schedules, dtypes, "= unfused",
+                    [(goal, f"goal: geomean ≥ {goal:g}×", {})], stats=("geomean", "min"))
     fig.update_layout(title=_title(
         "MegaMoE: the fused layer against the unfused baseline, per configuration",
         "unfused (NCCL all_to_all, torch._grouped_mm experts, all_to_all back) ÷ fused layer (dispatch, kernel,"
