@@ -49,73 +49,46 @@ def test_gluon_is_gpu_only_here():
 
 
 COMPILE_CHECK = r"""
-import sys
-from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
-for D, c, even in ((128, GluonConfig(64, 64, 4, 2), True), (64, GluonConfig(128, 128, 8, 2), False),
-                   (128, GluonConfig(128, 128, 4, 2, ws=True), False),
-                   (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True), False)):
+import re
+from xstage.ulysses_gluon import CONFIGS, SWEEP_CONFIGS, compile_sm90, ptx_facts
+for D, c, even in ((128, CONFIGS[128][0], True), (64, CONFIGS[64][0], False),
+                   (128, SWEEP_CONFIGS[128], False), (64, SWEEP_CONFIGS[64], False)):
     k = compile_sm90(c, D, even_n=even, write_lse=True)
-    f = ptx_facts(k.asm["ptx"])
+    ptx = k.asm["ptx"]
+    f = ptx_facts(ptx)
+    regs = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)})
     print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"],
-          k.metadata.shared)
+          ",".join(map(str, regs)) or "-", k.metadata.shared)
 """
 
 
 def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
-    """sm_90a compile on the CPU: wgmma present, and a ``wait_group 1`` (the scores of block j waited for while
-    block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one per consumer warpgroup in the
-    warp-specialised kernel), TMA loads, shared memory as sized; only the warp-specialised kernel moves registers
-    between its partitions (setmaxnreg)."""
+    """sm_90a compile on the CPU of the default tiles and the sweep's: wgmma present, and a ``wait_group 1`` (the
+    scores of block j waited for while block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one
+    per consumer warpgroup in the warp-specialised kernel, 3 with the 192-row tile), TMA loads, shared memory as
+    sized; only the warp-specialised kernel moves registers between its partitions (setmaxnreg), raising the
+    consumers to their ``regs`` (160 with three consumers: 64K registers with the loader's warpgroup)."""
+    from xstage.ulysses_gluon import CONFIGS, SWEEP_CONFIGS
+
     out = _compile_check(COMPILE_CHECK, timeout=300)
     lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
     assert len(lines) == 4, out.stdout
-    for line, (D, label, bm, bn, st, w1, ws) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2, 1, False),
-                                                           (64, "gluon-128x128w8s2", 128, 128, 2, 1, False),
-                                                           (128, "gluon-ws-128x128s2r232", 128, 128, 2, 2, True),
-                                                           (128, "gluon-ws-128x128s2r232-ml", 128, 128, 2, 2, True))):
+    for line, (D, c, w1) in zip(lines, ((128, CONFIGS[128][0], 1), (64, CONFIGS[64][0], 1),
+                                        (128, SWEEP_CONFIGS[128], 2), (64, SWEEP_CONFIGS[64], 3))):
         f = line.split(" ", 2)
-        assert f[:2] == [str(D), label], line
+        assert f[:2] == [str(D), c.label], line
         assert int(f[2].split()[0]) > 0, line                               # wgmma instructions
-        assert f"[0, 1] {w1} True {ws}" in line, line                       # waits 0 and 1; the overlapped ones
+        assert f"[0, 1] {w1} True {c.ws}" in line, line                     # waits 0 and 1; the overlapped ones
+        regs = line.split()[-2]
+        assert (str(c.regs) in regs.split(",")) if c.ws else regs == "-", line
         smem = int(line.split()[-1])
-        assert smem >= 2 * D * (bm + 2 * st * bn), line                     # Q + the K/V ring
-
-
-NEXT_COMPILE_CHECK = r"""
-import re
-from xstage.ulysses_gluon import NEXT_RUNGS, compile_sm90, ptx_facts
-for D, cs in sorted(NEXT_RUNGS.items()):
-    for c in cs:
-        ptx = compile_sm90(c, D, even_n=False, write_lse=True).asm["ptx"]
-        f = ptx_facts(ptx)
-        regs = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)})
-        print("rung", D, c.label, c.block_m // 64, f["wait_group_1"], f["setmaxnreg"],
-              len(re.findall(r"mbarrier\.try_wait", ptx)), ",".join(map(str, regs)))
-"""
-
-
-@pytest.mark.slow   # a candidate option not in the current ladder: compiled outside make test
-def test_pingpong_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
-    """The ping-pong and three-consumer rungs (NEXT_RUNGS) compile for sm_90a: one ``wait_group 1`` per consumer
-    warpgroup (3 at BLOCK_M 192), setmaxnreg raising the consumers to their registers (160 with three consumers,
-    within 64K registers with the loader's warpgroup), and the ping-pong adds waits (the turn mbarriers)."""
-    out = _compile_check(NEXT_COMPILE_CHECK, timeout=300)
-    rows = {ln.split()[2]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("rung ")}
-    assert set(rows) == {c.label for cs in G.NEXT_RUNGS.values() for c in cs}, out.stdout
-    for label, (D, _, nc, w1, smr, waits, regs) in rows.items():
-        assert int(w1) == int(nc) and smr == "True", (label, rows[label])
-        assert (int(nc) == 3) == label.startswith("gluon-ws-192x"), label
-        assert str(G.GluonConfig(128, 128, 4, 2, ws=True, regs=160 if int(nc) == 3 else 232).regs) in \
-            regs.split(","), (label, regs)
-    # the ping-pong's turn waits: more try_waits than the same rung without it (D = 64, three consumers)
-    assert int(rows["gluon-ws-192x128s2r160-ml-pp"][5]) > int(rows["gluon-ws-192x128s2r160-ml"][5])
+        assert smem >= 2 * D * (c.block_m + 2 * c.stages * c.block_n), line     # Q + the K/V ring
 
 
 FUSED_COMPILE_CHECK = r"""
 import re
-from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
-for D, c in ((128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)),
-             (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True))):
+from xstage.ulysses_gluon import SWEEP_CONFIGS, compile_sm90, ptx_facts
+for D, c in sorted(SWEEP_CONFIGS.items(), reverse=True):
     for fused in (False, True):
         ptx = compile_sm90(c, D, even_n=False, fused=fused).asm["ptx"]
         print("fused", D, int(fused), ptx_facts(ptx)["wait_group_1"], len(re.findall(r"st\.global", ptx)),
@@ -125,7 +98,7 @@ for D, c in ((128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)),
 
 
 def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
-    """The ws kernel with FUSED compiles for sm_90a: the same overlapped waits (one per consumer), and its output
+    """The sweep's ws tiles with FUSED compile for sm_90a: the same overlapped waits (one per consumer), and its output
     leaves by per-row global stores to the owners instead of the TMA store (none left), every one 16 bytes
     (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe); without FUSED the reverse."""
     out = _compile_check(FUSED_COMPILE_CHECK, timeout=300)
@@ -138,12 +111,13 @@ def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
 
 
 PERSISTENT_COMPILE_CHECK = r"""
-from xstage.ulysses_gluon import PERSISTENT_RUNGS, GluonConfig, compile_sm90, ptx_facts
-for D, cs in PERSISTENT_RUNGS.items():
-    c = cs[0]
+from dataclasses import replace
+from xstage.ulysses_gluon import LADDER, compile_sm90, ptx_facts
+for D, cs in LADDER.items():
+    c = [c for c in cs if c.persistent][0]
     for pe in (False, True):
         for fused in (False, True):
-            k = compile_sm90(GluonConfig(**{**c.__dict__, "persistent": pe}), D, even_n=False, fused=fused)
+            k = compile_sm90(replace(c, persistent=pe), D, even_n=False, fused=fused)
             f = ptx_facts(k.asm["ptx"])
             print("pe", D, c.block_m, int(pe), int(fused), f["wait_group_1"], k.metadata.shared,
                   int("%nctaid.x" in k.asm["ptx"]))
@@ -151,7 +125,7 @@ for D, cs in PERSISTENT_RUNGS.items():
 
 
 def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
-    """The persistent ws kernel compiles for sm_90a: the same overlapped waits (one per consumer), a
+    """The ladder's persistent steps compile for sm_90a: the same overlapped waits (one per consumer), a
     tile loop over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more
     shared memory than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
     out = _compile_check(PERSISTENT_COMPILE_CHECK, timeout=600)
@@ -166,65 +140,35 @@ def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
             assert abs(shared - rows[D, bm, 0, 1][1]) <= 256, (D, shared)     # no output buffer
 
 
-PEEL_COMPILE_CHECK = r"""
-from xstage.ulysses_gluon import PEEL_RUNGS, GluonConfig, compile_sm90, ptx_facts
-from xstage.kernels.attention_gluon import gluon_attention_ws_kernel
-for D, cs in PEEL_RUNGS.items():
-    for c in cs[:2]:
-        for lp in (False, True):
-            for even in (False, True):
-                k = compile_sm90(GluonConfig(**{**c.__dict__, "peel_last": lp}), D, even_n=even)
-                f = ptx_facts(k.asm["ptx"])
-                print("lp", D, c.block_m, int(c.persistent), int(lp), int(even), f["wait_group_1"], f["wgmma"])
-"""
-
-
-@pytest.mark.slow   # a candidate option not in the current ladder: compiled outside make test
-def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
-    """The peeled last key block (``peel_last``): where S % BLOCK_N != 0 each consumer runs the
-    overlapped step in two loops (the unmasked blocks, then the masked last one), so the PTX holds twice the
-    overlapped waits of -ml (one loop with the mask's branch); where S % BLOCK_N == 0 it is -ml's kernel (same waits,
-    same wgmma count). On both rungs of each head dim (one CTA per tile and persistent)."""
-    out = _compile_check(PEEL_COMPILE_CHECK, timeout=900)
-    rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
-            if ln.startswith("lp ")}
-    assert len(rows) == 16, out.stdout
-    for (D, bm, pe, lp, even), (w1, wgmma) in rows.items():
-        nc = bm // 64
-        assert w1 == (2 * nc if lp and not even else nc), (D, bm, pe, lp, even, w1)
-        if even:
-            assert (w1, wgmma) == rows[D, bm, pe, 0, 1], (D, bm, pe, lp)
-
-
 NAMED_COMPILE_CHECK = r"""
 import re
 from dataclasses import replace
-from xstage.ulysses_gluon import NAMED_RUNGS, compile_sm90, ptx_facts
+from xstage.ulysses_gluon import LADDER, compile_sm90, ptx_facts
 from xstage.kernels.attention_gluon import NB_BASE
-for D, cs in NAMED_RUNGS.items():
-    for c in cs:
-        for nb in (True, False):
-            for even in (True, False):
-                ptx = compile_sm90(replace(c, named_pp=nb), D, even_n=even).asm["ptx"]
-                f = ptx_facts(ptx)
-                syncs = len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx))
-                arrives = len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx))
-                fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
-                print("nb", D, c.block_m, int(c.persistent), int(nb), int(even), f["wait_group_1"], f["wgmma"],
-                      syncs, arrives, max(fixed), int(NB_BASE))
+D = 64
+for c in (LADDER[D][0], [c for c in LADDER[D] if c.persistent][0]):
+    for nb in (True, False):
+        for even in (True, False):
+            ptx = compile_sm90(replace(c, pingpong=nb, named_pp=nb), D, even_n=even).asm["ptx"]
+            f = ptx_facts(ptx)
+            syncs = len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx))
+            arrives = len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx))
+            fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
+            print("nb", D, c.block_m, int(c.persistent), int(nb), int(even), f["wait_group_1"], f["wgmma"],
+                  syncs, arrives, max(fixed), int(NB_BASE))
 """
 
 
 def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers():
-    """The ping-pong's turns in named barriers (``named_pp``, -nb): each consumer waits for its turn
-    with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
-    before its first tile: it takes the first turn), NC of each; the -pp kernel (mbarrier turns) has none; the same
-    overlapped waits and wgmma count as -pp; and Triton's own barriers (immediate ids) stay under NB_BASE, so the
-    turns cannot meet them. On every NAMED_RUNGS config, S % 128 == 0 and not."""
+    """The ping-pong's turns in named barriers (``pingpong`` / ``named_pp``, -pp-nb): each consumer waits for its
+    turn with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
+    before its first tile: it takes the first turn), NC of each; the same tile without turns has none; the same
+    overlapped waits and wgmma count without them; and Triton's own barriers (immediate ids) stay under NB_BASE, so
+    the turns cannot meet them. On the sweep's D = 64 tile and the ladder's persistent one, S % 128 == 0 and not."""
     out = _compile_check(NAMED_COMPILE_CHECK, timeout=900)
     rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
             if ln.startswith("nb ")}
-    assert len(rows) == 16, out.stdout
+    assert len(rows) == 8, out.stdout
     for (D, bm, pe, nb, even), (w1, wgmma, syncs, arrives, top, base) in rows.items():
         nc = bm // 64
         assert (syncs, arrives) == ((nc, nc + 1) if nb else (0, 0)), (D, bm, pe, nb, even, syncs, arrives)
@@ -235,15 +179,14 @@ def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barri
 REVERSE_COMPILE_CHECK = r"""
 import re
 from dataclasses import replace
-from xstage.ulysses_gluon import REVERSE_RUNGS, compile_sm90, ptx_facts
-for D, cs in REVERSE_RUNGS.items():
-    for c in cs:
-        for rv in (True, False):
-            for even in (True, False):
-                ptx = compile_sm90(replace(c, reverse_kv=rv), D, even_n=even).asm["ptx"]
-                f = ptx_facts(ptx)
-                print("rv", D, c.block_m, int(c.persistent), int(c.named_pp), int(rv), int(even), f["wait_group_1"],
-                      f["wgmma"], len(re.findall(r"\bselp\.", ptx)))
+from xstage.ulysses_gluon import LADDER, SWEEP_CONFIGS, compile_sm90, ptx_facts
+for D, c in ((128, SWEEP_CONFIGS[128]), (128, LADDER[128][1]), (64, SWEEP_CONFIGS[64])):
+    for rv in (True, False):
+        for even in (True, False):
+            ptx = compile_sm90(replace(c, reverse_kv=rv), D, even_n=even).asm["ptx"]
+            f = ptx_facts(ptx)
+            print("rv", D, c.block_m, int(c.persistent), int(c.named_pp), int(rv), int(even), f["wait_group_1"],
+                  f["wgmma"], len(re.findall(r"\bselp\.", ptx)))
 """
 
 
@@ -251,12 +194,12 @@ def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop():
     """The key blocks last to first (``reverse_kv``, -rv): where S % BLOCK_N != 0 the masked block is
     each consumer's first, outside the overlapped loop, so the PTX's selects are those of one masked block per
     consumer (64 x NC), at most half of -ml's (the first block's and the loop branch's); where
-    S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On every REVERSE_RUNGS
-    config."""
+    S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On the sweep's tiles and the
+    ladder's persistent step at D = 128."""
     out = _compile_check(REVERSE_COMPILE_CHECK, timeout=900)
     rows = {tuple(map(int, ln.split()[1:7])): tuple(map(int, ln.split()[7:])) for ln in out.stdout.splitlines()
             if ln.startswith("rv ")}
-    assert len(rows) == 16, out.stdout
+    assert len(rows) == 12, out.stdout
     for (D, bm, pe, nb, rv, even), (w1, wgmma, selp) in rows.items():
         nc = bm // 64
         assert w1 == nc and (w1, wgmma) == rows[D, bm, pe, nb, 0, even][:2], (D, bm, pe, nb, rv, even)
@@ -301,12 +244,10 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(64, 64, 4, 2, pingpong=True), 128, "pingpong orders the consumers"),
     (GluonConfig(128, 128, 8, 2, persistent=True), 128, "persistent is a grid of the warp-specialised"),
     (GluonConfig(128, 128, 4, 3, ws=True, persistent=True), 128, "shared memory for Q, the output"),
-    (GluonConfig(128, 128, 8, 2, mask_last=True, peel_last=True), 128, "peel_last is a loop of the warp-specialised"),
-    (GluonConfig(128, 128, 4, 2, ws=True, peel_last=True), 128, "needs mask_last=True"),
-    (GluonConfig(128, 128, 4, 2, ws=True, named_pp=True), 128, "needs pingpong=True"),
+    (GluonConfig(128, 128, 4, 2, ws=True, named_pp=True), 128, "pingpong and named_pp go together"),
+    (GluonConfig(128, 128, 4, 2, ws=True, pingpong=True), 128, "turns are named barriers"),
     (GluonConfig(128, 128, 8, 2, mask_last=True, reverse_kv=True), 128, "reverse_kv .* is a loop of the warp-spec"),
-    (GluonConfig(128, 128, 4, 2, ws=True, reverse_kv=True), 128, "with mask_last=True and without peel_last"),
-    (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True, reverse_kv=True), 128, "without peel_last"),
+    (GluonConfig(128, 128, 4, 2, ws=True, reverse_kv=True), 128, "with mask_last=True"),
     (GluonConfig(128, 128, 8, 2, joint_release=True), 128, "joint_release is a ring of the warp-specialised"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
@@ -315,8 +256,8 @@ def test_bad_tile_one_line(cfg, D, match):
 
 
 SHARED_BYTES_CHECK = r"""
-from xstage.ulysses_gluon import LADDER, JOINT_RUNGS, compile_sm90
-for D, cs in {128: LADDER[128] + JOINT_RUNGS[128][:1], 64: LADDER[64]}.items():
+from xstage.ulysses_gluon import LADDER, compile_sm90
+for D, cs in LADDER.items():
     for c in cs:
         for fused in (False, True):
             print("smem", D, c.label, int(fused), c.shared_bytes(D, fused),
@@ -327,10 +268,10 @@ for D, cs in {128: LADDER[128] + JOINT_RUNGS[128][:1], 64: LADDER[64]}.items():
 def test_shared_bytes_is_what_triton_allocates():
     """``GluonConfig.shared_bytes`` (what the tile and the fused epilogue are refused on before any launch) against
     the shared memory of this machine's sm_90a builds: the same to within the mbarriers (under 512 B), fused and not,
-    on the measured rungs (ws s3 -jr at D = 128 fused among them: over the limit, found in an earlier record)."""
+    on the ladder's steps (ws s3 -jr at D = 128 fused among them: over the limit)."""
     out = _compile_check(SHARED_BYTES_CHECK, timeout=900)
     rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("smem ")]
-    assert len(rows) == 2 * (len(G.LADDER[128]) + 1 + len(G.LADDER[64])), out.stdout
+    assert len(rows) == 2 * (len(G.LADDER[128]) + len(G.LADDER[64])), out.stdout
     for _, D, label, fused, want, got in rows:
         assert 0 <= int(got) - int(want) < 512, (D, label, fused, want, got)
     assert any(int(got) > G.SMEM_LIMIT for *_, got in rows)
@@ -341,7 +282,7 @@ def test_default_tiles_are_not_warp_specialised():
     its shared-memory address is not reachable from inline PTX), so it stays off the default path: the default
     tiles (``CONFIGS``, what ``attention_forward`` runs without a config) are the one-partition kernel."""
     assert G.CONFIGS and all(not c.ws and not c.pingpong for cs in G.CONFIGS.values() for c in cs)
-    # and they mask only the last key block (an earlier record: faster where S % 128 != 0)
+    # and they mask only the last key block
     assert all(c.mask_last for cs in G.CONFIGS.values() for c in cs)
 
 
@@ -442,17 +383,13 @@ def test_the_table_reads_gluon_rows_as_ours():
     from dataclasses import asdict
 
     cfgs = [GluonConfig(64, 64, 4, 2), GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 128, 4, 3, mask_last=True),
-            GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True)]
+            GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True)]
     assert attention_analysis._ladder_labels([{"kernel": "gluon", **asdict(c)} for c in cfgs]) == [c.label for c in cfgs]
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
 def _gpu_configs():
-    from xstage.ulysses_ladder import FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS
-
-    out = {(D, c) for D, cs in G.CONFIGS.items() for c in cs}
-    out |= {(D, c) for vs in (FA4_GLUON_VARIANTS, FA4_GLUON_NEXT_VARIANTS, G.NEXT_RUNGS) for D, cs in vs.items()
-            for c in cs if isinstance(c, GluonConfig)}
+    out = {(D, c) for vs in (G.CONFIGS, G.LADDER) for D, cs in vs.items() for c in cs}
     return sorted(out, key=lambda dc: (dc[0], dc[1].label))
 
 
@@ -464,7 +401,7 @@ def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.PERSISTENT_RUNGS.items() for c in cs],
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.LADDER.items() for c in cs if c.persistent],
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(12300, 3), (8192, 4)])
 def test_persistent_grid_matches_float32_with_several_tiles_per_cta(D, cfg, S, H):
@@ -498,14 +435,14 @@ def _check_float32(D, cfg, S, H):
 @pytest.mark.gpu
 @pytest.mark.parametrize("link", ["local", "host"])
 @pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True), 3000, 4, 2),        # Sl = 1500: tiles straddle
-    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True), 4096, 8, 4),
-    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True), 3000, 4, 2),
-    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True), 1000, 8, 4),   # Sl = 250
+    (128, G.SWEEP_CONFIGS[128], 3000, 4, 2),        # Sl = 1500: tiles straddle; 3000 % 128 = 56
+    (128, G.SWEEP_CONFIGS[128], 4096, 8, 4),
+    (64, G.SWEEP_CONFIGS[64], 3000, 4, 2),          # 192 rows, three consumers in turn
+    (64, G.LADDER[64][1], 1000, 8, 4),              # keys in forward order, Sl = 250
     # the persistent grid, several tiles per CTA: 376 and 252 tiles on 132 SMs, Sl = 6000, 3000
-    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True), 12000, 8, 2),
-    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True), 12000, 16, 4),
-])
+    (128, G.LADDER[128][1], 12000, 8, 2),
+    (64, G.LADDER[64][3], 12000, 16, 4),
+], ids=lambda x: getattr(x, "label", str(x)))
 def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     """The fused Ulysses epilogue of the ws kernel (each row to its owner rank through the table of peer
     addresses, straddling tiles split per row, then the epoch barrier) against the same kernel alone + the
@@ -531,18 +468,6 @@ def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
         check_bit_identical(outs[r].to(want[r].device), want[r], f"{cfg.label} {link} P={P} rank {r}")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.PEEL_RUNGS.items() for c in cs],
-                         ids=lambda x: getattr(x, "label", str(x)))
-@pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
-def test_peeled_last_block_matches_float32_and_the_branch_bit_for_bit(D, cfg, S, H):
-    """The peeled last key block against float32 (one key block: nothing peeled; two blocks: the
-    first loop empty; several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with the
-    mask's branch in the loop (-ml: the same arithmetic in the same order), both outputs and lse NaN-poisoned."""
-    _check_float32(D, cfg, S, H)
-    _check_bit_identical_to(D, cfg, S, H, peel_last=False)
-
-
 def _check_bit_identical_to(D, cfg, S, H, **changes):
     """``cfg`` and the same rung with ``changes`` on the same fresh inputs, out and lse NaN-poisoned first: bit for
     bit alike."""
@@ -562,64 +487,25 @@ def _check_bit_identical_to(D, cfg, S, H, **changes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("link", ["local", "host"])
-@pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, G.PEEL_RUNGS[128][1], 12000, 8, 2),       # persistent: 376 tiles, Sl = 6000 (straddling), 12000 % 128 = 96
-    (64, G.PEEL_RUNGS[64][0], 3000, 4, 2),          # 192 rows, ping-pong, Sl = 1500
-], ids=lambda x: getattr(x, "label", str(x)))
-def test_peeled_last_block_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
-    """The fused Ulysses epilogue with the peeled last block, bit for bit against the same kernel alone + the
-    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
-    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.NAMED_RUNGS.items() for c in cs],
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.LADDER.items() for c in cs if c.pingpong],
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
-def test_named_barrier_pingpong_matches_float32_and_the_mbarrier_turns_bit_for_bit(D, cfg, S, H):
-    """The named-barrier turns (-nb) against float32 (one key block: no turn at all; two blocks;
-    several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with mbarrier turns (-pp: the same
-    arithmetic, only the order of the issues is kept differently), out and lse NaN-poisoned first."""
+def test_named_barrier_pingpong_matches_float32_and_no_turns_bit_for_bit(D, cfg, S, H):
+    """The named-barrier turns (-pp-nb) against float32 (one key block: no turn at all; two blocks;
+    several tiles per CTA; S % 128 == 0), and bit for bit against the same tile without turns (the same
+    arithmetic, only the order of the consumers' issues differs), out and lse NaN-poisoned first."""
     _check_float32(D, cfg, S, H)
-    _check_bit_identical_to(D, cfg, S, H, named_pp=False)
+    _check_bit_identical_to(D, cfg, S, H, pingpong=False, named_pp=False)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("link", ["local", "host"])
-@pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, G.NAMED_RUNGS[128][0], 3000, 4, 2),        # one CTA per tile, Sl = 1500: tiles straddle
-    (128, G.NAMED_RUNGS[128][1], 12000, 8, 2),       # persistent: 376 tiles, turns carried across tiles
-    (64, G.NAMED_RUNGS[64][0], 3000, 4, 2),          # 192 rows, three consumers in turn
-    (64, G.NAMED_RUNGS[64][1], 12000, 16, 4),        # persistent, Sl = 3000
-], ids=lambda x: getattr(x, "label", str(x)))
-def test_named_barrier_pingpong_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
-    """The fused Ulysses epilogue with the named-barrier turns, bit for bit against the same kernel alone + the
-    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
-    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.REVERSE_RUNGS.items() for c in cs],
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.LADDER.items() for c in cs if c.reverse_kv],
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2), (32760, 1)])
 def test_reversed_key_blocks_match_float32(D, cfg, S, H):
     """The key blocks last to first (-rv) against float32, out and lse NaN-poisoned: one key block (the
     masked block is the only one), two, several tiles per CTA, S % 128 == 0 (nothing masked) and Wan's S."""
     _check_float32(D, cfg, S, H)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("link", ["local", "host"])
-@pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, G.REVERSE_RUNGS[128][0], 3000, 4, 2),      # Sl = 1500: tiles straddle; 3000 % 128 = 56
-    (128, G.REVERSE_RUNGS[128][1], 12000, 8, 2),     # persistent: 376 tiles
-    (64, G.REVERSE_RUNGS[64][1], 3000, 4, 2),        # 192 rows, named-barrier turns
-], ids=lambda x: getattr(x, "label", str(x)))
-def test_reversed_key_blocks_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
-    """The fused Ulysses epilogue with the key blocks reversed, bit for bit against the same kernel alone + the
-    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
-    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 
 
 @pytest.mark.parametrize("record", ["attention_gluon_persistent", "attention_vs_fa4"])
@@ -656,10 +542,8 @@ def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
     df, m = attention_analysis.attention_ladder_data("h200x1", record="attention_gluon_persistent")
     assert m["git_commit"].startswith("835fe12") and not m.get("fa4_absent")
     got = set(df.variant)
-    for D, cs in G.PERSISTENT_RUNGS.items():
-        for c in cs:
-            assert c.label in got
-    assert {"gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"} <= got
+    assert {"gluon-ws-128x128s2r232-ml-pe", "gluon-ws-128x128s2r232-ml-pp-pe", "gluon-ws-192x128s2r160-ml-pp-pe",
+            "gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"} <= got, got
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
 
@@ -683,8 +567,7 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
     assert m["git_commit"].startswith("a2650cb") and not m.get("fa4_absent") and not m.get("failed")
     for D, checks in m["checks"].items():
         assert all(c["rel_l2_vs_fp32"] < 1e-2 for c in checks.values())
-    for D, cs in G.PEEL_RUNGS.items():
-        assert {c.label for c in cs} <= set(df.variant)
+    assert {v for v in df.variant if v.endswith("-lp")}, set(df.variant)
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
     s = attention_analysis.attention_vs_fa4_summary(attention_analysis.attention_ladder_table(df, m)).set_index("shape")
@@ -701,9 +584,8 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
 
 # the -jr tiles: the ladder's step, the ladder's on the persistent grid, and ws -jr with two slots at D = 128 (the
 # fused epilogue's -jr there: three slots and the stores' staging pass the shared-memory limit, an earlier record)
-JOINT_JR = {(D, c.label): (D, c) for D, cs in (*G.JOINT_RUNGS.items(), *G.LADDER.items()) for c in cs
-            if c.joint_release}
-JOINT_JR[128, "s2"] = (128, replace(G.JOINT_RUNGS[128][1], stages=2))
+JOINT_JR = {(D, c.label): (D, c) for D, cs in G.LADDER.items() for c in cs if c.joint_release}
+JOINT_JR[128, "s2"] = (128, replace(G.LADDER[128][2], stages=2))
 
 
 @pytest.mark.gpu
@@ -721,7 +603,7 @@ def test_joint_release_matches_float32_and_the_separate_releases_bit_for_bit(D, 
 @pytest.mark.parametrize("link", ["local", "host"])
 @pytest.mark.parametrize("D, cfg, S, H, P", [
     (128, JOINT_JR[128, "s2"][1], 3000, 4, 2),       # Sl = 1500: tiles straddle (two slots: N5)
-    (64, G.JOINT_RUNGS[64][1], 12000, 16, 4),        # 192 rows, Sl = 3000
+    (64, G.LADDER[64][2], 12000, 16, 4),        # 192 rows, Sl = 3000
     (64, G.LADDER[64][3], 12000, 16, 4),        # persistent
 ], ids=lambda x: getattr(x, "label", str(x)))
 def test_joint_release_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
