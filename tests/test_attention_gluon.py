@@ -23,7 +23,7 @@ from xstage.ulysses_gluon import GluonConfig
 on_gpu = torch.cuda.is_available() and not env.interpreted()
 
 
-def _compile_check(script: str, timeout: int):
+def _compile_check(script: str, timeout: int, *args: str):
     """Run a compile-check script (sm_90a, no GPU) in a subprocess without the interpreter: its CompletedProcess;
     skips where this Triton has no Gluon for Hopper or its CUDA backend is not usable."""
     from xstage.kernels import attention_gluon
@@ -31,7 +31,8 @@ def _compile_check(script: str, timeout: int):
     if not attention_gluon.AVAILABLE:
         pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
     e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", script, *args], env=e, capture_output=True, text=True,
+                         timeout=timeout)
     if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -48,165 +49,178 @@ def test_gluon_is_gpu_only_here():
     pytest.skip(f"Gluon does not run under Triton's CPU interpreter ({why}); the GPU test runs it")
 
 
-COMPILE_CHECK = r"""
-import re
-from xstage.ulysses_gluon import CONFIGS, SWEEP_CONFIGS, compile_sm90, ptx_facts
-for D, c, even in ((128, CONFIGS[128][0], True), (64, CONFIGS[64][0], False),
-                   (128, SWEEP_CONFIGS[128], False), (64, SWEEP_CONFIGS[64], False)):
-    k = compile_sm90(c, D, even_n=even, write_lse=True)
+# ------------------------------------------------------------------------------- sm_90a builds, no GPU
+# Every build the compile checks read, compiled once per test module in one subprocess (this machine's Triton and
+# ptxas): (D, config, even_n, write_lse, fused) -> what its PTX and metadata say.
+COMPILE_SCRIPT = r"""
+import json, re, sys
+from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
+from xstage.kernels.attention_gluon import NB_BASE
+for D, cfg, even, lse, fused in json.loads(sys.argv[1]):
+    k = compile_sm90(GluonConfig(**cfg), D, even_n=even, write_lse=lse, fused=fused)
     ptx = k.asm["ptx"]
     f = ptx_facts(ptx)
-    regs = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)})
-    print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"],
-          ",".join(map(str, regs)) or "-", k.metadata.shared)
+    fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
+    f.update(shared=k.metadata.shared, nb_base=int(NB_BASE), fixed_max=max(fixed, default=-1),
+             regs=sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)}),
+             st_global=len(re.findall(r"st\.global", ptx)), st_v4=len(re.findall(r"st\.global\.v4\.b32", ptx)),
+             tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*global\.shared", ptx)),
+             nctaid="%nctaid.x" in ptx, selp=len(re.findall(r"\bselp\.", ptx)),
+             syncs=len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx)),
+             arrives=len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx)))
+    print("build", json.dumps([D, GluonConfig(**cfg).label, even, lse, fused, f]))
 """
 
+SW128, SW64 = G.SWEEP_CONFIGS[128], G.SWEEP_CONFIGS[64]
+PE128, PE64 = ([c for c in G.LADDER[D] if c.persistent][0] for D in (128, 64))
 
-def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
+
+def _current_builds():
+    """(D, config, even_n, write_lse, fused) of the checks on the current tiles (CONFIGS, SWEEP_CONFIGS)."""
+    return [(128, G.CONFIGS[128][0], True, True, False), (64, G.CONFIGS[64][0], False, True, False),
+            (128, SW128, False, True, False), (64, SW64, False, True, False),
+            (128, SW128, False, False, False), (64, SW64, False, False, False),
+            (128, SW128, False, False, True), (64, SW64, False, False, True)]
+
+
+def _ladder_builds():
+    """(D, config, even_n, write_lse, fused) of the checks on the ladder's options (slow: 23 more builds)."""
+    out = [(D, c, False, False, fused) for D, cs in G.LADDER.items() for c in cs for fused in (False, True)]
+    out += [(D, replace(c, persistent=pe), False, False, fused) for D, c in ((128, PE128), (64, PE64))
+            for pe in (False, True) for fused in (False, True)]                              # persistent
+    out += [(64, replace(c, pingpong=nb, named_pp=nb), even, False, False) for c in (SW64, PE64)
+            for nb in (True, False) for even in (True, False)]                               # named-barrier turns
+    out += [(D, replace(c, reverse_kv=rv), even, False, False) for D, c in ((128, SW128), (128, PE128), (64, SW64))
+            for rv in (True, False) for even in (True, False)]                               # reversed key blocks
+    return [b for b in dict.fromkeys(out) if b not in _current_builds()]
+
+
+def _compile_builds(builds):
+    """{(D, label, even_n, write_lse, fused): PTX facts} of ``builds``, compiled in one subprocess."""
+    import json
+    from dataclasses import asdict
+
+    specs = [[D, asdict(c), even, lse, fused] for D, c, even, lse, fused in builds]
+    out = _compile_check(COMPILE_SCRIPT, 900, json.dumps(specs))
+    rows = [json.loads(ln[6:]) for ln in out.stdout.splitlines() if ln.startswith("build ")]
+    assert len(rows) == len(specs), out.stdout[-2000:]
+    return {tuple(r[:5]): r[5] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    """The current tiles' sm_90a builds (``_current_builds``)."""
+    return _compile_builds(_current_builds())
+
+
+@pytest.fixture(scope="module")
+def sm90_ladder(sm90):
+    """The current tiles' builds and those of the ladder's option checks (``_ladder_builds``)."""
+    return {**sm90, **_compile_builds(_ladder_builds())}
+
+
+def _facts(sm90, D, c, even=False, lse=False, fused=False):
+    return sm90[D, c.label, even, lse, fused]
+
+
+def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait(sm90):
     """sm_90a compile on the CPU of the default tiles and the sweep's: wgmma present, and a ``wait_group 1`` (the
     scores of block j waited for while block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one
     per consumer warpgroup in the warp-specialised kernel, 3 with the 192-row tile), TMA loads, shared memory as
     sized; only the warp-specialised kernel moves registers between its partitions (setmaxnreg), raising the
     consumers to their ``regs`` (160 with three consumers: 64K registers with the loader's warpgroup)."""
-    from xstage.ulysses_gluon import CONFIGS, SWEEP_CONFIGS
-
-    out = _compile_check(COMPILE_CHECK, timeout=300)
-    lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
-    assert len(lines) == 4, out.stdout
-    for line, (D, c, w1) in zip(lines, ((128, CONFIGS[128][0], 1), (64, CONFIGS[64][0], 1),
-                                        (128, SWEEP_CONFIGS[128], 2), (64, SWEEP_CONFIGS[64], 3))):
-        f = line.split(" ", 2)
-        assert f[:2] == [str(D), c.label], line
-        assert int(f[2].split()[0]) > 0, line                               # wgmma instructions
-        assert f"[0, 1] {w1} True {c.ws}" in line, line                     # waits 0 and 1; the overlapped ones
-        regs = line.split()[-2]
-        assert (str(c.regs) in regs.split(",")) if c.ws else regs == "-", line
-        smem = int(line.split()[-1])
-        assert smem >= 2 * D * (c.block_m + 2 * c.stages * c.block_n), line     # Q + the K/V ring
+    for D, c, even, w1 in ((128, G.CONFIGS[128][0], True, 1), (64, G.CONFIGS[64][0], False, 1),
+                           (128, SW128, False, 2), (64, SW64, False, 3)):
+        f = _facts(sm90, D, c, even, lse=True)
+        assert f["wgmma"] > 0, (c.label, f)                                          # wgmma instructions
+        assert (f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"]) == ([0, 1], w1, True, c.ws), \
+            (c.label, f)                                                             # waits 0 and 1; the overlapped ones
+        assert (c.regs in f["regs"]) if c.ws else f["regs"] == [], (c.label, f["regs"])
+        assert f["shared"] >= 2 * D * (c.block_m + 2 * c.stages * c.block_n), (c.label, f)   # Q + the K/V ring
 
 
-FUSED_COMPILE_CHECK = r"""
-import re
-from xstage.ulysses_gluon import SWEEP_CONFIGS, compile_sm90, ptx_facts
-for D, c in sorted(SWEEP_CONFIGS.items(), reverse=True):
-    for fused in (False, True):
-        ptx = compile_sm90(c, D, even_n=False, fused=fused).asm["ptx"]
-        print("fused", D, int(fused), ptx_facts(ptx)["wait_group_1"], len(re.findall(r"st\.global", ptx)),
-              len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*global\.shared", ptx)),
-              len(re.findall(r"st\.global\.v4\.b32", ptx)))
-"""
-
-
-def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
+def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores(sm90):
     """The sweep's ws tiles with FUSED compile for sm_90a: the same overlapped waits (one per consumer), and its output
     leaves by per-row global stores to the owners instead of the TMA store (none left), every one 16 bytes
-    (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe); without FUSED the reverse."""
-    out = _compile_check(FUSED_COMPILE_CHECK, timeout=300)
-    rows = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("fused ")]
-    assert len(rows) == 4, out.stdout
-    for D, fused, w1, st, tma_st, st16 in rows:
-        assert int(w1) == (2 if D == "128" else 3), rows
-        assert (int(st) > 0 and int(tma_st) == 0) if fused == "1" else (int(st) == 0 and int(tma_st) > 0), rows
-        assert int(st16) == int(st), rows                                     # every global store 16 bytes
-
-
-PERSISTENT_COMPILE_CHECK = r"""
-from dataclasses import replace
-from xstage.ulysses_gluon import LADDER, compile_sm90, ptx_facts
-for D, cs in LADDER.items():
-    c = [c for c in cs if c.persistent][0]
-    for pe in (False, True):
+    (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe); without
+    FUSED the reverse."""
+    for D, c in ((128, SW128), (64, SW64)):
         for fused in (False, True):
-            k = compile_sm90(replace(c, persistent=pe), D, even_n=False, fused=fused)
-            f = ptx_facts(k.asm["ptx"])
-            print("pe", D, c.block_m, int(pe), int(fused), f["wait_group_1"], k.metadata.shared,
-                  int("%nctaid.x" in k.asm["ptx"]))
-"""
+            f = _facts(sm90, D, c, fused=fused)
+            assert f["wait_group_1"] == c.block_m // 64, (c.label, fused, f)
+            assert (f["st_global"] > 0 and f["tma_stores"] == 0) if fused else \
+                (f["st_global"] == 0 and f["tma_stores"] > 0), (c.label, fused, f)
+            assert f["st_v4"] == f["st_global"], (c.label, fused, f)                  # every global store 16 bytes
 
 
-def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
-    """The ladder's persistent steps compile for sm_90a: the same overlapped waits (one per consumer), a
-    tile loop over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more
-    shared memory than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
-    out = _compile_check(PERSISTENT_COMPILE_CHECK, timeout=600)
-    rows = {tuple(map(int, ln.split()[1:5])): tuple(map(int, ln.split()[5:])) for ln in out.stdout.splitlines()
-            if ln.startswith("pe ")}
-    assert len(rows) == 8, out.stdout
-    for (D, bm, pe, fused), (w1, shared, nctaid) in rows.items():
-        assert w1 == bm // 64 and nctaid == pe, (D, bm, pe, fused, w1, nctaid)
-        if pe and not fused:
-            assert 0 <= shared - rows[D, bm, 0, 0][1] - 2 * bm * D <= 256, (D, shared)   # + alignment
-        elif pe:
-            assert abs(shared - rows[D, bm, 0, 1][1]) <= 256, (D, shared)     # no output buffer
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer(sm90_ladder):
+    """The ladder's persistent steps compile for sm_90a: the same overlapped waits (one per consumer), a tile loop
+    over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more shared memory
+    than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
+    sm90 = sm90_ladder
+    for D, c in ((128, PE128), (64, PE64)):
+        f = {(pe, fused): _facts(sm90, D, replace(c, persistent=pe), fused=fused)
+             for pe in (False, True) for fused in (False, True)}
+        for (pe, fused), x in f.items():
+            assert x["wait_group_1"] == c.block_m // 64 and x["nctaid"] == pe, (c.label, pe, fused, x)
+        assert 0 <= f[True, False]["shared"] - f[False, False]["shared"] - 2 * c.block_m * D <= 256, f   # + alignment
+        assert abs(f[True, True]["shared"] - f[False, True]["shared"]) <= 256, f         # no output buffer
 
 
-NAMED_COMPILE_CHECK = r"""
-import re
-from dataclasses import replace
-from xstage.ulysses_gluon import LADDER, compile_sm90, ptx_facts
-from xstage.kernels.attention_gluon import NB_BASE
-D = 64
-for c in (LADDER[D][0], [c for c in LADDER[D] if c.persistent][0]):
-    for nb in (True, False):
-        for even in (True, False):
-            ptx = compile_sm90(replace(c, pingpong=nb, named_pp=nb), D, even_n=even).asm["ptx"]
-            f = ptx_facts(ptx)
-            syncs = len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx))
-            arrives = len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx))
-            fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
-            print("nb", D, c.block_m, int(c.persistent), int(nb), int(even), f["wait_group_1"], f["wgmma"],
-                  syncs, arrives, max(fixed), int(NB_BASE))
-"""
-
-
-def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers():
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers(sm90_ladder):
     """The ping-pong's turns in named barriers (``pingpong`` / ``named_pp``, -pp-nb): each consumer waits for its
     turn with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
     before its first tile: it takes the first turn), NC of each; the same tile without turns has none; the same
     overlapped waits and wgmma count without them; and Triton's own barriers (immediate ids) stay under NB_BASE, so
     the turns cannot meet them. On the sweep's D = 64 tile and the ladder's persistent one, S % 128 == 0 and not."""
-    out = _compile_check(NAMED_COMPILE_CHECK, timeout=900)
-    rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
-            if ln.startswith("nb ")}
-    assert len(rows) == 8, out.stdout
-    for (D, bm, pe, nb, even), (w1, wgmma, syncs, arrives, top, base) in rows.items():
-        nc = bm // 64
-        assert (syncs, arrives) == ((nc, nc + 1) if nb else (0, 0)), (D, bm, pe, nb, even, syncs, arrives)
-        assert top < base, (D, bm, pe, nb, top)
-        assert (w1, wgmma) == rows[D, bm, pe, 0, even][:2], (D, bm, pe, even)
-
-
-REVERSE_COMPILE_CHECK = r"""
-import re
-from dataclasses import replace
-from xstage.ulysses_gluon import LADDER, SWEEP_CONFIGS, compile_sm90, ptx_facts
-for D, c in ((128, SWEEP_CONFIGS[128]), (128, LADDER[128][1]), (64, SWEEP_CONFIGS[64])):
-    for rv in (True, False):
+    sm90 = sm90_ladder
+    for c in (SW64, PE64):
+        nc = c.block_m // 64
         for even in (True, False):
-            ptx = compile_sm90(replace(c, reverse_kv=rv), D, even_n=even).asm["ptx"]
-            f = ptx_facts(ptx)
-            print("rv", D, c.block_m, int(c.persistent), int(c.named_pp), int(rv), int(even), f["wait_group_1"],
-                  f["wgmma"], len(re.findall(r"\bselp\.", ptx)))
-"""
+            on, off = (_facts(sm90, 64, replace(c, pingpong=nb, named_pp=nb), even) for nb in (True, False))
+            assert (on["syncs"], on["arrives"]) == (nc, nc + 1) and (off["syncs"], off["arrives"]) == (0, 0), \
+                (c.label, even, on, off)
+            assert on["fixed_max"] < on["nb_base"], (c.label, even, on["fixed_max"])
+            assert (on["wait_group_1"], on["wgmma"]) == (off["wait_group_1"], off["wgmma"]), (c.label, even)
 
 
-def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop():
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop(sm90_ladder):
     """The key blocks last to first (``reverse_kv``, -rv): where S % BLOCK_N != 0 the masked block is
     each consumer's first, outside the overlapped loop, so the PTX's selects are those of one masked block per
     consumer (64 x NC), at most half of -ml's (the first block's and the loop branch's); where
     S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On the sweep's tiles and the
     ladder's persistent step at D = 128."""
-    out = _compile_check(REVERSE_COMPILE_CHECK, timeout=900)
-    rows = {tuple(map(int, ln.split()[1:7])): tuple(map(int, ln.split()[7:])) for ln in out.stdout.splitlines()
-            if ln.startswith("rv ")}
-    assert len(rows) == 12, out.stdout
-    for (D, bm, pe, nb, rv, even), (w1, wgmma, selp) in rows.items():
-        nc = bm // 64
-        assert w1 == nc and (w1, wgmma) == rows[D, bm, pe, nb, 0, even][:2], (D, bm, pe, nb, rv, even)
-        if even or rv:
-            assert selp == (0 if even else 64 * nc), (D, bm, pe, nb, rv, even, selp)
-        else:   # -ml: the first block's and the loop's (the persistent grid adds a few of its own)
-            assert selp >= 2 * 64 * nc, (D, bm, pe, nb, rv, even, selp)
+    sm90 = sm90_ladder
+    for D, c in ((128, SW128), (128, PE128), (64, SW64)):
+        nc = c.block_m // 64
+        for even in (True, False):
+            rv, ml = (_facts(sm90, D, replace(c, reverse_kv=r), even) for r in (True, False))
+            assert rv["wait_group_1"] == nc and (rv["wait_group_1"], rv["wgmma"]) == (ml["wait_group_1"], ml["wgmma"]), \
+                (c.label, even)
+            assert rv["selp"] == (0 if even else 64 * nc), (c.label, even, rv["selp"])
+            if even:
+                assert ml["selp"] == 0, (c.label, ml["selp"])
+            else:   # -ml: the first block's and the loop's (the persistent grid adds a few of its own)
+                assert ml["selp"] >= 2 * 64 * nc, (c.label, ml["selp"])
+
+
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_shared_bytes_is_what_triton_allocates(sm90_ladder):
+    """``GluonConfig.shared_bytes`` (what the tile and the fused epilogue are refused on before any launch) against
+    the shared memory of this machine's sm_90a builds: the same to within the mbarriers (under 512 B), fused and not,
+    on the ladder's steps (ws s3 -jr at D = 128 fused among them: over the limit)."""
+    sm90 = sm90_ladder
+    got = []
+    for D, cs in G.LADDER.items():
+        for c in cs:
+            for fused in (False, True):
+                want, shared = c.shared_bytes(D, fused), _facts(sm90, D, c, fused=fused)["shared"]
+                assert 0 <= shared - want < 512, (D, c.label, fused, want, shared)
+                got.append(shared)
+    assert any(s > G.SMEM_LIMIT for s in got)
 
 
 def _bf16(*shape, device="cpu"):
@@ -253,28 +267,6 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
 def test_bad_tile_one_line(cfg, D, match):
     with pytest.raises(ValueError, match=match):
         cfg.validate(D)
-
-
-SHARED_BYTES_CHECK = r"""
-from xstage.ulysses_gluon import LADDER, compile_sm90
-for D, cs in LADDER.items():
-    for c in cs:
-        for fused in (False, True):
-            print("smem", D, c.label, int(fused), c.shared_bytes(D, fused),
-                  compile_sm90(c, D, even_n=False, fused=fused).metadata.shared)
-"""
-
-
-def test_shared_bytes_is_what_triton_allocates():
-    """``GluonConfig.shared_bytes`` (what the tile and the fused epilogue are refused on before any launch) against
-    the shared memory of this machine's sm_90a builds: the same to within the mbarriers (under 512 B), fused and not,
-    on the ladder's steps (ws s3 -jr at D = 128 fused among them: over the limit)."""
-    out = _compile_check(SHARED_BYTES_CHECK, timeout=900)
-    rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("smem ")]
-    assert len(rows) == 2 * (len(G.LADDER[128]) + len(G.LADDER[64])), out.stdout
-    for _, D, label, fused, want, got in rows:
-        assert 0 <= int(got) - int(want) < 512, (D, label, fused, want, got)
-    assert any(int(got) > G.SMEM_LIMIT for *_, got in rows)
 
 
 def test_default_tiles_are_not_warp_specialised():
