@@ -63,7 +63,7 @@ for D, cfg, even, lse, fused in json.loads(sys.argv[1]):
     fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
     f.update(shared=k.metadata.shared, nb_base=int(NB_BASE), fixed_max=max(fixed, default=-1),
              regs=sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)}),
-             st_global=len(re.findall(r"st\.global", ptx)), st_v4=len(re.findall(r"st\.global\.v4\.b32", ptx)),
+             st_global=len(re.findall(r"st\.global", ptx)), st_16b=len(re.findall(r"st\.global\.v4\.b32", ptx)),
              tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*global\.shared", ptx)),
              nctaid="%nctaid.x" in ptx, selp=len(re.findall(r"\bselp\.", ptx)),
              syncs=len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx)),
@@ -150,7 +150,7 @@ def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores(sm90):
             assert f["wait_group_1"] == c.block_m // 64, (c.label, fused, f)
             assert (f["st_global"] > 0 and f["tma_stores"] == 0) if fused else \
                 (f["st_global"] == 0 and f["tma_stores"] > 0), (c.label, fused, f)
-            assert f["st_v4"] == f["st_global"], (c.label, fused, f)                  # every global store 16 bytes
+            assert f["st_16b"] == f["st_global"], (c.label, fused, f)                  # every global store 16 bytes
 
 
 @pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
