@@ -32,21 +32,24 @@ scores are masked to -inf when S % BLOCK_N != 0). Q is loaded once by TMA; its s
 tile for the TMA store (rows past S are clipped by the store). Program (m, h) has linear id h * cdiv(S, BM) + m,
 as in kernels/attention.py (consecutive programs share a head's K/V in L2).
 
-Version ladder (kernels/attention.py's docstring has the TFLOP/s of each rung, rounds 4 and 5): one partition of
-8 warps (an earlier record) < one warpgroup per CTA, 2 CTAs per SM (earlier records) < warp-specialised, two consumers (earlier records: 0.88-0.94 of
-FA4 at S >= 8K with 12-24 heads) < the same with the key mask on the last block only (an earlier record: 32760x6 +33 %); D = 64:
-three consumers of a 192-row tile with the ping-pong (an earlier record: +19 % over two consumers). The ping-pong (turn
-mbarriers) loses 3-4 % with two consumers at D = 128 (an earlier record); the persistent grid (``-pe``: at most one CTA
-per SM walking tiles; Q and the output in separate buffers): -1.7 .. +1.2 % at S >= 8K (an earlier record of
-docs/findings.md), +14 % on 4096x12 (a shape noisy between blocks).
-The masked last key block peeled out of the consumers' loop (``peel_last``, ``-lp``: MASK_LAST == 2):
-never faster on the masked shapes (an earlier record: Wan -6 % / +0 % persistent, D = 64 -1 .. -14 %); kept as a rung.
+Two kernels:
+- ``gluon_attention_kernel``, one partition: ``num_warps`` warps (one or two warpgroups) run the loop above in step;
+  the default tile (``xstage.ulysses_gluon.CONFIGS``).
+- ``gluon_attention_ws_kernel``, warp-specialised (FA3 / FA4's CTA): a one-warp TMA loader and NC = BLOCK_M / 64
+  consumer warpgroups (two at D = 128, three with FA4's 192-row tile at D = 64), each running the loop on its own 64
+  rows over a shared K/V ring. Its constexprs: ``MASK_LAST`` (3: the key blocks last to first, so the one block
+  with keys past S is each consumer's first, outside the overlapped loop), ``PINGPONG`` (the consumers issue their
+  GEMMs in turn, the turns in hardware named barriers), ``PERSISTENT`` (at most one CTA per SM walking tiles, the
+  output staged apart from Q so the next tile loads under this one's epilogue), ``JOINT`` (one release per ring
+  slot, after the P V that read its V), ``FUSED`` (the Ulysses post-attention all-to-all in the epilogue: each
+  output row stored to its owner rank through a table of addresses). The measured ladder of these tiles is
+  ``xstage.ulysses_gluon.LADDER``; its numbers are in docs/attention.md and docs/findings.md.
 
 In the one-partition kernel every wait is on hardware that completes by itself (TMA byte counts, wgmma groups); no
 wait depends on another CTA. The warp-specialised kernel's waits depend on its other partitions' arrivals (ring
-slots, ping-pong turns) and are unbounded (Gluon 3.6's ``mbarrier.wait`` has no bound, and a try_wait loop in inline
-PTX would need the barrier's shared-memory address, which Gluon does not hand to ``inline_asm_elementwise``); so are
-the named-barrier turns of -nb (``bar.sync`` has no bound in hardware). It is kept off the default path
+slots) and are unbounded (Gluon 3.6's ``mbarrier.wait`` has no bound, and a try_wait loop in inline PTX would need
+the barrier's shared-memory address, which Gluon does not hand to ``inline_asm_elementwise``); so are the
+ping-pong's named-barrier turns (``bar.sync`` has no bound in hardware). It is kept off the default path
 (``xstage.ulysses_gluon.CONFIGS``; the Ulysses sweep's Gluon methods run it, ``SWEEP_CONFIGS``), and every GPU call
 runs it under a process timeout. Gluon does not run under Triton's CPU interpreter: ``AVAILABLE`` is False there (and where this
 Triton has no Gluon for Hopper), and the launcher says so in one line before any launch.
@@ -86,7 +89,7 @@ if AVAILABLE:
                       EVEN_N: gl.constexpr, MASK_LAST: gl.constexpr = False):
         """One key block's online-softmax step on raw scores ``s`` [BM, BN] fp32: (p fp32, alpha, m_new, l_new);
         alpha rescales what came before. Keys past S score -inf (S % BLOCK_N != 0): in every block, or with
-        MASK_LAST only in the block that holds them (a uniform branch; runs C3 measured the first way)."""
+        MASK_LAST only in the block that holds them (a uniform branch)."""
         if not EVEN_N:
             if MASK_LAST:
                 if start_n + BLOCK_N > S:
@@ -198,13 +201,13 @@ if AVAILABLE:
             mbarrier.invalidate(v_bars.index(i))
 
 
-# ------------------------------------------------------------------------------------------ warp-specialised rung
-# FA3's CTA: a loader warp (TMA of Q, and of K/V into the ring, slot by slot as the consumers free it) and two
-# consumer warpgroups, each 64 query rows of one 128-row tile, each running the overlapped loop above on its own
-# rows and storing its own half. The consumers share the K/V ring (half the K/V traffic of two 64-row CTAs) and are
-# coupled only through the ring's mbarriers ("ready": the TMA's bytes landed; "empty": both consumers' wgmmas that
-# read the slot completed, two arrivals), so one warpgroup's softmax can run while the other's GEMMs use the tensor
-# cores (the ping-pong left to the warp schedulers; FA3 also orders it with named barriers, not done here).
+# ------------------------------------------------------------------------------------------ warp-specialised kernel
+# FA3's CTA: a loader warp (TMA of Q, and of K/V into the ring, slot by slot as the consumers free it) and NC
+# consumer warpgroups, each 64 query rows of the tile, each running the overlapped loop above on its own rows and
+# storing its own rows. The consumers share the K/V ring (1 / NC of the K/V traffic of 64-row CTAs) and are
+# coupled through the ring's mbarriers ("ready": the TMA's bytes landed; "empty": every consumer's wgmmas that
+# read the slot completed, NC arrivals), so one warpgroup's softmax can run while another's GEMMs use the tensor
+# cores; with PINGPONG the order of their GEMMs is fixed by named barriers (below).
 if AVAILABLE:
     @gluon.jit
     def _ws_tile(tile, n_m, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
@@ -261,9 +264,9 @@ if AVAILABLE:
                             k_ready, v_ready, k_empty, v_empty, n_m, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M,
                             STAGES, NC, REVERSE, JOINT)
 
-    # FA3 / FA4's warp-scheduler barriers (``GluonConfig.named_pp``, label -nb): the consumers' turns in
-    # hardware named barriers (``bar.sync`` / ``bar.arrive``, 128 threads that wait + 128 that arrive), where -pp's
-    # turns are mbarriers (a try_wait spin in shared memory). Gluon 3.6 has no named-barrier op, so one PTX line per
+    # FA3 / FA4's warp-scheduler barriers (``GluonConfig.pingpong`` / ``named_pp``, label -pp-nb): the consumers'
+    # turns in hardware named barriers (``bar.sync`` / ``bar.arrive``, 128 threads that wait + 128 that arrive).
+    # Gluon 3.6 has no named-barrier op, so one PTX line per
     # thread through inline asm over a [128] tensor of one element per thread (the partition's 4 warps). Ids from
     # NB_BASE: Triton's warp specialisation takes 0 (the default partition), 1 (its start barrier) and one per
     # worker partition from 2 (at most 2 .. 4 here); tests/test_attention_gluon.py checks the PTX's ids.
@@ -281,7 +284,7 @@ if AVAILABLE:
                                       is_pure=False, pack=1)
 
     @gluon.jit
-    def _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, turn, acc, p_op,
+    def _ws_block(j, base, half, q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty, acc, p_op,
                   m_i, l_i, zero_s, S, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
                   p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
                   MASK_LAST: gl.constexpr, NC: gl.constexpr, PINGPONG: gl.constexpr, JOINT: gl.constexpr = False):
@@ -293,22 +296,13 @@ if AVAILABLE:
         slot = g % STAGES
         prev = (g - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
-        if PINGPONG == 2:   # -nb: FA4's order (its mma_one_n_block_intrawg_overlap): K ready, my turn, S_j, V ready,
+        if PINGPONG:   # FA4's order (its mma_one_n_block_intrawg_overlap): K ready, my turn, S_j, V ready,
             # P_{j-1} V_{j-1}, the next consumer's turn
             _named_barrier(NB_BASE + half, False)
             s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
             _named_barrier(NB_BASE + (half + 1) % NC, True)
-        elif PINGPONG:   # FA3's ping-pong: the consumers issue their two GEMMs in turn (0, 1, .., NC - 1, 0, ..)
-            mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
-            # consumer 0's first turn passes a fresh barrier (parity 1); every other turn waits for the
-            # previous consumer's arrival after its issue
-            t = turn0 + j - 1
-            mbarrier.wait(turn.index(half), (t & 1) ^ (1 if half == 0 else 0))
-            s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            o_tok = warpgroup_mma(p_op, v_ring.index(prev), acc, is_async=True)
-            mbarrier.arrive(turn.index((half + 1) % NC), count=1)
         else:
             s_tok = warpgroup_mma(q, k_ring.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
@@ -328,10 +322,10 @@ if AVAILABLE:
     def _ws_consumer_tile(it, tile, half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                           v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-                          EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
+                          EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr,
                           NC: gl.constexpr, PINGPONG: gl.constexpr, out_table, rows_per_rank, out_row_stride,
                           out_head0, FUSED: gl.constexpr, JOINT: gl.constexpr = False):
-        """Consumer ``half``'s work for this CTA's it-th tile (ring, Q and turn phases count over the CTA's
+        """Consumer ``half``'s work for this CTA's it-th tile (ring and Q phases count over the CTA's
         tiles). ``o_smem``: Q's buffer (one tile per CTA) or its own (persistent: the next tile's Q lands while
         this one's output is staged)."""
         h, off_m, col = _ws_tile(tile, n_m, HEAD_DIM, BLOCK_M)
@@ -349,7 +343,6 @@ if AVAILABLE:
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([HALF_M], gl.float32, layout=row_s)
         base = it * n_blocks
-        turn0 = it * (n_blocks - 1)
 
         mbarrier.wait(q_bar, it & 1)
         mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
@@ -366,30 +359,13 @@ if AVAILABLE:
         else:
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, S, qk_scale, s_layout, BLOCK_N, EVEN_N, MASK_LAST)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        if MASK_LAST == 2 and not EVEN_N:
-            # the last key block peeled (``-lp``): the loop runs the unmasked step (the same code as
-            # S % BLOCK_N == 0), the block holding the keys past S runs once after it, masked (none when
-            # n_blocks == 1: block 0 above was the last, masked there). Same arithmetic as MASK_LAST = True, whose
-            # in-loop branch the compiler turns into predicated selects on every block (sm_90a SASS, Triton 3.9:
-            # 64 SEL + 34 ISETP more per iteration, 596 against 463 instructions).
-            n_full = gl.maximum(n_blocks - 1, 1)
-            for j in range(1, n_full):
-                acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
-                                                v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, True, False, NC, PINGPONG, JOINT)
-            for j in range(n_full, n_blocks):
-                acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
-                                                v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, False, False, NC, PINGPONG, JOINT)
-        else:
-            # -rv: every block of the loop is full, so the loop runs the unmasked step
-            LOOP_EVEN: gl.constexpr = EVEN_N or MASK_LAST == 3
-            LOOP_MASK: gl.constexpr = False if MASK_LAST == 3 else MASK_LAST
-            for j in range(1, n_blocks):
-                acc, p_op, m_i, l_i = _ws_block(j, base, turn0, half, q, k_ring, v_ring, k_ready, v_ready, k_empty,
-                                                v_empty, turn, acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout,
-                                                o_layout, p_layout, BLOCK_N, STAGES, LOOP_EVEN, LOOP_MASK, NC,
-                                                PINGPONG, JOINT)
+        # -rv: every block of the loop is full, so the loop runs the unmasked step
+        LOOP_EVEN: gl.constexpr = EVEN_N or MASK_LAST == 3
+        LOOP_MASK: gl.constexpr = False if MASK_LAST == 3 else MASK_LAST
+        for j in range(1, n_blocks):
+            acc, p_op, m_i, l_i = _ws_block(j, base, half, q, k_ring, v_ring, k_ready, v_ready, k_empty, v_empty,
+                                            acc, p_op, m_i, l_i, zero_s, S, qk_scale, s_layout, o_layout, p_layout,
+                                            BLOCK_N, STAGES, LOOP_EVEN, LOOP_MASK, NC, PINGPONG, JOINT)
         mbarrier.arrive(q_empty, count=1)       # every S GEMM of this tile has completed: Q's slot takes the next
         last = base + n_blocks - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
@@ -436,11 +412,11 @@ if AVAILABLE:
     def _ws_consumer(half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                      k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF_M: gl.constexpr, STAGES: gl.constexpr,
-                     EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr, turn,
+                     EVEN_N: gl.constexpr, WRITE_LSE: gl.constexpr, MASK_LAST: gl.constexpr,
                      NC: gl.constexpr = 2, PINGPONG: gl.constexpr = False, out_table=None, rows_per_rank=0,
                      out_row_stride=0, out_head0=0, FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
                      JOINT: gl.constexpr = False):
-        if PINGPONG == 2:
+        if PINGPONG:
             if half == 0:   # consumer 0 takes the first turn (FA4's mma_init): its own barrier already holds 128
                 _named_barrier(NB_BASE, True)
         if PERSISTENT:
@@ -448,13 +424,13 @@ if AVAILABLE:
             for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
                 _ws_consumer_tile(it, tile, half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty,
                                   k_ready, v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
-                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG,
                                   out_table, rows_per_rank, out_row_stride, out_head0, FUSED, JOINT)
                 it += 1
         else:
             _ws_consumer_tile(0, gl.program_id(0), half, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar,
                               q_empty, k_ready, v_ready, k_empty, v_empty, n_m, S, n_blocks, qk_scale, HEAD_DIM,
-                              BLOCK_M, BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG,
+                              BLOCK_M, BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG,
                               out_table, rows_per_rank, out_row_stride, out_head0, FUSED, JOINT)
         if not FUSED:
             tma.store_wait(pendings=0)
@@ -467,12 +443,13 @@ if AVAILABLE:
                                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
                                   MASK_LAST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
                                   FUSED: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
-                     JOINT: gl.constexpr = False):
+                                  JOINT: gl.constexpr = False):
         """Warp-specialised: NC = BLOCK_M / 64 consumer warpgroups (2 or 3) of 64 rows each: the default partition
         (4 warps) is consumer 0, workers 0 .. NC - 2 (4 warps each) the others, the last worker (1 warp) the
         loader. q/o descriptors' blocks are [64, D] (each consumer's rows). PINGPONG: the consumers issue their
-        GEMMs in turn, ordered by NC "turn" mbarriers (FA3's warp-scheduler barriers, here as mbarriers); PINGPONG 2
-        (-nb): the same turns in hardware named barriers NB_BASE .. NB_BASE + NC - 1, as FA4 does.
+        GEMMs in turn (0, 1, .., NC - 1, 0, ..), the turns in hardware named barriers NB_BASE .. NB_BASE + NC - 1, as
+        FA4 does. MASK_LAST: False / True as the one-partition kernel, 3 the key blocks last to first. JOINT: one
+        release per ring slot.
         FUSED: the Ulysses post-attention all-to-all in the epilogue (out_table: *int64 [P] every rank's out
         [Sl, H, D] base address; rows_per_rank Sl; out_row_stride H * D; out_head0 rank * Hl); o_desc unused.
         PERSISTENT: a grid of at most one CTA per SM, each walking tiles program_id, + num_programs,
@@ -496,7 +473,6 @@ if AVAILABLE:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         mbarrier.init(q_empty, count=NC)                  # one arrival per consumer warpgroup
         for i in gl.static_range(STAGES):
@@ -504,22 +480,20 @@ if AVAILABLE:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=NC)     # one arrival per consumer warpgroup
             mbarrier.init(v_empty.index(i), count=NC)
-        for i in gl.static_range(NC):
-            mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
         n_blocks = gl.cdiv(S, BLOCK_N)
         if NC == 3:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
-                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG, out_table,
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_consumer, (1, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
-                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG, out_table,
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_consumer, (2, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
-                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG, out_table,
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                                   k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,
@@ -527,11 +501,11 @@ if AVAILABLE:
         else:
             gl.warp_specialize([(_ws_consumer, (0, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
-                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG, out_table,
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_consumer, (1, o_desc, lse_ptr, q_smem, o_smem, k_ring, v_ring, q_bar, q_empty, k_ready,
                                   v_ready, k_empty, v_empty, n_m, n_tiles, S, n_blocks, qk_scale, HEAD_DIM, BLOCK_M,
-                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, turn, NC, PINGPONG, out_table,
+                                  BLOCK_N, HALF_M, STAGES, EVEN_N, WRITE_LSE, MASK_LAST, NC, PINGPONG, out_table,
                                   rows_per_rank, out_row_stride, out_head0, FUSED, PERSISTENT, JOINT)),
                                 (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, q_empty, k_ready, v_ready,
                                   k_empty, v_empty, n_m, n_tiles, n_blocks, HEAD_DIM, BLOCK_M, BLOCK_N, HALF_M, STAGES,

@@ -23,7 +23,7 @@ from xstage.ulysses_gluon import GluonConfig
 on_gpu = torch.cuda.is_available() and not env.interpreted()
 
 
-def _compile_check(script: str, timeout: int):
+def _compile_check(script: str, timeout: int, *args: str):
     """Run a compile-check script (sm_90a, no GPU) in a subprocess without the interpreter: its CompletedProcess;
     skips where this Triton has no Gluon for Hopper or its CUDA backend is not usable."""
     from xstage.kernels import attention_gluon
@@ -31,7 +31,8 @@ def _compile_check(script: str, timeout: int):
     if not attention_gluon.AVAILABLE:
         pytest.skip(f"this Triton has no Gluon for Hopper ({attention_gluon.WHY})")
     e = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", script, *args], env=e, capture_output=True, text=True,
+                         timeout=timeout)
     if out.returncode and "ptxas" in out.stderr.lower() and "not found" in out.stderr.lower():
         pytest.skip("Triton's CUDA backend is not usable here")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -48,222 +49,177 @@ def test_gluon_is_gpu_only_here():
     pytest.skip(f"Gluon does not run under Triton's CPU interpreter ({why}); the GPU test runs it")
 
 
-COMPILE_CHECK = r"""
-import sys
+# ------------------------------------------------------------------------------- sm_90a builds, no GPU
+# Every build the compile checks read, compiled once per test module in one subprocess (this machine's Triton and
+# ptxas): (D, config, even_n, write_lse, fused) -> what its PTX and metadata say.
+COMPILE_SCRIPT = r"""
+import json, re, sys
 from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
-for D, c, even in ((128, GluonConfig(64, 64, 4, 2), True), (64, GluonConfig(128, 128, 8, 2), False),
-                   (128, GluonConfig(128, 128, 4, 2, ws=True), False),
-                   (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True), False)):
-    k = compile_sm90(c, D, even_n=even, write_lse=True)
-    f = ptx_facts(k.asm["ptx"])
-    print(D, c.label, f["wgmma"], f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"],
-          k.metadata.shared)
-"""
-
-
-def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait():
-    """sm_90a compile on the CPU: wgmma present, and a ``wait_group 1`` (the scores of block j waited for while
-    block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one per consumer warpgroup in the
-    warp-specialised kernel), TMA loads, shared memory as sized; only the warp-specialised kernel moves registers
-    between its partitions (setmaxnreg)."""
-    out = _compile_check(COMPILE_CHECK, timeout=300)
-    lines = [ln for ln in out.stdout.splitlines() if ln[:3] in ("128", "64 ")]
-    assert len(lines) == 4, out.stdout
-    for line, (D, label, bm, bn, st, w1, ws) in zip(lines, ((128, "gluon-64x64w4s2", 64, 64, 2, 1, False),
-                                                           (64, "gluon-128x128w8s2", 128, 128, 2, 1, False),
-                                                           (128, "gluon-ws-128x128s2r232", 128, 128, 2, 2, True),
-                                                           (128, "gluon-ws-128x128s2r232-ml", 128, 128, 2, 2, True))):
-        f = line.split(" ", 2)
-        assert f[:2] == [str(D), label], line
-        assert int(f[2].split()[0]) > 0, line                               # wgmma instructions
-        assert f"[0, 1] {w1} True {ws}" in line, line                       # waits 0 and 1; the overlapped ones
-        smem = int(line.split()[-1])
-        assert smem >= 2 * D * (bm + 2 * st * bn), line                     # Q + the K/V ring
-
-
-NEXT_COMPILE_CHECK = r"""
-import re
-from xstage.ulysses_gluon import NEXT_RUNGS, compile_sm90, ptx_facts
-for D, cs in sorted(NEXT_RUNGS.items()):
-    for c in cs:
-        ptx = compile_sm90(c, D, even_n=False, write_lse=True).asm["ptx"]
-        f = ptx_facts(ptx)
-        regs = sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)})
-        print("rung", D, c.label, c.block_m // 64, f["wait_group_1"], f["setmaxnreg"],
-              len(re.findall(r"mbarrier\.try_wait", ptx)), ",".join(map(str, regs)))
-"""
-
-
-@pytest.mark.slow   # a candidate option not in the current ladder: compiled outside make test
-def test_pingpong_rungs_compile_for_sm90a_one_overlapped_wait_per_consumer():
-    """The ping-pong and three-consumer rungs (NEXT_RUNGS) compile for sm_90a: one ``wait_group 1`` per consumer
-    warpgroup (3 at BLOCK_M 192), setmaxnreg raising the consumers to their registers (160 with three consumers,
-    within 64K registers with the loader's warpgroup), and the ping-pong adds waits (the turn mbarriers)."""
-    out = _compile_check(NEXT_COMPILE_CHECK, timeout=300)
-    rows = {ln.split()[2]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("rung ")}
-    assert set(rows) == {c.label for cs in G.NEXT_RUNGS.values() for c in cs}, out.stdout
-    for label, (D, _, nc, w1, smr, waits, regs) in rows.items():
-        assert int(w1) == int(nc) and smr == "True", (label, rows[label])
-        assert (int(nc) == 3) == label.startswith("gluon-ws-192x"), label
-        assert str(G.GluonConfig(128, 128, 4, 2, ws=True, regs=160 if int(nc) == 3 else 232).regs) in \
-            regs.split(","), (label, regs)
-    # the ping-pong's turn waits: more try_waits than the same rung without it (D = 64, three consumers)
-    assert int(rows["gluon-ws-192x128s2r160-ml-pp"][5]) > int(rows["gluon-ws-192x128s2r160-ml"][5])
-
-
-FUSED_COMPILE_CHECK = r"""
-import re
-from xstage.ulysses_gluon import GluonConfig, compile_sm90, ptx_facts
-for D, c in ((128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True)),
-             (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True))):
-    for fused in (False, True):
-        ptx = compile_sm90(c, D, even_n=False, fused=fused).asm["ptx"]
-        print("fused", D, int(fused), ptx_facts(ptx)["wait_group_1"], len(re.findall(r"st\.global", ptx)),
-              len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*global\.shared", ptx)),
-              len(re.findall(r"st\.global\.v4\.b32", ptx)))
-"""
-
-
-def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores():
-    """The ws kernel with FUSED compiles for sm_90a: the same overlapped waits (one per consumer), and its output
-    leaves by per-row global stores to the owners instead of the TMA store (none left), every one 16 bytes
-    (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe); without FUSED the reverse."""
-    out = _compile_check(FUSED_COMPILE_CHECK, timeout=300)
-    rows = [ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("fused ")]
-    assert len(rows) == 4, out.stdout
-    for D, fused, w1, st, tma_st, st16 in rows:
-        assert int(w1) == (2 if D == "128" else 3), rows
-        assert (int(st) > 0 and int(tma_st) == 0) if fused == "1" else (int(st) == 0 and int(tma_st) > 0), rows
-        assert int(st16) == int(st), rows                                     # every global store 16 bytes
-
-
-PERSISTENT_COMPILE_CHECK = r"""
-from xstage.ulysses_gluon import PERSISTENT_RUNGS, GluonConfig, compile_sm90, ptx_facts
-for D, cs in PERSISTENT_RUNGS.items():
-    c = cs[0]
-    for pe in (False, True):
-        for fused in (False, True):
-            k = compile_sm90(GluonConfig(**{**c.__dict__, "persistent": pe}), D, even_n=False, fused=fused)
-            f = ptx_facts(k.asm["ptx"])
-            print("pe", D, c.block_m, int(pe), int(fused), f["wait_group_1"], k.metadata.shared,
-                  int("%nctaid.x" in k.asm["ptx"]))
-"""
-
-
-def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer():
-    """The persistent ws kernel compiles for sm_90a: the same overlapped waits (one per consumer), a
-    tile loop over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more
-    shared memory than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
-    out = _compile_check(PERSISTENT_COMPILE_CHECK, timeout=600)
-    rows = {tuple(map(int, ln.split()[1:5])): tuple(map(int, ln.split()[5:])) for ln in out.stdout.splitlines()
-            if ln.startswith("pe ")}
-    assert len(rows) == 8, out.stdout
-    for (D, bm, pe, fused), (w1, shared, nctaid) in rows.items():
-        assert w1 == bm // 64 and nctaid == pe, (D, bm, pe, fused, w1, nctaid)
-        if pe and not fused:
-            assert 0 <= shared - rows[D, bm, 0, 0][1] - 2 * bm * D <= 256, (D, shared)   # + alignment
-        elif pe:
-            assert abs(shared - rows[D, bm, 0, 1][1]) <= 256, (D, shared)     # no output buffer
-
-
-PEEL_COMPILE_CHECK = r"""
-from xstage.ulysses_gluon import PEEL_RUNGS, GluonConfig, compile_sm90, ptx_facts
-from xstage.kernels.attention_gluon import gluon_attention_ws_kernel
-for D, cs in PEEL_RUNGS.items():
-    for c in cs[:2]:
-        for lp in (False, True):
-            for even in (False, True):
-                k = compile_sm90(GluonConfig(**{**c.__dict__, "peel_last": lp}), D, even_n=even)
-                f = ptx_facts(k.asm["ptx"])
-                print("lp", D, c.block_m, int(c.persistent), int(lp), int(even), f["wait_group_1"], f["wgmma"])
-"""
-
-
-@pytest.mark.slow   # a candidate option not in the current ladder: compiled outside make test
-def test_peeled_last_block_compiles_for_sm90a_with_a_second_overlapped_loop():
-    """The peeled last key block (``peel_last``): where S % BLOCK_N != 0 each consumer runs the
-    overlapped step in two loops (the unmasked blocks, then the masked last one), so the PTX holds twice the
-    overlapped waits of -ml (one loop with the mask's branch); where S % BLOCK_N == 0 it is -ml's kernel (same waits,
-    same wgmma count). On both rungs of each head dim (one CTA per tile and persistent)."""
-    out = _compile_check(PEEL_COMPILE_CHECK, timeout=900)
-    rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
-            if ln.startswith("lp ")}
-    assert len(rows) == 16, out.stdout
-    for (D, bm, pe, lp, even), (w1, wgmma) in rows.items():
-        nc = bm // 64
-        assert w1 == (2 * nc if lp and not even else nc), (D, bm, pe, lp, even, w1)
-        if even:
-            assert (w1, wgmma) == rows[D, bm, pe, 0, 1], (D, bm, pe, lp)
-
-
-NAMED_COMPILE_CHECK = r"""
-import re
-from dataclasses import replace
-from xstage.ulysses_gluon import NAMED_RUNGS, compile_sm90, ptx_facts
 from xstage.kernels.attention_gluon import NB_BASE
-for D, cs in NAMED_RUNGS.items():
-    for c in cs:
-        for nb in (True, False):
-            for even in (True, False):
-                ptx = compile_sm90(replace(c, named_pp=nb), D, even_n=even).asm["ptx"]
-                f = ptx_facts(ptx)
-                syncs = len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx))
-                arrives = len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx))
-                fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
-                print("nb", D, c.block_m, int(c.persistent), int(nb), int(even), f["wait_group_1"], f["wgmma"],
-                      syncs, arrives, max(fixed), int(NB_BASE))
+for D, cfg, even, lse, fused in json.loads(sys.argv[1]):
+    k = compile_sm90(GluonConfig(**cfg), D, even_n=even, write_lse=lse, fused=fused)
+    ptx = k.asm["ptx"]
+    f = ptx_facts(ptx)
+    fixed = [int(i) for i in re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive)(?:\.aligned)?\s+(\d+)", ptx)]
+    f.update(shared=k.metadata.shared, nb_base=int(NB_BASE), fixed_max=max(fixed, default=-1),
+             regs=sorted({int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+);", ptx)}),
+             st_global=len(re.findall(r"st\.global", ptx)), st_16b=len(re.findall(r"st\.global\.v4\.b32", ptx)),
+             tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor[^\n]*global\.shared", ptx)),
+             nctaid="%nctaid.x" in ptx, selp=len(re.findall(r"\bselp\.", ptx)),
+             syncs=len(re.findall(r"\bbar\.sync\s+%r\d+,\s*256;", ptx)),
+             arrives=len(re.findall(r"\bbar\.arrive\s+%r\d+,\s*256;", ptx)))
+    print("build", json.dumps([D, GluonConfig(**cfg).label, even, lse, fused, f]))
 """
 
-
-def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers():
-    """The ping-pong's turns in named barriers (``named_pp``, -nb): each consumer waits for its turn
-    with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
-    before its first tile: it takes the first turn), NC of each; the -pp kernel (mbarrier turns) has none; the same
-    overlapped waits and wgmma count as -pp; and Triton's own barriers (immediate ids) stay under NB_BASE, so the
-    turns cannot meet them. On every NAMED_RUNGS config, S % 128 == 0 and not."""
-    out = _compile_check(NAMED_COMPILE_CHECK, timeout=900)
-    rows = {tuple(map(int, ln.split()[1:6])): tuple(map(int, ln.split()[6:])) for ln in out.stdout.splitlines()
-            if ln.startswith("nb ")}
-    assert len(rows) == 16, out.stdout
-    for (D, bm, pe, nb, even), (w1, wgmma, syncs, arrives, top, base) in rows.items():
-        nc = bm // 64
-        assert (syncs, arrives) == ((nc, nc + 1) if nb else (0, 0)), (D, bm, pe, nb, even, syncs, arrives)
-        assert top < base, (D, bm, pe, nb, top)
-        assert (w1, wgmma) == rows[D, bm, pe, 0, even][:2], (D, bm, pe, even)
+SW128, SW64 = G.SWEEP_CONFIGS[128], G.SWEEP_CONFIGS[64]
+PE128, PE64 = ([c for c in G.LADDER[D] if c.persistent][0] for D in (128, 64))
 
 
-REVERSE_COMPILE_CHECK = r"""
-import re
-from dataclasses import replace
-from xstage.ulysses_gluon import REVERSE_RUNGS, compile_sm90, ptx_facts
-for D, cs in REVERSE_RUNGS.items():
-    for c in cs:
-        for rv in (True, False):
-            for even in (True, False):
-                ptx = compile_sm90(replace(c, reverse_kv=rv), D, even_n=even).asm["ptx"]
-                f = ptx_facts(ptx)
-                print("rv", D, c.block_m, int(c.persistent), int(c.named_pp), int(rv), int(even), f["wait_group_1"],
-                      f["wgmma"], len(re.findall(r"\bselp\.", ptx)))
-"""
+def _current_builds():
+    """(D, config, even_n, write_lse, fused) of the checks on the current tiles (CONFIGS, SWEEP_CONFIGS)."""
+    return [(128, G.CONFIGS[128][0], True, True, False), (64, G.CONFIGS[64][0], False, True, False),
+            (128, SW128, False, False, False), (64, SW64, False, False, False),
+            (128, SW128, False, False, True), (64, SW64, False, False, True)]
 
 
-def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop():
+def _ladder_builds():
+    """(D, config, even_n, write_lse, fused) of the checks on the ladder's options (slow: 23 more builds)."""
+    out = [(D, c, False, False, fused) for D, cs in G.LADDER.items() for c in cs for fused in (False, True)]
+    out += [(D, replace(c, persistent=pe), False, False, fused) for D, c in ((128, PE128), (64, PE64))
+            for pe in (False, True) for fused in (False, True)]                              # persistent
+    out += [(64, replace(c, pingpong=nb, named_pp=nb), even, False, False) for c in (SW64, PE64)
+            for nb in (True, False) for even in (True, False)]                               # named-barrier turns
+    out += [(D, replace(c, reverse_kv=rv), even, False, False) for D, c in ((128, SW128), (128, PE128), (64, SW64))
+            for rv in (True, False) for even in (True, False)]                               # reversed key blocks
+    return [b for b in dict.fromkeys(out) if b not in _current_builds()]
+
+
+def _compile_builds(builds):
+    """{(D, label, even_n, write_lse, fused): PTX facts} of ``builds``, compiled in one subprocess."""
+    import json
+    from dataclasses import asdict
+
+    specs = [[D, asdict(c), even, lse, fused] for D, c, even, lse, fused in builds]
+    out = _compile_check(COMPILE_SCRIPT, 900, json.dumps(specs))
+    rows = [json.loads(ln[6:]) for ln in out.stdout.splitlines() if ln.startswith("build ")]
+    assert len(rows) == len(specs), out.stdout[-2000:]
+    return {tuple(r[:5]): r[5] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def sm90():
+    """The current tiles' sm_90a builds (``_current_builds``)."""
+    return _compile_builds(_current_builds())
+
+
+@pytest.fixture(scope="module")
+def sm90_ladder(sm90):
+    """The current tiles' builds and those of the ladder's option checks (``_ladder_builds``)."""
+    return {**sm90, **_compile_builds(_ladder_builds())}
+
+
+def _facts(sm90, D, c, even=False, lse=False, fused=False):
+    return sm90[D, c.label, even, lse, fused]
+
+
+def test_gluon_kernel_compiles_for_sm90a_with_the_overlapped_wgmma_wait(sm90):
+    """sm_90a compile on the CPU of the default tiles and the sweep's: wgmma present, and a ``wait_group 1`` (the
+    scores of block j waited for while block j-1's P V stays in flight: the overlap Triton's tl.dot never emits; one
+    per consumer warpgroup in the warp-specialised kernel, 3 with the 192-row tile), TMA loads, shared memory as
+    sized; only the warp-specialised kernel moves registers between its partitions (setmaxnreg), raising the
+    consumers to their ``regs`` (160 with three consumers: 64K registers with the loader's warpgroup)."""
+    for D, c, even, lse, w1 in ((128, G.CONFIGS[128][0], True, True, 1), (64, G.CONFIGS[64][0], False, True, 1),
+                                (128, SW128, False, False, 2), (64, SW64, False, False, 3)):
+        f = _facts(sm90, D, c, even, lse)
+        assert f["wgmma"] > 0, (c.label, f)                                          # wgmma instructions
+        assert (f["wait_groups"], f["wait_group_1"], f["tma_loads"] > 0, f["setmaxnreg"]) == ([0, 1], w1, True, c.ws), \
+            (c.label, f)                                                             # waits 0 and 1; the overlapped ones
+        assert (c.regs in f["regs"]) if c.ws else f["regs"] == [], (c.label, f["regs"])
+        assert f["shared"] >= 2 * D * (c.block_m + 2 * c.stages * c.block_n), (c.label, f)   # Q + the K/V ring
+
+
+def test_fused_epilogue_compiles_for_sm90a_with_per_row_stores(sm90):
+    """The sweep's ws tiles with FUSED compile for sm_90a: the same overlapped waits (one per consumer), and its output
+    leaves by per-row global stores to the owners instead of the TMA store (none left), every one 16 bytes
+    (st.global.v4.b32: from the accumulator's layout they were 2-byte st.global.b16, 3.2-7.9x slower over PCIe); without
+    FUSED the reverse."""
+    for D, c in ((128, SW128), (64, SW64)):
+        for fused in (False, True):
+            f = _facts(sm90, D, c, fused=fused)
+            assert f["wait_group_1"] == c.block_m // 64, (c.label, fused, f)
+            assert (f["st_global"] > 0 and f["tma_stores"] == 0) if fused else \
+                (f["st_global"] == 0 and f["tma_stores"] > 0), (c.label, fused, f)
+            assert f["st_16b"] == f["st_global"], (c.label, fused, f)                  # every global store 16 bytes
+
+
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_persistent_grid_compiles_for_sm90a_with_its_own_output_buffer(sm90_ladder):
+    """The ladder's persistent steps compile for sm_90a: the same overlapped waits (one per consumer), a tile loop
+    over the grid (it reads %nctaid), and the output staged in its own buffer (block_m x D bf16 more shared memory
+    than one CTA per tile, whose output reuses Q's); the fused epilogue stores per row, no buffer."""
+    sm90 = sm90_ladder
+    for D, c in ((128, PE128), (64, PE64)):
+        f = {(pe, fused): _facts(sm90, D, replace(c, persistent=pe), fused=fused)
+             for pe in (False, True) for fused in (False, True)}
+        for (pe, fused), x in f.items():
+            assert x["wait_group_1"] == c.block_m // 64 and x["nctaid"] == pe, (c.label, pe, fused, x)
+        assert 0 <= f[True, False]["shared"] - f[False, False]["shared"] - 2 * c.block_m * D <= 256, f   # + alignment
+        assert abs(f[True, True]["shared"] - f[False, True]["shared"]) <= 256, f         # no output buffer
+
+
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_named_barrier_pingpong_compiles_for_sm90a_with_its_turns_in_named_barriers(sm90_ladder):
+    """The ping-pong's turns in named barriers (``pingpong`` / ``named_pp``, -pp-nb): each consumer waits for its
+    turn with one 256-thread ``bar.sync`` in its loop and passes it on with one ``bar.arrive`` (consumer 0 once more
+    before its first tile: it takes the first turn), NC of each; the same tile without turns has none; the same
+    overlapped waits and wgmma count without them; and Triton's own barriers (immediate ids) stay under NB_BASE, so
+    the turns cannot meet them. On the sweep's D = 64 tile and the ladder's persistent one, S % 128 == 0 and not."""
+    sm90 = sm90_ladder
+    for c in (SW64, PE64):
+        nc = c.block_m // 64
+        for even in (True, False):
+            on, off = (_facts(sm90, 64, replace(c, pingpong=nb, named_pp=nb), even) for nb in (True, False))
+            assert (on["syncs"], on["arrives"]) == (nc, nc + 1) and (off["syncs"], off["arrives"]) == (0, 0), \
+                (c.label, even, on, off)
+            assert on["fixed_max"] < on["nb_base"], (c.label, even, on["fixed_max"])
+            assert (on["wait_group_1"], on["wgmma"]) == (off["wait_group_1"], off["wgmma"]), (c.label, even)
+
+
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_reversed_key_blocks_compile_for_sm90a_with_the_mask_outside_the_loop(sm90_ladder):
     """The key blocks last to first (``reverse_kv``, -rv): where S % BLOCK_N != 0 the masked block is
     each consumer's first, outside the overlapped loop, so the PTX's selects are those of one masked block per
     consumer (64 x NC), at most half of -ml's (the first block's and the loop branch's); where
-    S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On every REVERSE_RUNGS
-    config."""
-    out = _compile_check(REVERSE_COMPILE_CHECK, timeout=900)
-    rows = {tuple(map(int, ln.split()[1:7])): tuple(map(int, ln.split()[7:])) for ln in out.stdout.splitlines()
-            if ln.startswith("rv ")}
-    assert len(rows) == 16, out.stdout
-    for (D, bm, pe, nb, rv, even), (w1, wgmma, selp) in rows.items():
-        nc = bm // 64
-        assert w1 == nc and (w1, wgmma) == rows[D, bm, pe, nb, 0, even][:2], (D, bm, pe, nb, rv, even)
-        if even or rv:
-            assert selp == (0 if even else 64 * nc), (D, bm, pe, nb, rv, even, selp)
-        else:   # -ml: the first block's and the loop's (the persistent grid adds a few of its own)
-            assert selp >= 2 * 64 * nc, (D, bm, pe, nb, rv, even, selp)
+    S % BLOCK_N == 0 there are none; the same overlapped waits and wgmma count as -ml. On the sweep's tiles and the
+    ladder's persistent step at D = 128."""
+    sm90 = sm90_ladder
+    for D, c in ((128, SW128), (128, PE128), (64, SW64)):
+        nc = c.block_m // 64
+        for even in (True, False):
+            rv, ml = (_facts(sm90, D, replace(c, reverse_kv=r), even) for r in (True, False))
+            assert rv["wait_group_1"] == nc and (rv["wait_group_1"], rv["wgmma"]) == (ml["wait_group_1"], ml["wgmma"]), \
+                (c.label, even)
+            assert rv["selp"] == (0 if even else 64 * nc), (c.label, even, rv["selp"])
+            if even:
+                assert ml["selp"] == 0, (c.label, ml["selp"])
+            else:   # -ml: the first block's and the loop's (the persistent grid adds a few of its own)
+                assert ml["selp"] >= 2 * 64 * nc, (c.label, ml["selp"])
+
+
+@pytest.mark.slow   # 23 more sm_90a builds: the ladder's options
+def test_shared_bytes_is_what_triton_allocates(sm90_ladder):
+    """``GluonConfig.shared_bytes`` (what the tile and the fused epilogue are refused on before any launch) against
+    the shared memory of this machine's sm_90a builds: the same to within the mbarriers (under 512 B), fused and not,
+    on the ladder's steps (ws s3 -jr at D = 128 fused among them: over the limit)."""
+    sm90 = sm90_ladder
+    got = []
+    for D, cs in G.LADDER.items():
+        for c in cs:
+            for fused in (False, True):
+                want, shared = c.shared_bytes(D, fused), _facts(sm90, D, c, fused=fused)["shared"]
+                assert 0 <= shared - want < 512, (D, c.label, fused, want, shared)
+                got.append(shared)
+    assert any(s > G.SMEM_LIMIT for s in got)
 
 
 def _bf16(*shape, device="cpu"):
@@ -301,12 +257,10 @@ def test_bad_input_one_line_before_any_launch(monkeypatch, make, match):
     (GluonConfig(64, 64, 4, 2, pingpong=True), 128, "pingpong orders the consumers"),
     (GluonConfig(128, 128, 8, 2, persistent=True), 128, "persistent is a grid of the warp-specialised"),
     (GluonConfig(128, 128, 4, 3, ws=True, persistent=True), 128, "shared memory for Q, the output"),
-    (GluonConfig(128, 128, 8, 2, mask_last=True, peel_last=True), 128, "peel_last is a loop of the warp-specialised"),
-    (GluonConfig(128, 128, 4, 2, ws=True, peel_last=True), 128, "needs mask_last=True"),
-    (GluonConfig(128, 128, 4, 2, ws=True, named_pp=True), 128, "needs pingpong=True"),
+    (GluonConfig(128, 128, 4, 2, ws=True, named_pp=True), 128, "pingpong and named_pp go together"),
+    (GluonConfig(128, 128, 4, 2, ws=True, pingpong=True), 128, "turns are named barriers"),
     (GluonConfig(128, 128, 8, 2, mask_last=True, reverse_kv=True), 128, "reverse_kv .* is a loop of the warp-spec"),
-    (GluonConfig(128, 128, 4, 2, ws=True, reverse_kv=True), 128, "with mask_last=True and without peel_last"),
-    (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True, reverse_kv=True), 128, "without peel_last"),
+    (GluonConfig(128, 128, 4, 2, ws=True, reverse_kv=True), 128, "with mask_last=True"),
     (GluonConfig(128, 128, 8, 2, joint_release=True), 128, "joint_release is a ring of the warp-specialised"),
 ])
 def test_bad_tile_one_line(cfg, D, match):
@@ -314,34 +268,12 @@ def test_bad_tile_one_line(cfg, D, match):
         cfg.validate(D)
 
 
-SHARED_BYTES_CHECK = r"""
-from xstage.ulysses_gluon import LADDER, JOINT_RUNGS, compile_sm90
-for D, cs in {128: LADDER[128] + JOINT_RUNGS[128][:1], 64: LADDER[64]}.items():
-    for c in cs:
-        for fused in (False, True):
-            print("smem", D, c.label, int(fused), c.shared_bytes(D, fused),
-                  compile_sm90(c, D, even_n=False, fused=fused).metadata.shared)
-"""
-
-
-def test_shared_bytes_is_what_triton_allocates():
-    """``GluonConfig.shared_bytes`` (what the tile and the fused epilogue are refused on before any launch) against
-    the shared memory of this machine's sm_90a builds: the same to within the mbarriers (under 512 B), fused and not,
-    on the measured rungs (ws s3 -jr at D = 128 fused among them: over the limit, found in an earlier record)."""
-    out = _compile_check(SHARED_BYTES_CHECK, timeout=900)
-    rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("smem ")]
-    assert len(rows) == 2 * (len(G.LADDER[128]) + 1 + len(G.LADDER[64])), out.stdout
-    for _, D, label, fused, want, got in rows:
-        assert 0 <= int(got) - int(want) < 512, (D, label, fused, want, got)
-    assert any(int(got) > G.SMEM_LIMIT for *_, got in rows)
-
-
 def test_default_tiles_are_not_warp_specialised():
     """The warp-specialised kernel's mbarrier waits are unbounded (Gluon 3.6's ``mbarrier.wait`` has no bound, and
     its shared-memory address is not reachable from inline PTX), so it stays off the default path: the default
     tiles (``CONFIGS``, what ``attention_forward`` runs without a config) are the one-partition kernel."""
     assert G.CONFIGS and all(not c.ws and not c.pingpong for cs in G.CONFIGS.values() for c in cs)
-    # and they mask only the last key block (an earlier record: faster where S % 128 != 0)
+    # and they mask only the last key block
     assert all(c.mask_last for cs in G.CONFIGS.values() for c in cs)
 
 
@@ -442,17 +374,13 @@ def test_the_table_reads_gluon_rows_as_ours():
     from dataclasses import asdict
 
     cfgs = [GluonConfig(64, 64, 4, 2), GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(64, 128, 4, 3, mask_last=True),
-            GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True)]
+            GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True)]
     assert attention_analysis._ladder_labels([{"kernel": "gluon", **asdict(c)} for c in cfgs]) == [c.label for c in cfgs]
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
 def _gpu_configs():
-    from xstage.ulysses_ladder import FA4_GLUON_NEXT_VARIANTS, FA4_GLUON_VARIANTS
-
-    out = {(D, c) for D, cs in G.CONFIGS.items() for c in cs}
-    out |= {(D, c) for vs in (FA4_GLUON_VARIANTS, FA4_GLUON_NEXT_VARIANTS, G.NEXT_RUNGS) for D, cs in vs.items()
-            for c in cs if isinstance(c, GluonConfig)}
+    out = {(D, c) for vs in (G.CONFIGS, G.LADDER) for D, cs in vs.items() for c in cs}
     return sorted(out, key=lambda dc: (dc[0], dc[1].label))
 
 
@@ -464,7 +392,7 @@ def test_gluon_matches_float32_on_fresh_inputs(D, cfg, S, H):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.PERSISTENT_RUNGS.items() for c in cs],
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.LADDER.items() for c in cs if c.persistent],
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(12300, 3), (8192, 4)])
 def test_persistent_grid_matches_float32_with_several_tiles_per_cta(D, cfg, S, H):
@@ -498,14 +426,14 @@ def _check_float32(D, cfg, S, H):
 @pytest.mark.gpu
 @pytest.mark.parametrize("link", ["local", "host"])
 @pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True), 3000, 4, 2),        # Sl = 1500: tiles straddle
-    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True), 4096, 8, 4),
-    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True), 3000, 4, 2),
-    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True), 1000, 8, 4),   # Sl = 250
+    (128, G.SWEEP_CONFIGS[128], 3000, 4, 2),        # Sl = 1500: tiles straddle; 3000 % 128 = 56
+    (128, G.SWEEP_CONFIGS[128], 4096, 8, 4),
+    (64, G.SWEEP_CONFIGS[64], 3000, 4, 2),          # 192 rows, three consumers in turn
+    (64, G.LADDER[64][1], 1000, 8, 4),              # keys in forward order, Sl = 250
     # the persistent grid, several tiles per CTA: 376 and 252 tiles on 132 SMs, Sl = 6000, 3000
-    (128, GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True), 12000, 8, 2),
-    (64, GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True), 12000, 16, 4),
-])
+    (128, G.LADDER[128][1], 12000, 8, 2),
+    (64, G.LADDER[64][3], 12000, 16, 4),
+], ids=lambda x: getattr(x, "label", str(x)))
 def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
     """The fused Ulysses epilogue of the ws kernel (each row to its owner rank through the table of peer
     addresses, straddling tiles split per row, then the epoch barrier) against the same kernel alone + the
@@ -531,18 +459,6 @@ def test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
         check_bit_identical(outs[r].to(want[r].device), want[r], f"{cfg.label} {link} P={P} rank {r}")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.PEEL_RUNGS.items() for c in cs],
-                         ids=lambda x: getattr(x, "label", str(x)))
-@pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
-def test_peeled_last_block_matches_float32_and_the_branch_bit_for_bit(D, cfg, S, H):
-    """The peeled last key block against float32 (one key block: nothing peeled; two blocks: the
-    first loop empty; several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with the
-    mask's branch in the loop (-ml: the same arithmetic in the same order), both outputs and lse NaN-poisoned."""
-    _check_float32(D, cfg, S, H)
-    _check_bit_identical_to(D, cfg, S, H, peel_last=False)
-
-
 def _check_bit_identical_to(D, cfg, S, H, **changes):
     """``cfg`` and the same rung with ``changes`` on the same fresh inputs, out and lse NaN-poisoned first: bit for
     bit alike."""
@@ -562,64 +478,25 @@ def _check_bit_identical_to(D, cfg, S, H, **changes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("link", ["local", "host"])
-@pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, G.PEEL_RUNGS[128][1], 12000, 8, 2),       # persistent: 376 tiles, Sl = 6000 (straddling), 12000 % 128 = 96
-    (64, G.PEEL_RUNGS[64][0], 3000, 4, 2),          # 192 rows, ping-pong, Sl = 1500
-], ids=lambda x: getattr(x, "label", str(x)))
-def test_peeled_last_block_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
-    """The fused Ulysses epilogue with the peeled last block, bit for bit against the same kernel alone + the
-    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
-    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.NAMED_RUNGS.items() for c in cs],
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.LADDER.items() for c in cs if c.pingpong],
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2)])
-def test_named_barrier_pingpong_matches_float32_and_the_mbarrier_turns_bit_for_bit(D, cfg, S, H):
-    """The named-barrier turns (-nb) against float32 (one key block: no turn at all; two blocks;
-    several tiles per CTA; S % 128 == 0), and bit for bit against the same rung with mbarrier turns (-pp: the same
-    arithmetic, only the order of the issues is kept differently), out and lse NaN-poisoned first."""
+def test_named_barrier_pingpong_matches_float32_and_no_turns_bit_for_bit(D, cfg, S, H):
+    """The named-barrier turns (-pp-nb) against float32 (one key block: no turn at all; two blocks;
+    several tiles per CTA; S % 128 == 0), and bit for bit against the same tile without turns (the same
+    arithmetic, only the order of the consumers' issues differs), out and lse NaN-poisoned first."""
     _check_float32(D, cfg, S, H)
-    _check_bit_identical_to(D, cfg, S, H, named_pp=False)
+    _check_bit_identical_to(D, cfg, S, H, pingpong=False, named_pp=False)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("link", ["local", "host"])
-@pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, G.NAMED_RUNGS[128][0], 3000, 4, 2),        # one CTA per tile, Sl = 1500: tiles straddle
-    (128, G.NAMED_RUNGS[128][1], 12000, 8, 2),       # persistent: 376 tiles, turns carried across tiles
-    (64, G.NAMED_RUNGS[64][0], 3000, 4, 2),          # 192 rows, three consumers in turn
-    (64, G.NAMED_RUNGS[64][1], 12000, 16, 4),        # persistent, Sl = 3000
-], ids=lambda x: getattr(x, "label", str(x)))
-def test_named_barrier_pingpong_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
-    """The fused Ulysses epilogue with the named-barrier turns, bit for bit against the same kernel alone + the
-    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
-    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.REVERSE_RUNGS.items() for c in cs],
+@pytest.mark.parametrize("D, cfg", [(D, c) for D, cs in G.LADDER.items() for c in cs if c.reverse_kv],
                          ids=lambda x: getattr(x, "label", str(x)))
 @pytest.mark.parametrize("S, H", [(100, 2), (200, 3), (3000, 3), (12300, 3), (8192, 2), (32760, 1)])
 def test_reversed_key_blocks_match_float32(D, cfg, S, H):
     """The key blocks last to first (-rv) against float32, out and lse NaN-poisoned: one key block (the
     masked block is the only one), two, several tiles per CTA, S % 128 == 0 (nothing masked) and Wan's S."""
     _check_float32(D, cfg, S, H)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("link", ["local", "host"])
-@pytest.mark.parametrize("D, cfg, S, H, P", [
-    (128, G.REVERSE_RUNGS[128][0], 3000, 4, 2),      # Sl = 1500: tiles straddle; 3000 % 128 = 56
-    (128, G.REVERSE_RUNGS[128][1], 12000, 8, 2),     # persistent: 376 tiles
-    (64, G.REVERSE_RUNGS[64][1], 3000, 4, 2),        # 192 rows, named-barrier turns
-], ids=lambda x: getattr(x, "label", str(x)))
-def test_reversed_key_blocks_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):
-    """The fused Ulysses epilogue with the key blocks reversed, bit for bit against the same kernel alone + the
-    post-attention all-to-all (test_fused_epilogue_bit_exact_on_one_gpu's check)."""
-    test_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P)
 
 
 @pytest.mark.parametrize("record", ["attention_gluon_persistent", "attention_vs_fa4"])
@@ -656,10 +533,8 @@ def test_recorded_persistent_study_has_both_grids_beside_fa4_in_every_shape():
     df, m = attention_analysis.attention_ladder_data("h200x1", record="attention_gluon_persistent")
     assert m["git_commit"].startswith("835fe12") and not m.get("fa4_absent")
     got = set(df.variant)
-    for D, cs in G.PERSISTENT_RUNGS.items():
-        for c in cs:
-            assert c.label in got
-    assert {"gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"} <= got
+    assert {"gluon-ws-128x128s2r232-ml-pe", "gluon-ws-128x128s2r232-ml-pp-pe", "gluon-ws-192x128s2r160-ml-pp-pe",
+            "gluon-ws-128x128s2r232-ml", "gluon-ws-192x128s2r160-ml-pp"} <= got, got
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
 
@@ -683,8 +558,7 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
     assert m["git_commit"].startswith("a2650cb") and not m.get("fa4_absent") and not m.get("failed")
     for D, checks in m["checks"].items():
         assert all(c["rel_l2_vs_fp32"] < 1e-2 for c in checks.values())
-    for D, cs in G.PEEL_RUNGS.items():
-        assert {c.label for c in cs} <= set(df.variant)
+    assert {v for v in df.variant if v.endswith("-lp")}, set(df.variant)
     fa = df[df.method == "fa4"]
     assert set(fa["shape"]) == set(df["shape"]) and (fa.ms > 0).all()
     s = attention_analysis.attention_vs_fa4_summary(attention_analysis.attention_ladder_table(df, m)).set_index("shape")
@@ -701,9 +575,8 @@ def test_recorded_peel_study_replays_its_ratios_and_refutes_the_lever():
 
 # the -jr tiles: the ladder's step, the ladder's on the persistent grid, and ws -jr with two slots at D = 128 (the
 # fused epilogue's -jr there: three slots and the stores' staging pass the shared-memory limit, an earlier record)
-JOINT_JR = {(D, c.label): (D, c) for D, cs in (*G.JOINT_RUNGS.items(), *G.LADDER.items()) for c in cs
-            if c.joint_release}
-JOINT_JR[128, "s2"] = (128, replace(G.JOINT_RUNGS[128][1], stages=2))
+JOINT_JR = {(D, c.label): (D, c) for D, cs in G.LADDER.items() for c in cs if c.joint_release}
+JOINT_JR[128, "s2"] = (128, replace(G.LADDER[128][2], stages=2))
 
 
 @pytest.mark.gpu
@@ -721,7 +594,7 @@ def test_joint_release_matches_float32_and_the_separate_releases_bit_for_bit(D, 
 @pytest.mark.parametrize("link", ["local", "host"])
 @pytest.mark.parametrize("D, cfg, S, H, P", [
     (128, JOINT_JR[128, "s2"][1], 3000, 4, 2),       # Sl = 1500: tiles straddle (two slots: N5)
-    (64, G.JOINT_RUNGS[64][1], 12000, 16, 4),        # 192 rows, Sl = 3000
+    (64, G.LADDER[64][2], 12000, 16, 4),        # 192 rows, Sl = 3000
     (64, G.LADDER[64][3], 12000, 16, 4),        # persistent
 ], ids=lambda x: getattr(x, "label", str(x)))
 def test_joint_release_fused_epilogue_bit_exact_on_one_gpu(link, D, cfg, S, H, P):

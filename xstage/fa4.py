@@ -1,7 +1,7 @@
 """FA-class attention (flash-attn-4's CuTe DSL Hopper kernel) for the Ulysses study; optional (extra ``fa4``).
 
-Nothing here imports flash-attn-4 or the CUTLASS DSL until it is used: ``available()`` says whether they can run
-here, as (bool, one reason line). Without the extra, or on a GPU other than Hopper (sm_90), the sweep drops the
+flash-attn-4 and the CUTLASS DSL are imported under a guard by ``xstage.kernels.attention_fa4`` (its ``AVAILABLE``,
+``WHY``): ``available()`` says whether they can run here, as (bool, one reason line). Without the extra, or on a GPU other than Hopper (sm_90), the sweep drops the
 FA methods with that line and records them as absent (``xstage.ulysses_sweep``; never as a 0 time).
 
 - ``attention(q, k, v)``: FA alone, [S, Hl, D] -> [S, Hl, D] (``flash_attn.cute.flash_attn_func``, non-causal).
@@ -18,14 +18,13 @@ so its arithmetic is FA alone's: the GPU tests check it bit for bit against ``at
 """
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 from typing import Mapping, Sequence
 
 import torch
 
 from . import env
+from .kernels import attention_fa4
 from .ulysses import MAX_POLLS, _validate_fused, end_barrier, validate_qkv
 
 METHODS = ("fa", "fa_kernel", "fa_serial", "fa_fused")
@@ -33,25 +32,6 @@ PACKAGES = ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl[cu13]==4.8.1", "quack-
             "apache-tvm-ffi==0.1.15.post2", "torch-c-dlpack-ext==0.1.5")   # = pyproject.toml's extra fa4
 NUM_STAGES, NUM_THREADS = 2, 384     # what flash_attn.cute.interface builds its SM90 forward with
 TABLE_HEADER = 3                     # = xstage.kernels.attention_fa4.TABLE_HEADER (checked when it loads)
-
-
-def _dsl_path() -> None:
-    """nvidia-cutlass-dsl puts its packages on sys.path with a .pth file; an install with ``pip --target``
-    (the GPU machine's carried wheels) skips .pth files, so do what it would."""
-    try:
-        importlib.import_module("cutlass")
-        return
-    except ImportError:
-        pass
-    try:
-        import nvidia_cutlass_dsl  # noqa: F401
-    except ImportError:
-        return
-    import os
-
-    p = os.path.join(nvidia_cutlass_dsl.__path__[0], "dsl_packages")
-    if os.path.isdir(p) and p not in sys.path:
-        sys.path.insert(0, p)
 
 
 _AVAILABLE: tuple[bool, str] | None = None
@@ -69,15 +49,13 @@ def available() -> tuple[bool, str]:
     if cap[0] != 9:
         _AVAILABLE = (False, f"FA4's fused Ulysses kernel is the SM90 (Hopper) one; this GPU is sm_{cap[0]}{cap[1]}")
         return _AVAILABLE
-    _dsl_path()
-    try:
-        import cutlass
-        import flash_attn.cute  # noqa: F401
-        from importlib.metadata import version
-    except Exception as e:  # noqa: BLE001 (ImportError, or a DSL that fails to load its libraries)
-        _AVAILABLE = (False, f"flash-attn-4 is not importable ({type(e).__name__}: {e}); "
+    if not attention_fa4.AVAILABLE:
+        _AVAILABLE = (False, f"flash-attn-4 is not importable ({attention_fa4.WHY}); "
                              f"install the extra: pip install -e '.[fa4]'")
         return _AVAILABLE
+    import cutlass
+    from importlib.metadata import version
+
     try:
         fa_v = version("flash-attn-4")
     except Exception:  # noqa: BLE001
@@ -186,8 +164,6 @@ def _compiled(D: int, q_bshd, k_bshd, v_bshd, o_bshd, table):
         from flash_attn.cute.cute_dsl_utils import to_cute_tensor
         from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
         from flash_attn.cute.utils import AuxData
-
-        from .kernels import attention_fa4
 
         if attention_fa4.TABLE_HEADER != TABLE_HEADER:
             raise RuntimeError("xstage.fa4.TABLE_HEADER and the kernel's disagree")

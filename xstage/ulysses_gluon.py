@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -39,9 +39,10 @@ class GluonConfig:
     BLOCK_N keys per block, STAGES K/V ring slots. ``ws``: the warp-specialised kernel (a loader warp and two
     consumer warpgroups of num_warps = 4 warps, 64 rows each, sharing the K/V ring; BLOCK_M 128, or 192: three
     consumers, D = 64 only, as FA4 tiles D = 64), its consumers' registers raised to ``regs`` (setmaxnreg);
-    ``pingpong`` (ws only): the consumers issue their GEMMs in turn (FA3's ping-pong, ordered by mbarriers);
-    ``named_pp`` (with pingpong): the turns in hardware named barriers (bar.sync / bar.arrive), as FA4's Hopper kernel
-    orders them (its warp-scheduler barriers)."""
+    ``pingpong`` with ``named_pp`` (ws only): the consumers issue their GEMMs in turn (FA3's ping-pong), the turns in
+    hardware named barriers (bar.sync / bar.arrive), as FA4's Hopper kernel orders them (its warp-scheduler
+    barriers); ``reverse_kv``: the key blocks last to first, so the one masked block runs before the overlapped loop;
+    ``persistent``: at most one CTA per SM walking tiles; ``joint_release``: one ring-slot release per key block."""
 
     block_m: int = 128
     block_n: int = 128
@@ -49,19 +50,18 @@ class GluonConfig:
     stages: int = 2
     ws: bool = False
     regs: int = 232
-    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (faster than masking
-                              # every block; on in CONFIGS; off here so the recorded rungs keep their meaning)
-    pingpong: bool = False    # ws: the consumers' GEMMs issued in turn
+    mask_last: bool = False   # S % BLOCK_N != 0: mask only the last key block (else every block); on in every
+                              # current config; the field's default keeps the recorded labels' meaning
+    pingpong: bool = False    # ws, with named_pp: the consumers' GEMMs issued in turn
     persistent: bool = False  # ws: at most one CTA per SM, each walking tiles; the output in its own buffer
-    peel_last: bool = False   # ws, with mask_last: the masked last key block peeled out of the loop
-    named_pp: bool = False    # ws, with pingpong: the turns in named barriers, not mbarriers
-    reverse_kv: bool = False  # ws, with mask_last: the key blocks last to first, the masked one outside the loop (s. 25)
+    named_pp: bool = False    # ws, with pingpong: the turns in named barriers (the only kind of turn)
+    reverse_kv: bool = False  # ws, with mask_last: the key blocks last to first, the masked one outside the loop
     joint_release: bool = False   # ws: one release per ring slot (after the P V that read its V), not K's and V's apart
 
     @property
     def label(self) -> str:
         ml = ("-ml" if self.mask_last else "") + ("-pp" if self.pingpong else "") + ("-nb" if self.named_pp else "") \
-            + ("-pe" if self.persistent else "") + ("-lp" if self.peel_last else "") + ("-rv" if self.reverse_kv else "") \
+            + ("-pe" if self.persistent else "") + ("-rv" if self.reverse_kv else "") \
             + ("-jr" if self.joint_release else "")
         if self.ws:
             return f"gluon-ws-{self.block_m}x{self.block_n}s{self.stages}r{self.regs}{ml}"
@@ -88,22 +88,17 @@ class GluonConfig:
             raise ValueError("Gluon attention: pingpong orders the consumers of the warp-specialised kernel (ws)")
         elif self.persistent:
             raise ValueError("Gluon attention: persistent is a grid of the warp-specialised kernel (ws)")
-        elif self.peel_last:
-            raise ValueError("Gluon attention: peel_last is a loop of the warp-specialised kernel (ws)")
         elif self.block_m != 16 * self.num_warps:
             raise ValueError(f"Gluon attention: block_m must be 16 x num_warps = {16 * self.num_warps} (16 rows per "
                              f"warp, warps stacked along the rows), got {self.block_m}")
-        if self.reverse_kv and (not self.ws or not self.mask_last or self.peel_last):
+        if self.reverse_kv and (not self.ws or not self.mask_last):
             raise ValueError("Gluon attention: reverse_kv (the key blocks last to first) is a loop of the "
-                             "warp-specialised kernel (ws) with mask_last=True and without peel_last")
+                             "warp-specialised kernel (ws) with mask_last=True")
         if self.joint_release and not self.ws:
             raise ValueError("Gluon attention: joint_release is a ring of the warp-specialised kernel (ws)")
-        if self.named_pp and not self.pingpong:
-            raise ValueError("Gluon attention: named_pp puts the ping-pong's turns in named barriers; it needs "
-                             "pingpong=True")
-        if self.peel_last and not self.mask_last:
-            raise ValueError("Gluon attention: peel_last peels the masked last key block out of the loop; it needs "
-                             "mask_last=True")
+        if self.named_pp != self.pingpong:
+            raise ValueError("Gluon attention: the ping-pong's turns are named barriers: pingpong and named_pp go "
+                             f"together, got pingpong={self.pingpong}, named_pp={self.named_pp}")
         if self.block_n not in (32, 64, 128, 256):
             raise ValueError(f"Gluon attention: block_n must be 32, 64, 128 or 256, got {self.block_n}")
         if not 1 <= self.stages <= 4:
@@ -130,73 +125,6 @@ SMEM_LIMIT = 227 * 1024   # Hopper's shared memory per CTA (opt-in maximum)
 # themselves; the ws kernel's do not, see tests/test_attention_gluon.py), with the key mask on the last block only
 # (an earlier record: +33 % for ws on 32760x6, the same on the shapes with S % 128 == 0)
 CONFIGS = {128: (GluonConfig(128, 128, 8, 2, mask_last=True),), 64: (GluonConfig(128, 128, 8, 3, mask_last=True),)}
-# The rungs after the last-block mask, timed in the gluon_next study beside
-# xstage.ulysses_ladder.FA4_GLUON_NEXT_VARIANTS (scripts/attention_vs_fa4.py appends them): FA3's ping-pong of the
-# two consumers at D = 128 (and a deeper ring), FA4's D = 64 tile (192 rows: three consumer warpgroups)
-NEXT_RUNGS = {
-    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True),
-          GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, pingpong=True)),
-    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True),
-         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True),
-         GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True),
-         GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, pingpong=True)),
-}
-
-# The persistent grid (one CTA per SM walking tiles; the output staged apart from Q, so
-# the next tile's Q and K/V load under this tile's last P V and epilogue) on the fastest rungs of an earlier record
-PERSISTENT_RUNGS = {
-    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True),
-          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, persistent=True)),
-    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True),),
-}
-
-# The masked last key block peeled out of the consumers' loop (``peel_last``, label -lp),
-# on the shapes whose S is not a multiple of 128 (Wan 32760, CogVideoX 17776, 30000): the loop is then the unmasked
-# one of S % 128 == 0 (sm_90a, Triton 3.6 and 3.9: no SEL in it; -ml's loop carries 64 SEL + 34 ISETP per block).
-# an earlier record (record attention_vs_fa4_gluon_lp): never faster than -ml on those shapes; not a tuner candidate.
-PEEL_RUNGS = {
-    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, peel_last=True),
-          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, peel_last=True)),
-    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, peel_last=True),
-         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, persistent=True,
-                     peel_last=True),
-         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, peel_last=True)),
-}
-
-# The ping-pong's turns in hardware named barriers (``named_pp``, label -nb), FA4's
-# Hopper schedule (its warp-scheduler barriers; -pp's mbarrier turns lost 3-4 % at D = 128 in an earlier record), one CTA per
-# tile (as FA4 runs) and persistent
-NAMED_RUNGS = {
-    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, named_pp=True),
-          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, pingpong=True, named_pp=True, persistent=True)),
-    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True),
-         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
-                     persistent=True)),
-}
-# The key blocks last to first (``reverse_kv``, label -rv), FA4's order: the block with
-# the keys past S is then the first, which runs outside the overlapped loop anyway, and the loop is the unmasked one
-# with no second copy of the step (-lp peeled the block out after the loop: a second copy, never
-# faster). an earlier record (data/h100x1/attention_vs_fa4_gluon_nb): the masked shapes are the ones left under 0.95 of FA4.
-REVERSE_RUNGS = {
-    128: (GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, reverse_kv=True),
-          GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, persistent=True, reverse_kv=True)),
-    64: (GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, reverse_kv=True),
-         GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
-                     reverse_kv=True)),
-}
-# One release per ring slot (``joint_release``, label -jr). Each one-thread mbarrier arrive
-# costs the consumer warpgroup a 128-thread bar.sync first (Triton 3.6's SASS: three per block), where FA4's pipelines
-# release per warp with no warpgroup barrier. -jr drops K's release; the slot is freed when the P V that read its V is
-# done, one block later than K alone would be, so it runs with a third ring slot. D = 64 first (CogVideoX, 0.94-0.95 of
-# FA4 in an earlier record), where a block carries half the MMA work of D = 128 and the same per-block costs.
-JOINT_RUNGS = {
-    128: (GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True),
-          GluonConfig(128, 128, 4, 3, ws=True, mask_last=True, reverse_kv=True, joint_release=True)),
-    64: (GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
-                     reverse_kv=True),
-         GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
-                     reverse_kv=True, joint_release=True)),
-}
 
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -303,7 +231,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
     grid = (-(-S // config.block_m) * Hl,)
     if config.persistent:   # at most one CTA per SM (the ws tiles take more than half an SM's shared memory)
         grid = (min(grid[0], _sm_count(q.device)),)
-    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": pingpong_arg(config),
+    kern, extra = (gluon_attention_ws_kernel, {"CONSUMER_REGS": config.regs, "PINGPONG": config.pingpong,
                                                "JOINT": config.joint_release}) \
         if config.ws else \
         (gluon_attention_kernel, {})
@@ -324,15 +252,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scal
 
 def mask_last_arg(config: GluonConfig):
     """The kernels' MASK_LAST constexpr: False (every key block masked when S % BLOCK_N != 0), True (the last block
-    only, a branch in the loop), 2 (ws, peel_last: the last block peeled out of the loop), 3 (ws, reverse_kv: the key
-    blocks last to first, so the masked block is the first, outside the overlapped loop)."""
-    return 3 if config.reverse_kv else 2 if config.peel_last else config.mask_last
-
-
-def pingpong_arg(config: GluonConfig):
-    """The ws kernel's PINGPONG constexpr: False (no turns), True (-pp: turns in mbarriers), 2 (-nb: turns in named
-    barriers)."""
-    return 2 if config.named_pp else config.pingpong
+    only, a branch in the loop), 3 (ws, reverse_kv: the key blocks last to first, so the masked block is the first,
+    outside the overlapped loop)."""
+    return 3 if config.reverse_kv else config.mask_last
 
 
 _SMS: dict = {}
@@ -423,23 +345,25 @@ def ulysses_fused(world, q, k, v, bufs, config: GluonConfig | None = None, barri
 # end-of-layer barrier; sender-visible: CUDA events around the kernel). Dropped with one line where
 # ``available()`` says no (recorded as absent in the sidecar's ``params.gluon``, never as a 0 time).
 SWEEP_METHODS = ("gluon", "gluon_serial", "gluon_fused")
-# the sweep's tile per head dim: FA4's schedule, the fastest fused-capable variants of the ladder: ws -ml-rv
-# 0.95-0.98 of FA4 at D = 128 and S >= 8K; 192 -ml-pp-nb-rv 0.94-0.96 at D = 64 (one H100). Sweep records made
-# with other tiles name theirs (params.gluon.configs). Both checked bit for bit in the fused epilogue on one GPU
-# (tests/test_attention_gluon.py, -k reversed).
+# the sweep's tile per head dim: FA4's schedule, the fastest fused-capable variants of the ladder (two consumers
+# with the key blocks reversed at D = 128; FA4's 192-row tile, three consumers in named-barrier turns, at D = 64;
+# docs/findings.md). Sweep records made with other tiles name theirs (params.gluon.configs). Both checked bit for
+# bit in the fused epilogue on one GPU (tests/test_attention_gluon.py).
 SWEEP_CONFIGS = {128: GluonConfig(128, 128, 4, 2, ws=True, mask_last=True, reverse_kv=True),
                  64: GluonConfig(192, 128, 4, 2, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
                                  reverse_kv=True)}
-# The ladder of the current record beside FA4 (data/<machine>/attention_vs_fa4, 30 repeats a block: FA4's own
-# median moves ~5 % between blocks of one shape, as much as the variants differ), each step named by what it adds
-# to the sweep's tile: the persistent grid (-pe) and one release per ring slot (-jr, with a third ring slot); at
+# The ladder of the current record beside FA4 (data/<machine>/attention_vs_fa4, scripts/attention_vs_fa4.py),
+# each step named by what it adds to the sweep's tile: the persistent grid (-pe) and one release per ring slot (-jr, with a third ring slot); at
 # D = 64 also the keys in forward order (-pp-nb, no -rv) and -jr on the persistent grid (one CTA per SM: -jr's third
 # slot fits beside the second Q buffer at D = 64 only).
 LADDER = {
-    128: (SWEEP_CONFIGS[128], REVERSE_RUNGS[128][1], JOINT_RUNGS[128][1]),
-    64: (SWEEP_CONFIGS[64], NAMED_RUNGS[64][0], JOINT_RUNGS[64][1],
-         GluonConfig(192, 128, 4, 3, ws=True, regs=160, mask_last=True, pingpong=True, named_pp=True,
-                     reverse_kv=True, joint_release=True, persistent=True)),
+    128: (SWEEP_CONFIGS[128],
+          replace(SWEEP_CONFIGS[128], persistent=True),
+          replace(SWEEP_CONFIGS[128], stages=3, joint_release=True)),
+    64: (SWEEP_CONFIGS[64],
+         replace(SWEEP_CONFIGS[64], reverse_kv=False),
+         replace(SWEEP_CONFIGS[64], stages=3, joint_release=True),
+         replace(SWEEP_CONFIGS[64], stages=3, joint_release=True, persistent=True)),
 }
 
 
@@ -481,7 +405,7 @@ def compile_sm90(config: GluonConfig, D: int, even_n: bool = True, write_lse: bo
     const["MASK_LAST"] = mask_last_arg(config)
     if config.ws:
         sig["PINGPONG"] = "constexpr"
-        const["PINGPONG"] = pingpong_arg(config)
+        const["PINGPONG"] = config.pingpong
         sig["FUSED"] = "constexpr"
         const["FUSED"] = fused
         sig["PERSISTENT"] = "constexpr"

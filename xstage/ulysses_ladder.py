@@ -120,30 +120,6 @@ FA4_VARIANTS = {
          AttnConfig(64, 128, 4, 2, True),                                 # 3 one-warpgroup programs per SM
          AttnConfig(128, 128, 4, 3, True, scale_q=True)),
 }
-# the Gluon rungs (xstage.ulysses_gluon, kernels/attention_gluon.py: asynchronous wgmma, the softmax
-# under P V) beside our Triton base rung and FA4, same rounds. One warpgroup per CTA, two CTAs per SM, was the fastest Gluon tile
-FA4_GLUON_VARIANTS = {
-    128: (AttnConfig(128, 128, 8, 3, True, persistent=True),              # h: the Triton base rung
-          GluonConfig(64, 64, 4, 2),                                      # 1 warpgroup, 80 KB: 2 CTAs per SM
-          GluonConfig(64, 64, 4, 3),                                      # deeper ring, 112 KB: 2 CTAs per SM
-          GluonConfig(128, 128, 4, 2, ws=True),                           # loader warp + 2 consumer warpgroups
-          GluonConfig(128, 128, 8, 2)),                                   # 2 warpgroups in step, 164 KB
-    64: (AttnConfig(128, 128, 4, 3, True),                                # p: the Triton base rung at D = 64
-         GluonConfig(64, 128, 4, 3),                                      # 107 KB: 2 CTAs per SM
-         GluonConfig(64, 128, 4, 2),                                      # 74 KB: 3 CTAs per SM
-         GluonConfig(128, 128, 4, 3, ws=True),
-         GluonConfig(128, 128, 8, 2)),
-}
-# the next study (not run yet): an earlier record's fastest Gluon rungs beside the same rungs with the key mask on the last block
-# only (GluonConfig.mask_last; S % 128 != 0 on the Wan and both D = 64 shapes, where C3's rungs lost)
-FA4_GLUON_NEXT_VARIANTS = {
-    128: (AttnConfig(128, 128, 8, 3, True, persistent=True),
-          GluonConfig(128, 128, 4, 2, ws=True), GluonConfig(128, 128, 4, 2, ws=True, mask_last=True),
-          GluonConfig(64, 64, 4, 3), GluonConfig(64, 64, 4, 3, mask_last=True)),
-    64: (AttnConfig(128, 128, 4, 3, True),
-         GluonConfig(64, 128, 4, 3), GluonConfig(64, 128, 4, 3, mask_last=True),
-         GluonConfig(128, 128, 4, 3, ws=True), GluonConfig(128, 128, 4, 3, ws=True, mask_last=True)),
-}
 LAUNCHES = 2             # back-to-back launches per timed sample (run_attention_vs_fa4)
 SAMPLE_ROWS = 256        # query rows per head compared with float32 on each timed shape (fresh inputs)
 REF_TOL = 2e-2           # relative L2 of bf16 attention against float32 (fp16 under the interpreter: ~1e-3)
