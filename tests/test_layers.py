@@ -145,7 +145,6 @@ def test_imports_go_down_and_reading_never_measures():
     assert not bad, "; ".join(sorted(bad))
 
 
-@pytest.mark.xfail(reason="issue 42 open: the consolidation is part done (see docs/findings.md and the issue); studies.py, figures.py and the moe modules still mix layers", strict=False)
 def test_imports_at_the_top():
     bad = sorted(f"{m} imports {d} inside a function" for m, p in modules().items() if m not in LAZY_OK
                  for d in imports(m, p)[1])
