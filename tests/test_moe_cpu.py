@@ -25,6 +25,7 @@ import torch
 from xstage import data, env
 from xstage import megamoe_analysis as analysis
 from xstage import moe as M
+from xstage import moe_reference as MR
 from xstage import moe_unfused as MU
 from xstage import moe_plan as MP
 from xstage import moe_sweep as MS
@@ -86,7 +87,7 @@ def test_layer_output_and_one_program_walking_all_tasks():
     combs = {r: bufs.combine_view(r).clone() for r in range(2)}
     for r in range(2):
         inp = prob.inputs[r]
-        ref = M.moe_reference(inp.x, inp.ids, inp.wts, M.reference_weights(64, 64, 5, "cpu", "fp32"))
+        ref = MR.moe_reference(inp.x, inp.ids, inp.wts, MR.reference_weights(64, 64, 5, "cpu", "fp32"))
         assert rel_l2(out[r], ref.sum(0)) < 1e-5
     M.poison_combine(world, bufs, 32)
     M.megamoe_layer(world, bufs, prob.inputs, tasks, TILES, n_programs=1)
@@ -169,7 +170,7 @@ def test_check_close_names_unwritten_combine_rows():
     got[1, 5, 7] = float("nan")
     with pytest.raises(AssertionError, match=r"1 of 1024 elements are NaN \(never written\); first at "
                                              r"\[slot, token, col\] = \[1, 5, 7\]"):
-        M.check_close(got, ref, ref.half(), "fp16", "rank 0")
+        MR.check_close(got, ref, ref.half(), "fp16", "rank 0")
 
 
 # -------------------------------------------------------------------------------------------- validation
@@ -495,7 +496,7 @@ def test_flop_and_byte_counts():
     prob = _problem(2, (64, 128, 4, 3, 20, "uniform"), "fp32", seed=2)
     inp = prob.inputs[0]
     with FlopCounterMode(display=False) as fc:
-        M.moe_reference(inp.x, inp.ids, inp.wts, M.reference_weights(64, 128, 2, "cpu", "fp32"))
+        MR.moe_reference(inp.x, inp.ids, inp.wts, MR.reference_weights(64, 128, 2, "cpu", "fp32"))
     assert fc.get_total_flops() == MP.gemm_flops(20 * 3, 64, 128) == 2 * 60 * 64 * 256 + 2 * 60 * 128 * 64
     total = sum(MP.gemm_flops(lay.rows, 64, 128) for lay in prob.layouts)
     assert total == MP.gemm_flops(2 * 20 * 3, 64, 128)
@@ -510,14 +511,14 @@ def test_fp8_quantisation_and_its_reference():
     GPU."""
     t = torch.randn(256, 384) * torch.logspace(-2, 2, 384)
     for br in (1, 128):
-        q, s = M.quantize_fp8(t, br)
+        q, s = MR.quantize_fp8(t, br)
         assert q.dtype == torch.float8_e4m3fn and s.shape == (256 // br, 3)
         assert q.float().abs().max() <= 448
-        assert rel_l2(M.dequantize_fp8(q, s, br), t) < 0.05
+        assert rel_l2(MR.dequantize_fp8(q, s, br), t) < 0.05
     x = torch.randn(16, 128).to(torch.bfloat16)
     ids, wts = MP.route(16, 4, 2, "uniform", 0, 0)
-    ref = M.moe_reference(x, ids, wts, M.reference_weights(128, 128, 0, "cpu", "bf16"))
-    emu = M.moe_reference(x, ids, wts, M.reference_weights(128, 128, 0, "cpu", "fp8"), fp8=True)
+    ref = MR.moe_reference(x, ids, wts, MR.reference_weights(128, 128, 0, "cpu", "bf16"))
+    emu = MR.moe_reference(x, ids, wts, MR.reference_weights(128, 128, 0, "cpu", "fp8"), fp8=True)
     assert 1e-3 < rel_l2(emu, ref) < 0.1
 
 

@@ -36,9 +36,9 @@ from . import bench, data, env
 from .data import MEGAMOE_GEMM
 from .kernels.moe import megamoe_kernel, megamoe_tma_kernel
 from .model import params_from_dict
-from .moe import (MAX_POLLS, build_tasks, check_close, dequantize_fp8, dispatch,
-                  hi_weights, make_problem, megamoe_layer, moe_buffers, moe_reference, poison_combine, rank_weights,
-                  run_experts)
+from .moe import (MAX_POLLS, build_tasks, dispatch, hi_weights, make_problem, megamoe_layer, moe_buffers,
+                  poison_combine, run_experts)
+from .moe_reference import (check_close, dequantize_fp8, moe_reference, rank_weights)
 from .moe_plan import (CASES, FP8_BLOCK, KIND_L1, LAG_VERSION, ORDER_VERSION, OUT_DTYPES, SCHEDULES, STALL_DEFAULT,
                        TILE_SWIZZLE, TILES_VERSION, WAIT_DEFAULT, CostModel, TileConfig, calibrate_rate, cases_by_name,
                        default_tiles, gemm_flops, gpu_tiles)
@@ -214,7 +214,7 @@ def _pairs(cases, dtypes) -> list[tuple]:
 
 def _layer_weights_f32(prob) -> Callable:
     """e -> (w1, w2) in float32 from the weights the layer holds (every rank's, one process): what
-    ``xstage.moe.reference_weights`` regenerates from the seed (the same generator; for fp8 the same 128 x 128
+    ``xstage.moe_reference.reference_weights`` regenerates from the seed (the same generator; for fp8 the same 128 x 128
     quantisation, dequantised), without generating every expert again per configuration."""
     El = prob.case.shape.experts // len(prob.layouts)
 

@@ -35,8 +35,8 @@ from .bench import median
 from .data import MEGAMOE
 from .model import BurstGapParams, params_from_dict
 from .moe import (MoEBuffers, Problem, agree_on_checks, build_tasks, check_task_status, dispatch, hi_weights,
-                  make_problem, megamoe_layer, moe_buffers, poison_combine,
-                  rank_weights, run_experts, topk_reduce, world_label)
+                  make_problem, megamoe_layer, moe_buffers, poison_combine, run_experts, world_label)
+from .moe_reference import (rank_weights, topk_reduce)
 from .moe_plan import (ASSIGNMENT_REGISTRY, ASSIGNMENTS, CASES, DTYPES_GPU, HOT_FRACTION, LAG_VERSION, ORDER_VERSION,
                        OUT_DTYPES, SCHEDULES, STALL_DEFAULT, TILE_SWIZZLE, TILES_VERSION, UNFUSED_REL_L2, WAIT_DEFAULT,
                        ZIPF_EXPONENT, CostModel, MoECase, TileConfig, calibrate_rate, default_tiles, gemm_flops,

@@ -45,9 +45,9 @@ import torch
 
 from . import env
 from .kernels.moe import FP8_BLOCK, dispatch_push_kernel
-from .moe import (_pow2_divisor, agree_on_checks, build_tasks, check_close, dispatch, make_problem, megamoe_layer,
-                  moe_buffers, moe_reference, quantize_fp8, rank_tokens, reference_weights, run_experts,
-                  triton_next_pow2)
+from .moe import (_pow2_divisor, agree_on_checks, build_tasks, dispatch, make_problem, megamoe_layer, moe_buffers,
+                  run_experts, triton_next_pow2)
+from .moe_reference import (check_close, moe_reference, quantize_fp8, rank_tokens, reference_weights)
 from .moe_plan import (ACT_DTYPES, ASSIGNMENTS, OUT_DTYPES, SCHEDULES, as_case, default_dtype, default_tiles,
                        dispatch_bytes, remote_combine_bytes, validate_dtype)
 from .numeric import check_bit_identical
@@ -194,7 +194,7 @@ class TrafficWorld:
     def source_pushes(self, case, dtype: str, rank: int, ids, wts, layouts, own) -> "SourcePushes":
         """What GPU gpu_of(rank) pushes (called by ``xstage.moe.make_problem``): the items owner L_peer receives
         from every source but L_peer, and source ``rank``'s items to itself, with every played source's tokens
-        (seeded as ``xstage.moe.rank_tokens``, so bit-identical to the L-rank layer's)."""
+        (seeded as ``xstage.moe_reference.rank_tokens``, so bit-identical to the L-rank layer's)."""
         return plan_pushes(self, case, dtype, rank, wts, layouts, own)
 
     def dispatch_push(self, bufs, inputs: Mapping, ranks: Sequence[int]) -> None:
@@ -332,7 +332,7 @@ def check_landing(world: TrafficWorld, prob, bufs, what: str, weight_seed: int |
     """Every combine slot on this process's GPUs: the rows that owners L_0 / L_1 store for a source land at that
     source's (slot, token) and nowhere else (every other row still NaN); given the layer's ``weight_seed``, the
     landed rows within 2x PyTorch's own error of the float32 reference (fp8: within FP8_REL_L2 of its emulation,
-    ``xstage.moe.check_close``; each landed row is one (token, slot) item of the reference). Returns
+    ``xstage.moe_reference.check_close``; each landed row is one (token, slot) item of the reference). Returns
     {gpu: the landed rows, [n, Hd] in source-major (source, slot, token) order} (for bit-identity checks)."""
     c, s = prob.case, prob.case.shape
     reference = weight_seed is not None
