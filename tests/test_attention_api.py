@@ -154,26 +154,26 @@ def test_fast_launch_passes_the_bound_arguments(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 1234, raising=False)
     real = ulysses.ulysses_attention_kernel
     kern = _StubKernel(real)
-    kw = dict(Q="q0", K="k0", V="v0", Kd=None, Vd=None, out_ptr="o0", out_table="t", ts_ptr="t", S=64,
+    kw = dict(Q="q_init", K="k_init", V="v_init", Kd=None, Vd=None, out_ptr="o_init", out_table="t", ts_ptr="t", S=64,
               rows_per_rank=64, in_row_stride=128, out_row_stride=128, h_start=0, out_head0=0, qk_scale=0.5,
               n_heads=2, HEAD_DIM=64, BLOCK_M=64, BLOCK_N=64, EVEN_N=True, FUSED=False, TIMED=False, DEVICE=True,
               num_warps=4, num_stages=2)
     launch = api._FastLaunch(kern, (1, 2), kw, ("Q", "K", "V", "out_ptr"))
     assert all(launch.args[i] is None for i in launch.slots)      # no reference to the first call's tensors
-    launch.first("q1", "k1", "v1", "o1")
-    assert kern.calls[0][0] == "jit" and kern.calls[0][2]["Q"] == "q1" and kern.calls[0][2]["num_warps"] == 4
+    launch.first("q_a", "k_a", "v_a", "o_a")
+    assert kern.calls[0][0] == "jit" and kern.calls[0][2]["Q"] == "q_a" and kern.calls[0][2]["num_warps"] == 4
     assert launch.path == "compiled"
-    launch("q2", "k2", "v2", "o2")
+    launch("q_b", "k_b", "v_b", "o_b")
     kind, a = kern.calls[1]
     names = list(inspect.signature(real.fn).parameters)
     assert kind == "compiled" and a[:7] == (1, 2, 1, 1234, "fn", ("meta",), None)
     assert a[7:9] == api._launch_hooks()           # Triton's launch hooks, as its own launch path passes them
     got = dict(zip(names, a[9:]))
-    assert len(a) - 9 == len(names) and (got["Q"], got["out_ptr"], got["S"], got["PIPE"]) == ("q2", "o2", 64, False)
+    assert len(a) - 9 == len(names) and (got["Q"], got["out_ptr"], got["S"], got["PIPE"]) == ("q_b", "o_b", 64, False)
     failing = api._FastLaunch(_StubKernel(real, fail=True), (1, 2), kw, ("Q", "K", "V", "out_ptr"))
-    failing.first("q1", "k1", "v1", "o1")
-    failing("q3", "k3", "v3", "o3")
-    assert failing.path == "jit" and failing.kernel.calls[-1][2]["Q"] == "q3" and "17" in failing.fallback
+    failing.first("q_a", "k_a", "v_a", "o_a")
+    failing("q_c", "k_c", "v_c", "o_c")
+    assert failing.path == "jit" and failing.kernel.calls[-1][2]["Q"] == "q_c" and "17" in failing.fallback
 
 
 @pytest.mark.skipif(not attention_gluon.AVAILABLE, reason="this Triton has no Gluon for Hopper")

@@ -248,9 +248,9 @@ def _gluon_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
     config = ulysses_gluon.sweep_config(D)
     config.validate(D)
     out_shape = tuple(q.shape)
-    q3, k3, v3 = (t if t.dim() == 3 else t[0] for t in (q, k, v))
+    q_first, k_first, v_first = (t if t.dim() == 3 else t[0] for t in (q, k, v))
     probe = torch.empty(S, H, D, dtype=q.dtype, device=q.device)
-    templates = ulysses_gluon._descriptors(q3, k3, v3, probe, config)
+    templates = ulysses_gluon._descriptors(q_first, k_first, v_first, probe, config)
     scale = (D ** -0.5 if sm_scale is None else float(sm_scale)) * LOG2E
     grid = (-(-S // config.block_m) * H,)
     if config.persistent:
@@ -324,8 +324,8 @@ def _interpreter_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
     def run(q, k, v):
         dt = q.dtype
         work = torch.float32 if dt == torch.bfloat16 else dt
-        q4, k4, v4 = ((t if t.dim() == 4 else t.unsqueeze(0)) for t in (q, k, v))
-        outs = [triton_attention_forward(*(t[b].to(work).contiguous() for t in (q4, k4, v4)), sm_scale,
+        q_bshd, k_bshd, v_bshd = ((t if t.dim() == 4 else t.unsqueeze(0)) for t in (q, k, v))
+        outs = [triton_attention_forward(*(t[b].to(work).contiguous() for t in (q_bshd, k_bshd, v_bshd)), sm_scale,
                                          config=INTERPRETER_CONFIG) for b in range(B)]
         out = torch.stack(outs).to(dt)
         return out if q.dim() == 4 else out[0]
