@@ -6,8 +6,8 @@
 # scripts/fa4_one_gpu.sh describes (its parts in calls of their own, data/ out of the index).
 #   here, once:   bash scripts/attention_layer_gpu.sh build          (writes .whl/diffusers_site312.tar.xz; with
 #                 pip 23.2 on 2026-12-07: 10,651,456 B, sha256 9a92c80c9b994a3f888fadce8cf8344655c3e1586941b524d8b90d881c6e97ce)
-#   with FA4:     call 1: bash scripts/attention_layer_gpu.sh stash  (carry .whl/fa4site312.tar.xz.part-00)
-#                 call 2: OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh install layer:520 pack
+#   with FA4:     first call: bash scripts/attention_layer_gpu.sh stash  (carry .whl/fa4site312.tar.xz.part-00)
+#                 next call: OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh install layer:520 pack
 #                         (carry .whl/fa4site312.tar.xz.part-01 and .whl/diffusers_site312.tar.xz)
 #   without FA4:  OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev diffusers layer:520 pack
 #                         (carry .whl/diffusers_site312.tar.xz; the FA4 rows are absent with one line)
