@@ -372,9 +372,27 @@ def part_compile(ctx) -> dict:
     got = torch.compile(f, fullgraph=True, backend=backend)(q, k, v)
     compile_s = time.perf_counter() - t
     want = f(q, k, v)
-    return {"graph_breaks": ex.graph_break_count, "graphs": ex.graph_count, "fullgraph_compiled": True,
-            "backend": backend, "compile_s": compile_s, "bit_identical": bool(torch.equal(got, want)),
-            "rel_l2": rel_l2(got, want)}
+    out = {"graph_breaks": ex.graph_break_count, "graphs": ex.graph_count, "fullgraph_compiled": True,
+           "backend": backend, "compile_s": compile_s, "bit_identical": bool(torch.equal(got, want)),
+           "rel_l2": rel_l2(got, want)}
+    # the fused layer (two ranks in this process: EmulatedWorld on the CPU, OneGPUWorld on the GPU)
+    from xstage.ranks import EmulatedWorld, OneGPUWorld
+    from xstage.ulysses_layer import UlyssesAttention
+
+    world = OneGPUWorld(2, "local") if dev.type == "cuda" else EmulatedWorld(2)
+    layer = UlyssesAttention(world, heads=H, head_dim=D, seq_len=S)
+
+    def g(q, k, v):
+        return layer(q * 1.0, k, v).float().sum(-1)
+
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(g)(q, k, v)
+    got = torch.compile(g, fullgraph=True, backend=backend)(q, k, v)
+    want = g(q, k, v)
+    out["ulysses_p2"] = {"graph_breaks": ex.graph_break_count, "graphs": ex.graph_count, "fullgraph_compiled": True,
+                         "bit_identical": bool(torch.equal(got, want)), "rel_l2": rel_l2(got, want)}
+    layer.check()
+    return out
 
 
 def part_dit_block(ctx) -> dict:

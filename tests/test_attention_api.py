@@ -238,6 +238,68 @@ def test_ulysses_layer_bit_identical_to_the_call():
     with pytest.raises(ValueError, match="multiple of the number of ranks"):
         UlyssesAttention(world, heads=3, head_dim=64, seq_len=256)
 
+    def f(q, k, v):
+        return layer(q + 0.0, k, v).float().sum(-1)
+
+    explained = torch._dynamo.explain(f)(q, k, v)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    check_bit_identical(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v), f(q, k, v),
+                        "compiled UlyssesAttention")
+
 
 def test_compile_cache_dir(monkeypatch, tmp_path):
     assert isinstance(api.compile_cache_dir(), type(tmp_path))
+
+
+def _gloo_pre_all_to_all(rank, P, port, x_all, want):
+    import types
+
+    import torch.distributed as dist
+
+    from xstage.ulysses_layer import pre_all_to_all_nccl
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
+    try:
+        world = types.SimpleNamespace(dist=dist, world_size=P, local_ranks=[rank], emulated=False)
+        Sl = x_all.shape[0] // P
+        check_bit_identical(pre_all_to_all_nccl(x_all[rank * Sl:(rank + 1) * Sl].contiguous(), world), want[rank],
+                            f"rank {rank}'s pre-attention all-to-all")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_pre_all_to_all_on_gloo_ranks():
+    """The layer's collective path (one process per rank: all_to_all_single) gives each rank the whole sequence of
+    its heads, as the one-process path's indexing does (2 CPU processes, gloo)."""
+    import torch.multiprocessing as mp
+
+    from xstage.ranks import free_port
+    from xstage.ulysses import pre_all_to_all
+
+    P, (S, H, D) = 2, (12, 4, 8)
+    x_all = torch.randn(S, H, D)
+    want = pre_all_to_all([x_all[r * S // P:(r + 1) * S // P] for r in range(P)])
+    mp.spawn(_gloo_pre_all_to_all, args=(P, free_port(), x_all, want), nprocs=P, join=True)
+
+
+def test_host_us_queues_the_calls_behind_a_wait(monkeypatch):
+    """bench.host_us's bookkeeping with the CUDA calls stood in: a GPU-side wait per round sized to the calls, the
+    median of the rounds' per-call host time, ``covered`` False as soon as one round's wait had ended."""
+    from xstage import bench
+
+    sleeps, done = [], iter([False, False, True])
+
+    class Event:
+        def record(self):
+            pass
+
+        def query(self):
+            return next(done)
+
+    monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append, raising=False)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+    got = bench.host_us(lambda: calls.append(1), calls=4, rounds=3, cycles_per_call=10)
+    assert sleeps == [40, 40, 40] and len(calls) == 1 + 12 and len(got["rounds"]) == 3
+    assert got["us"] == sorted(got["rounds"])[1] and got["covered"] is False

@@ -30,6 +30,7 @@ def test_smoke_parts(tmp_path):
     assert len(parts["bad_input"]["cases"]) == 5 and all(parts["bad_input"]["cases"].values())
     assert parts["correctness"]["max_rel_l2_ours"] < 2e-2 and parts["correctness"]["all_hits_bit_identical"]
     assert parts["compile"]["graph_breaks"] == 0 and parts["compile"]["bit_identical"]
+    assert parts["compile"]["ulysses_p2"]["graph_breaks"] == 0 and parts["compile"]["ulysses_p2"]["bit_identical"]
     assert parts["dit_block"]["routed"] == {"attn1": {"xstage": 1, "sdpa": 0}, "attn2": {"xstage": 0, "sdpa": 1}}
     assert parts["dit_block"]["rel_l2_ours_vs_sdpa"] < 2e-2
     on_disk = json.loads((tmp_path / "summary.json").read_text())

@@ -5,7 +5,9 @@ every head; the pre-attention all-to-all gives each rank the whole sequence for 
 runs with the post-attention all-to-all fused into its epilogue (each output tile stored to the rank that owns its
 rows: ``xstage.ulysses_gluon.attention_forward(..., fused=...)`` on sm_90, the warp-specialised Gluon kernel with
 ``SWEEP_CONFIGS``; ``xstage.ulysses.ulysses_fused`` (kernels/attention.py) elsewhere and under the CPU interpreter),
-then the end-of-layer barrier (bounded: a peer that never arrives is recorded, :meth:`check` raises on it).
+then the end-of-layer barrier (bounded: a peer that never arrives is recorded, :meth:`check` raises on it). Under
+``torch.compile`` the forward is the custom op ``xstage::ulysses_attention`` (a fake implementation propagates the
+shape), so a model around the layer compiles with ``fullgraph=True``.
 
 forward(q, k, v) -> out, same shape as q (self-attention, non-causal, scale ``sm_scale`` or D ** -0.5):
 - a world of one process per GPU (``TorchSymmWorld`` under torchrun): this rank's tokens, q, k, v [B, Sl, H, D] or
@@ -21,6 +23,9 @@ The symmetric buffers (``xstage.ulysses.ulysses_buffers``) are allocated once, c
 (one line, before any launch); later calls launch. Forward only.
 """
 from __future__ import annotations
+
+import itertools
+import weakref
 
 import torch
 from torch import nn
@@ -43,6 +48,24 @@ def pre_all_to_all_nccl(x: torch.Tensor, world) -> torch.Tensor:
     return recv.view(P * Sl, H // P, D)
 
 
+_LAYERS: "weakref.WeakValueDictionary[int, UlyssesAttention]" = weakref.WeakValueDictionary()
+_IDS = itertools.count()
+OP_NAME = "xstage::ulysses_attention"
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def ulysses_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    """``xstage::ulysses_attention``: layer number ``layer``'s forward as a registered op (what ``torch.compile``
+    traces; the layer, its world and buffers stay outside the graph)."""
+    return _LAYERS[layer]._forward(q, k, v)
+
+
+@ulysses_attention_op.register_fake
+def _ulysses_attention_fake(q, k, v, layer):
+    validate_shapes(q, k, v)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
 class UlyssesAttention(nn.Module):
     """The fused Ulysses attention layer over ``world``'s ranks (module docstring). ``dtype``: the buffers' (bf16
     on GPUs; float32 under the CPU interpreter, whose bf16 ``tl.dot`` is wrong: there bf16 / float16 inputs run in
@@ -61,6 +84,8 @@ class UlyssesAttention(nn.Module):
         self.config = ulysses_gluon.sweep_config(head_dim) if self.kernel == "gluon" else None
         self.bufs = ulysses_buffers(world, seq_len, heads, head_dim, self.dtype)
         self._checked: set = set()
+        self.layer_id = next(_IDS)
+        _LAYERS[self.layer_id] = self
 
     def extra_repr(self) -> str:
         return (f"world_size={self.world.world_size}, heads={self.heads}, head_dim={self.head_dim}, "
@@ -93,6 +118,13 @@ class UlyssesAttention(nn.Module):
         self._checked.add(key)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v -> out, the same shape (module docstring); under ``torch.compile`` the op
+        ``xstage::ulysses_attention``."""
+        if torch.compiler.is_compiling():
+            return ulysses_attention_op(q, k, v, self.layer_id)
+        return self._forward(q, k, v)
+
+    def _forward(self, q, k, v) -> torch.Tensor:
         self._check(q, k, v)
         dt = q.dtype
         if dt != self.dtype:   # the interpreter only (checked): the kernel in float32, the output rounded back
