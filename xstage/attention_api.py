@@ -10,7 +10,9 @@ q's dtype: ``softmax(q k^T * sm_scale) v`` per batch and head, ``sm_scale`` defa
 The kernel, per device (``kernel_for``):
 - ``gluon``: sm_90 (H100 / H200) with a Triton that has Gluon for Hopper: kernels/attention_gluon.py's
   warp-specialised kernel with the tiles the studies chose per head dim (``xstage.ulysses_gluon.SWEEP_CONFIGS``: the
-  tiles of the measurements beside FA4, docs/attention.md), bf16.
+  tiles of the measurements beside FA4, docs/attention.md), bf16. Its waits on its own partitions' arrivals are
+  unbounded in hardware (kernels/attention_gluon.py); ``ulysses_gluon.CONFIGS``' one-partition kernel, whose waits
+  all complete by themselves, is the studies' slower default and is not what this call runs.
 - ``triton``: another CUDA GPU: kernels/attention.py with ``xstage.ulysses.default_config(D)``, bf16.
 - ``interpreter``: CPU tensors where Triton's CPU interpreter is on (``TRITON_INTERPRET=1``, which ``import xstage``
   sets on a machine without CUDA): the same Triton kernel on small tiles, for tests. The interpreter's bf16
