@@ -1,7 +1,8 @@
 """Issue 43's measurements of ``xstage.attention`` / ``xstage.UlyssesAttention`` on ONE GPU, in one process (the
 first-call part starts fresh ones):
 
-    OUT=... [MACHINE=h100x1] python3 scripts/attention_layer_gpu.py [--parts a,b] [--rounds 20] [--shapes S:H:D,...]
+    OUT=... [MACHINE=h100x1] [XSTAGE_GIT_COMMIT=sha] python3 scripts/attention_layer_gpu.py [--parts a,b] [--rounds 20]
+        [--shapes S:H:D,...]          (on the device: scripts/attention_layer_gpu.sh, which sets up FA4 and diffusers)
     python3 scripts/attention_layer_gpu.py --smoke      # the CPU (Triton's interpreter): tiny shapes, GPU parts skipped
 
 Parts (each's result in summary.json, its rows in <part>.csv; a part that fails records its error line and the
@@ -55,6 +56,11 @@ from xstage.attention_api import AttentionInputError
 from xstage.numeric import rel_l2
 from xstage.ulysses import attention_flops
 from xstage.ulysses_ladder import FA4_SHAPES, attention_reference_rows, sample_rows
+
+# diffusers carried as a `pip install --target` site (scripts/attention_layer_gpu.sh): put first on sys.path after torch
+# and xstage are imported, so the modules the image already loaded (filelock, packaging, ...) stay the image's own
+if os.environ.get("XSTAGE_DIFFUSERS_SITE"):
+    sys.path.insert(0, os.environ["XSTAGE_DIFFUSERS_SITE"])
 
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4}   # dense bf16, per card
 FIRST_CALL_SHAPE = (12_288, 16, 128)      # used by no other part: its first call in a fresh process

@@ -18,7 +18,8 @@
 #   install     FA4 from the stashed and carried parts + the editable install (scripts/fa4_one_gpu.sh install),
 #               then the diffusers stage
 #   dev         the editable install alone (no FA4)
-#   diffusers   the carried diffusers site unpacked into $DIFFSITE (on PYTHONPATH for the layer stage)
+#   diffusers   the carried diffusers site unpacked into $DIFFSITE (XSTAGE_DIFFUSERS_SITE for the layer stage: the
+#               script puts it first on sys.path after importing torch and xstage)
 #   layer:S     python3 scripts/attention_layer_gpu.py $LAYER_ARGS under a bound of S seconds
 #               -> $OUT/$MACHINE/attention_layer/ (summary.json, <part>.csv)
 #   pack        the logs into $OUT/logs.tgz
@@ -52,13 +53,13 @@ for s in "$@"; do
     diffusers)
       if [ -f $DIFF_TAR ]; then
         mkdir -p "$DIFFSITE" && xz -dc $DIFF_TAR | tar -x -C "$DIFFSITE" && sha256sum $DIFF_TAR
-        PYTHONPATH=$PYTHONPATH:$DIFFSITE python3 -c "import diffusers; print('== diffusers', diffusers.__version__)" 2>&1 | tail -1
+        python3 -c "import sys, torch; sys.path.insert(0, '$DIFFSITE'); import diffusers; print('== diffusers', diffusers.__version__)" 2>&1 | tail -1
       else
         echo "== no $DIFF_TAR carried: the dit_block part will record diffusers' absence"
       fi ;;
     layer:*)
       : "${OUT:?set OUT}"; t0=$SECONDS
-      PYTHONPATH=$PYTHONPATH:$DIFFSITE MACHINE=$MACHINE timeout --signal=INT --kill-after=15 "${s#layer:}" \
+      XSTAGE_DIFFUSERS_SITE=$DIFFSITE MACHINE=$MACHINE timeout --signal=INT --kill-after=15 "${s#layer:}" \
         python3 scripts/attention_layer_gpu.py ${LAYER_ARGS:-} >"$OUT/logs/attention_layer.log" 2>&1
       echo "== attention layer: rc=$? in $((SECONDS - t0))s"
       grep "^attention_layer:\|Error" "$OUT/logs/attention_layer.log" | cut -c1-900 | tail -n 40 ;;
