@@ -206,6 +206,28 @@ def test_gluon_entry_descriptors_per_batch(monkeypatch):
         assert a["qk_scale"] == pytest.approx(128 ** -0.5 * 1.4426950408889634)
 
 
+def test_hit_path_skips_validation(monkeypatch):
+    """Checks run on a key's first call only: later calls of the key are a lookup and the launch."""
+    q, k, v = _qkv((1, 64, 2, 64), torch.float16, seed=2)
+    first = attention(q, k, v)
+
+    def refuse(*a, **kw):
+        raise AssertionError("validated on a cache hit")
+
+    monkeypatch.setattr(api, "validate", refuse)
+    check_bit_identical(attention(q, k, v), first, "cache hit")
+    with pytest.raises(AssertionError, match="validated on a cache hit"):
+        attention(q[:, :32].contiguous(), k[:, :32].contiguous(), v[:, :32].contiguous())   # a new key validates
+
+
+def test_custom_op_opcheck():
+    """torch.library's own checks of the op: schema, the fake implementation against the real one, AOT dispatch."""
+    q, k, v = _qkv((1, 64, 2, 64), torch.float16, seed=4)
+    got = torch.library.opcheck(api.attention_op, (q, k, v, None),
+                                test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    assert set(got.values()) == {"SUCCESS"}, got
+
+
 def test_custom_op_compiles_fullgraph_without_breaks():
     q, k, v = _qkv((1, 64, 2, 64), torch.float16, seed=5)
 
