@@ -12,7 +12,8 @@ next part runs):
   a CPU tensor: each one line (the message recorded), the launch cache unchanged (nothing was built or launched).
 - correctness: per shape, ours, FA4's ``flash_attn_func``, cuDNN SDPA and torch bf16 (math SDPA) against a float32
   reference on sampled query rows; ours' cache-hit launch (the CompiledKernel's launcher) bit for bit against its
-  first (Triton's JIT) and against ``xstage.ulysses_gluon.attention_forward`` (the validated launcher of the studies).
+  first (Triton's JIT) and against ``xstage.ulysses_gluon.attention_forward`` (the validated launcher of the studies);
+  each shape's first call in this process (seconds: a compile only where Triton's specialisation is new).
 - host_us: host microseconds per call (``xstage.bench.host_us``: the calls queued behind a GPU-side wait) of ours,
   ours through the validated launcher, ``flash_attn_func``, FA4's compiled kernel launched directly, cuDNN SDPA.
 - timing: ``rounds`` rotated rounds of ours, ``flash_attn_func`` and cuDNN SDPA (``xstage.bench.round_robin_ms``):
@@ -197,9 +198,14 @@ def part_correctness(ctx) -> dict:
         g = torch.Generator(device=dev).manual_seed(7 + i)
         idx = sample_rows(S, 64 if not ctx["smoke"] else 16, g)
         ref = attention_reference_rows(q[0], k[0], v[0], idx)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        sync()
+        t = time.perf_counter()
         first = xstage.attention(q, k, v)                 # the key's first call: Triton's JIT launch
+        sync()
+        first_s = time.perf_counter() - t                 # in this process: compiles only a new specialisation
         hit = xstage.attention(q, k, v)                   # a cache hit: the compiled kernel's launcher
-        row = {"shape": name, "S": S, "H": H, "D": D, "ours": rel_l2(first[0][idx], ref),
+        row = {"shape": name, "S": S, "H": H, "D": D, "ours": rel_l2(first[0][idx], ref), "first_call_in_process_s": first_s,
                "hit_bit_identical": bool(torch.equal(first, hit)),
                "launch_paths": ",".join(attention_api.cache_info()["launch_paths"])}
         if dev.type == "cuda" and attention_api.kernel_for(dev) == "gluon":
@@ -452,6 +458,27 @@ PARTS = {"env": part_env, "bad_input": part_bad_input, "correctness": part_corre
 GPU_ONLY = {"host_us", "timing", "graphs"}
 
 
+def issue_table(summary: dict) -> str:
+    """The issue's table from this run's summary (ranges over the shapes), with host us per call and first-call s."""
+    t, h, f = (summary["parts"].get(p, {}) for p in ("timing", "host_us", "first_call"))
+
+    def rng(x, fmt="{:.3f}"):
+        return "-" if not x else (fmt.format(x[0]) if abs(x[1] - x[0]) < 1e-9 else
+                                  f"{fmt.format(x[0])}-{fmt.format(x[1])}")
+    lines = ["| timing | ours / `flash_attn_func` | ours / cuDNN SDPA |", "| --- | --- | --- |"]
+    for mode, label in (("plain", "plain (GPU idle before each sample)"), ("queued", "queued behind a GPU-side wait"),
+                        ("back_to_back", "8 launches back to back")):
+        lines.append(f"| {label} | {rng(t.get(f'{mode}_ours_over_fa4'))} | {rng(t.get(f'{mode}_ours_over_cudnn'))} |")
+    names = {"ours": "ours", "ours_validated_launcher": "ours through the studies' validated launcher",
+             "flash_attn_func": "`flash_attn_func`", "fa4_kernel_direct": "FA4's compiled kernel launched directly",
+             "cudnn": "cuDNN SDPA"}
+    host = ", ".join(f"{n} {rng(h[m], '{:.0f}')} us" for m, n in names.items() if h.get(m))
+    first = ", ".join(f"{m} {f[f'{m}_cold_first_s']:.2f} s cold / {f[f'{m}_warm_first_s']:.2f} s warm"
+                      for m in ("ours", "fa4", "cudnn") if f.get(f"{m}_cold_first_s") is not None
+                      and f.get(f"{m}_warm_first_s") is not None)
+    return "\n".join(lines) + f"\n\nHost time per call: {host or '-'}.\n\nFirst call of a new shape: {first or '-'}.\n"
+
+
 def _write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
@@ -498,6 +525,8 @@ def main(argv=None) -> dict:
         _write(out / "summary.json", json.dumps(summary, indent=1, default=str))
     summary["cache"] = attention_api.cache_info()
     _write(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    _write(out / "table.md", issue_table(summary))
+    print(issue_table(summary), flush=True)
     print(f"attention_layer: wrote {out}", file=sys.stderr)
     return summary
 
