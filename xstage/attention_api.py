@@ -24,7 +24,8 @@ No host tax: the first call of a key (shapes, strides, dtypes, devices, sm_scale
 device) validates (one line per problem, :class:`AttentionInputError`, before any launch), builds the TMA descriptor
 templates and compiles (or loads) the kernel; later calls of that key look the entry up in a dict and launch the
 kernel's ``CompiledKernel`` launcher directly (``_FastLaunch``: no argument binding, specialisation or JIT cache
-lookup; descriptors copied from the templates with the new base pointers). Compiled kernels persist on disk in
+lookup; the TMA descriptor objects copied from the key's templates with the new base pointers, no validation; Triton's
+launcher still encodes each one's CUtensorMap per launch, one C call each). Compiled kernels persist on disk in
 Triton's cache (``TRITON_CACHE_DIR``, default ``~/.triton/cache``; :func:`compile_cache_dir`), so a new process's
 first call loads instead of compiling.
 
@@ -242,6 +243,7 @@ class _Entry:
     shape: tuple
     run: Callable
     launches: list = field(default_factory=list)
+    first_out: object = None      # the first call's result (its launches were the entry's first), handed out once
 
 
 def _gluon_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
@@ -284,9 +286,7 @@ def _gluon_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
         args = (_descriptor_like(tq, qb), _descriptor_like(tk, kb), _descriptor_like(tv, vb), _descriptor_like(to, ob),
                 ob)
         launch.first(*args) if b == 0 else launch(*args)
-    entry = _Entry("gluon", out_shape, run, [launch])
-    entry.first_out = out
-    return entry
+    return _Entry("gluon", out_shape, run, [launch], out)
 
 
 def _triton_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
@@ -315,9 +315,7 @@ def _triton_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
     for b in range(B):
         args = (q[b], k[b], v[b], out[b]) if batched and b else (q, k, v, out)
         launch.first(*args) if b == 0 else launch(*args)
-    entry = _Entry("triton", out_shape, run, [launch])
-    entry.first_out = out
-    return entry
+    return _Entry("triton", out_shape, run, [launch], out)
 
 
 def _interpreter_entry(q, k, v, sm_scale, B, S, H, D) -> _Entry:
@@ -363,11 +361,8 @@ def _attention(q, k, v, sm_scale=None):
         entry = _BUILD[kernel](q, k, v, sm_scale, B, S, H, D)
     STATS["misses"] += 1
     _CACHE[key] = entry
-    first = getattr(entry, "first_out", None)
-    if first is not None:
-        del entry.first_out
-        return first
-    return entry.run(q, k, v)
+    first, entry.first_out = entry.first_out, None
+    return first if first is not None else entry.run(q, k, v)
 
 
 class _null:
