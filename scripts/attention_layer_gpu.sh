@@ -4,12 +4,12 @@
 # The GPU machine reaches no registry and its image has no diffusers: diffusers (extra [diffusers]) travels as one xz
 # tarball of a pure `pip install --target` (.whl/diffusers_site312.tar.xz, ~10.7 MB: carried with the tree), FA4 as
 # scripts/fa4_one_gpu.sh describes (its parts in calls of their own, data/ out of the index).
-#   here, once:   bash scripts/attention_layer_gpu.sh build          (writes .whl/diffusers_site312.tar.xz; with
+#   here, once:   PATH=<venv>/bin:$PATH bash scripts/attention_layer_gpu.sh build          (writes .whl/diffusers_site312.tar.xz; with
 #                 pip 23.2 on 2026-12-07: 10,651,456 B, sha256 9a92c80c9b994a3f888fadce8cf8344655c3e1586941b524d8b90d881c6e97ce)
 #   with FA4:     first call: bash scripts/attention_layer_gpu.sh stash  (carry .whl/fa4site312.tar.xz.part-00)
-#                 next call: OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh install layer:520 pack
+#                 next call: OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh install layer:480 pack
 #                         (carry .whl/fa4site312.tar.xz.part-01 and .whl/diffusers_site312.tar.xz)
-#   without FA4:  OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev diffusers layer:520 pack
+#   without FA4:  OUT=... MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev diffusers layer:540 pack
 #                         (carry .whl/diffusers_site312.tar.xz; the FA4 rows are absent with one line)
 # Stages run in the order given; each has its own time bound and a failure does not stop the next.
 #   build       (the CPU machine) the diffusers site for Python 3.12 / manylinux x86_64, pinned, no .pyc, tarred
