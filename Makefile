@@ -1,5 +1,5 @@
 # xstage: set up, test, reproduce.
-#   make venv          .venv with torch + xstage[notebooks,test] (editable); make venv-locked: the locked versions
+#   make venv          .venv with torch + xstage[notebooks,test,diffusers] (editable); make venv-locked: the locked versions
 #   make test          pytest tests/ (slow checks left out: make test-slow), then nbval over notebooks/
 #   make reproduce     run every notebook into runs/<UTC time>/ (ARGS="--only 02 --source recorded")
 #   make figures       README gallery: reproduce from recorded data into runs/figures/, PNGs into docs/figures/
@@ -48,7 +48,7 @@ venv: $(VENV)/.stamp
 $(VENV)/.stamp: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(if $(strip $(TORCH_SPEC)),$(PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)")
-	$(PY) -m pip install $(PIP_FLAGS) $(if $(strip $(LOCK)),-c $(LOCK)) -e ".[notebooks,test]"
+	$(PY) -m pip install $(PIP_FLAGS) $(if $(strip $(LOCK)),-c $(LOCK)) -e ".[notebooks,test,diffusers]"
 	touch $@
 
 # A fresh venv at the versions of requirements-lock.txt (on a machine that has a venv already: make distclean).

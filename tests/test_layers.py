@@ -27,7 +27,7 @@ LAYER_OF = [
     ("model*", "model"), ("fluid", "model"), ("stage*", "model"), ("fit*", "model"), ("moe_plan*", "model"),
     ("moe_cost*", "model"), ("moe_cases", "model"),
     ("ranks", "launchers"), ("remote_store", "launchers"), ("moe*", "launchers"), ("ulysses*", "launchers"),
-    ("fa4", "launchers"), ("traffic*", "launchers"), ("attention*", "launchers"),
+    ("fa4", "launchers"), ("traffic*", "launchers"), ("attention*", "launchers"), ("diffusers_processor", "launchers"),
     ("calibrate", "sweeps"),
     ("records", "records"), ("sources", "records"),
     ("studies", "analysis"),

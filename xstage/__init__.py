@@ -20,3 +20,19 @@ def _choose_triton_mode() -> None:
 
 
 _choose_triton_mode()
+
+# The public attention API, imported on first use (``import xstage`` stays light: the CLI's --help, the data side):
+# xstage.attention (xstage.attention_api) and xstage.UlyssesAttention (xstage.ulysses_layer).
+_PUBLIC = {"attention": "attention_api", "UlyssesAttention": "ulysses_layer"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_PUBLIC))

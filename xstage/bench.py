@@ -84,5 +84,32 @@ def sustained_ms(fn: Callable[[], None], seconds: float, ms_hint: float) -> tupl
     return n, start.elapsed_time(end) / n
 
 
+def host_us(fn: Callable[[], None], calls: int = 20, rounds: int = 7, cycles_per_call: int = 1_000_000,
+            device: torch.device | None = None) -> dict:
+    """Host microseconds per call of ``fn`` with the GPU never the bottleneck: each round queues a GPU-side wait
+    (``torch.cuda._sleep``, ``cycles_per_call`` cycles per call: ~0.5-0.7 ms on an H100 / H200, more than any call's
+    host time), then times ``calls`` calls with the host clock (each launch is queued behind the wait, none waits on
+    the GPU), then synchronizes. ``covered``: the wait was still running when the last call returned (an event
+    recorded after the wait had not completed), in every round. Returns {"us": median over rounds, "rounds": [us per
+    call each round], "covered": bool}."""
+    import time
+
+    fn()
+    torch.cuda.synchronize(device)
+    out, covered = [], True
+    for _ in range(rounds):
+        torch.cuda._sleep(calls * cycles_per_call)
+        after_wait = torch.cuda.Event()
+        after_wait.record()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        dt = time.perf_counter() - t
+        covered &= not after_wait.query()
+        torch.cuda.synchronize(device)
+        out.append(dt / calls * 1e6)
+    return {"us": statistics.median(out), "rounds": out, "covered": covered}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
