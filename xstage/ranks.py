@@ -34,6 +34,7 @@ import dataclasses
 import datetime
 import hashlib
 import os
+import re
 import shlex
 import socket
 import sys
@@ -378,7 +379,8 @@ def check_same_plan(plans: Sequence[str], commands: Sequence[str]) -> None:
     bad = [r for r, p in enumerate(plans) if p != plans[0]]
     if bad:
         r = bad[0]
-        raise ValueError(f"rank{'s' if len(bad) > 1 else ''} {_spans(bad)} run another plan than rank 0 (plan "
+        raise ValueError(f"{'ranks' if len(bad) > 1 else 'rank'} {_spans(bad)} {'run' if len(bad) > 1 else 'runs'} "
+                         f"another plan than rank 0 (plan "
                          f"{plans[r]}, rank 0's {plans[0]}): every rank must run the same command with the same "
                          f"options and defaults; rank 0 ran `{commands[0]}`, rank {r} `{commands[r]}`")
 
@@ -391,6 +393,24 @@ def _collective_failed(e: BaseException) -> bool:
         return True
     frames = traceback.extract_tb(e.__traceback__)
     return bool(frames) and f"torch{os.sep}distributed" in frames[-1].filename
+
+
+_STORES: dict = {}   # (launch, timeout) -> [the env:// rendezvous store, process groups made on it]
+
+
+def _launch_store(launch: env.Launch, timeout):
+    """The env:// rendezvous of this launch (torchrun's agent store, or rank 0's TCPStore at MASTER_PORT), made
+    once per process, under a fresh prefix for each process group: a sweep that spawns twice (or a test session
+    under torchrun) initialises a group again without reading the keys of the one before."""
+    import torch.distributed as dist
+
+    key = (launch, timeout)
+    if key not in _STORES:
+        store, _, _ = next(dist.rendezvous("env://", launch.rank, launch.world_size,
+                                           **({} if timeout is None else {"timeout": timeout})))
+        _STORES[key] = [store, 0]
+    _STORES[key][1] += 1
+    return dist.PrefixStore(f"xstage-{_STORES[key][1]}", _STORES[key][0])
 
 
 def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bool) -> None:
@@ -406,8 +426,8 @@ def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bo
         gpu = _local_gpu(launch)
         torch.cuda.set_device(gpu)
         kw["device_id"] = torch.device("cuda", gpu)
-    dist.init_process_group("gloo" if cpu else "nccl", init_method="env://", rank=launch.rank,
-                            world_size=launch.world_size, **kw)
+    dist.init_process_group("gloo" if cpu else "nccl", store=_launch_store(launch, kw.get("timeout")),
+                            rank=launch.rank, world_size=launch.world_size, **kw)
     try:
         every = [None] * launch.world_size
         command = shlex.join(["xstage"] + sys.argv[1:])
@@ -421,7 +441,8 @@ def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bo
         dist.barrier()
     except Exception as e:
         if _collective_failed(e):
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
+            first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])
+            first = first.split(". ")[0][:200]   # gloo: "[pair.cc:553] Connection closed by peer [addr]:port. ..."
             raise RuntimeError(f"{launch.describe()}: a collective failed: a peer rank stopped or cannot be reached "
                                f"({first}); the configurations finished so far are recorded: run the same command "
                                f"again to resume") from e
