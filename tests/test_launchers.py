@@ -84,14 +84,19 @@ def _launchers(out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> pd.DataFrame:
-    """The sweep as xstage starts its own ranks (mp.spawn, gloo)."""
+def spawned(tmp_path_factory) -> Path:
+    """The sweep as xstage starts its own ranks (mp.spawn, gloo): its folder."""
     out = tmp_path_factory.mktemp("spawn")
     res = _plain(out)
     assert res.returncode == 0, res.stderr
     df = _records(out)
     assert len(df) == 4 * ROWS_PER_POINT and sorted(set(df["rank"])) == [0, 1] and _launchers(out) == ["xstage"]
-    return df
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(spawned) -> pd.DataFrame:
+    return _records(spawned)
 
 
 def _assert_same_records(got: pd.DataFrame, want: pd.DataFrame) -> None:
@@ -144,6 +149,24 @@ def test_a_bad_world_is_one_line_on_every_rank_before_anything_runs(tmp_path, ca
     assert [rc for rc, _ in res] == [2, 2] and all(len(x) == 1 for x in lines), res
     assert lines[0] == lines[1] and want in lines[0][0]
     assert not (tmp_path / "burst_gap.csv").exists()
+
+
+def test_the_gpu_check_script_parses_and_compares_records(spawned, tmp_path, capsys):
+    """scripts/launch_check.sh parses; scripts/launch_check.py finds equal layouts equal, a cut record not."""
+    import importlib.util
+
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "launch_check.sh")]).returncode == 0
+    spec = importlib.util.spec_from_file_location("launch_check", ROOT / "scripts" / "launch_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.main([str(spawned)] * 3) == 0
+    assert "launched: the same configurations" in capsys.readouterr().out
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    lines = (spawned / "burst_gap.csv").read_text().splitlines(keepends=True)
+    (cut / "burst_gap.csv").write_text("".join(lines[:-1]))
+    assert check.main([str(spawned), str(spawned), str(cut)]) == 1
+    assert "launched: NOT the same" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------- the environment, in this process

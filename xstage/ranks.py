@@ -301,7 +301,7 @@ def spawn(fn: Callable, world_size: int, *args, peers: bool = True, plan=None) -
     group initialised from the environment (``env://``), after checking on every rank that the launcher started
     ``world_size`` ranks, that every rank runs the same ``plan`` (default ``args``; provenance dates excluded)
     and, with ``peers`` (the ranks store into each other's buffers), that they sit on one host. Otherwise xstage
-    starts them (``mp.spawn``: one process per GPU; users never type torchrun), on CPU processes with gloo where
+    starts them (``mp.spawn``: one process per GPU; nothing to type but the command), on CPU processes with gloo where
     ``XSTAGE_CPU_RANKS=1``. Raises before starting anything when fewer GPUs are visible. One rank is a world
     too: the host link and local memory need no peer (callers that send to a peer check for >= 2 themselves).
     """
