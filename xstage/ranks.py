@@ -395,18 +395,20 @@ def _collective_failed(e: BaseException) -> bool:
     return bool(frames) and f"torch{os.sep}distributed" in frames[-1].filename
 
 
-_STORES: dict = {}   # (launch, timeout) -> [the env:// rendezvous store, process groups made on it]
+_STORES: dict = {}   # (rendezvous, rank, world size, timeout) -> [its store, process groups made on it]
 
 
 def _launch_store(launch: env.Launch, timeout):
-    """The env:// rendezvous of this launch (torchrun's agent store, or rank 0's TCPStore at MASTER_PORT), made
-    once per process, under a fresh prefix for each process group: a sweep that spawns twice (or a test session
+    """The rendezvous of this launch, made once per process: torchrun's ``env://`` (its agent's store), or for
+    srun tasks rank 0's TCPStore at MASTER_ADDR:MASTER_PORT (``tcp://``; this process's environment is left as
+    SLURM set it). Each process group gets a fresh prefix in it: a sweep that spawns twice (or a test session
     under torchrun) initialises a group again without reading the keys of the one before."""
     import torch.distributed as dist
 
-    key = (launch, timeout)
+    url = "env://" if launch.launcher == "torchrun" else f"tcp://{launch.master_addr}:{launch.master_port}"
+    key = (url, launch.rank, launch.world_size, timeout)
     if key not in _STORES:
-        store, _, _ = next(dist.rendezvous("env://", launch.rank, launch.world_size,
+        store, _, _ = next(dist.rendezvous(url, launch.rank, launch.world_size,
                                            **({} if timeout is None else {"timeout": timeout})))
         _STORES[key] = [store, 0]
     _STORES[key][1] += 1
@@ -418,8 +420,6 @@ def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bo
     import torch.distributed as dist
 
     env.apply_safe_env()
-    os.environ.update(MASTER_ADDR=launch.master_addr, MASTER_PORT=str(launch.master_port), RANK=str(launch.rank),
-                      WORLD_SIZE=str(launch.world_size), LOCAL_RANK=str(launch.local_rank))
     cpu = env.cpu_ranks()
     kw = _timeout()
     if not cpu:
