@@ -235,7 +235,7 @@ def cpu_ranks(monkeypatch):
 @pytest.mark.parametrize("environ, line", [
     ({"WORLD_SIZE": "4"}, "xstage: error: WORLD_SIZE=4 set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"),
     (dict(WORLD_SIZE="4", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
-     "xstage: error: the burst-gap sweep (remote target) runs on 2 rank(s), but torchrun started 4 (this is rank "),
+     "xstage: error: the burst-gap sweep (remote target) runs on 2 rank(s) (--world-size 2), but torchrun started 4 "),
 ])
 def test_the_command_line_refuses_a_bad_launch_on_every_rank(cpu_ranks, capsys, tmp_path, rank, environ, line):
     """What each rank prints (one line, exit code 2) before anything launches: no record is started."""
@@ -247,7 +247,8 @@ def test_the_command_line_refuses_a_bad_launch_on_every_rank(cpu_ranks, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(line), err
     if "LOCAL_RANK" in environ:
-        assert f"this is rank {rank} of 4 (torchrun" in err[0] and "torchrun --nproc-per-node 2" in err[0]
+        assert f"(this is rank {rank} of 4 (torchrun" in err[0] and "(torchrun --nproc-per-node 2), give " \
+            "--world-size 4 or run it without a launcher" in err[0]
     assert not (tmp_path / "out").exists()
 
 

@@ -265,7 +265,8 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
     _check_same_harness(out, grid)
     if source == "gpu":   # GPUs, or CPU ranks under Triton's interpreter (XSTAGE_CPU_RANKS=1)
         require_world(grid.world_size, "the burst-gap sweep" + (" (remote target)" if "remote" in grid.targets
-                                                                else " (host link)"), simulated=True, cpu=True)
+                                                                else " (host link)"), simulated=True, cpu=True,
+                      option="--world-size")
         sms = CPU_SMS if env.cpu_ranks() else torch.cuda.get_device_properties(0).multi_processor_count
         grid.validate(sms)
         meta = env.provenance(command, {"grid": asdict(grid), "source": "gpu"})
@@ -300,7 +301,7 @@ def run_bandwidth(out: str | Path, command: str = "", world_size: int | None = N
     world_size = world_size or (2 if env.gpu_count() >= 2 else 1)
     if world_size not in (1, 2):
         raise ValueError(f"the bandwidth benchmark runs on 1 or 2 GPUs, got world_size={world_size}")
-    require_world(world_size, "the bandwidth benchmark", simulated=False)
+    require_world(world_size, "the bandwidth benchmark", simulated=False, option="--world-size")
     spawn(bandwidth_job, world_size, str(out), env.provenance(command, {"world_size": world_size}))
     return Path(out) / f"{data.BANDWIDTH.name}.csv"
 
@@ -492,7 +493,7 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
     grid.validate()
     meta = {"grid": asdict(grid), "source": source}
     if source == "gpu":
-        require_world(grid.world_size, "the train study", simulated=True, cpu=True)
+        require_world(grid.world_size, "the train study", simulated=True, cpu=True, option="--world-size")
         spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta),
               peers="remote" in grid.targets)
     elif source == "simulated":

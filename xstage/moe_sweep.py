@@ -415,7 +415,7 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     if world == "one-gpu":
         env.require_gpus(1, "the MegaMoE sweep")
     else:
-        require_world(world_size, "the MegaMoE sweep")
+        require_world(world_size, "the MegaMoE sweep", option="--ranks")
     prm = prm() if callable(prm) else prm
     params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,

@@ -276,17 +276,22 @@ def _local_gpu(launch: env.Launch) -> int:
     return launch.local_rank if n > 1 else 0
 
 
-def require_world(world_size: int, what: str, simulated: bool | None = None, cpu: bool = False) -> None:
+def require_world(world_size: int, what: str, simulated: bool | None = None, cpu: bool = False,
+                  option: str | None = None) -> None:
     """Before anything launches: the ranks ``what`` needs are there. Launched (torchrun, srun): the launcher
     started exactly ``world_size`` ranks and this one has a GPU; otherwise ``world_size`` visible GPUs
-    (:func:`xstage.env.require_gpus`). ``cpu``: ``what`` also runs on CPU ranks (``XSTAGE_CPU_RANKS=1``)."""
+    (:func:`xstage.env.require_gpus`). ``cpu``: ``what`` also runs on CPU ranks (``XSTAGE_CPU_RANKS=1``);
+    ``option``: the command line's option that sets the world size (named in the error)."""
     launch = env.launched()
     on_cpu = cpu and env.cpu_ranks()
     if launch is not None:
         if launch.world_size != world_size:
-            raise ValueError(f"{what} runs on {world_size} rank(s), but {launch.launcher} started "
+            asked = f" ({option} {world_size})" if option else ""
+            raise ValueError(f"{what} runs on {world_size} rank(s){asked}, but {launch.launcher} started "
                              f"{launch.world_size} (this is {launch.describe()}): start {world_size} "
-                             f"({_how_to_start(launch.launcher, world_size)}) or run it without a launcher")
+                             f"({_how_to_start(launch.launcher, world_size)})"
+                             + (f", give {option} {launch.world_size}" if option else "")
+                             + " or run it without a launcher")
         if not on_cpu:
             _local_gpu(launch)
         return

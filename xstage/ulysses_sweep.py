@@ -455,7 +455,7 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         ulysses_job(OneGPUWorld(world_size, link), list(shapes), str(out), meta, repeats, warmup, list(methods),
                     tune, chunks, seed)
     else:
-        require_world(world_size, "the Ulysses sweep")
+        require_world(world_size, "the Ulysses sweep", option="--ranks")
         if any(m in fa4.METHODS for m in methods):
             methods, params["fa4"] = fa4_methods(methods)
         if any(m in gluon.SWEEP_METHODS for m in methods):
