@@ -71,7 +71,8 @@ def main(argv=None) -> int:
         print(table.drop(columns=["store_bytes", "n_bursts", "drain", "sync"]).round(3).to_string(index=False))
     gm = lambda x: float(np.exp(np.log(x).mean()))  # noqa: E731
     print(f"launched within the plain runs' repeat range: {int(table.within.sum())} of {len(table)} configurations; "
-          f"geomean launched/plain {gm(table.launched_vs_plain):.3f}, plain again/plain {gm(table.again_vs_plain):.3f}; "
+          f"geomean launched/plain {gm(table.launched_vs_plain):.3f}, "
+          f"plain again/plain {gm(table.again_vs_plain):.3f}; "
           f"median |launched/plain - 1| {float((table.launched_vs_plain - 1).abs().median()):.3f}, "
           f"|again/plain - 1| {float((table.again_vs_plain - 1).abs().median()):.3f}")
     return 0 if all(same.values()) else 1

@@ -30,8 +30,12 @@ LAUNCH = _launch()
 def _run_id() -> str:
     """One name for this launch on every rank."""
     e = os.environ
-    rid = e.get("TORCHELASTIC_RUN_ID") or (f"{e.get('SLURM_JOB_ID')}.{e.get('SLURM_STEP_ID')}" if LAUNCH and
-                                           LAUNCH.launcher == "slurm" else f"{e.get('MASTER_ADDR')}-{e.get('MASTER_PORT')}")
+    if e.get("TORCHELASTIC_RUN_ID"):
+        rid = e["TORCHELASTIC_RUN_ID"]
+    elif LAUNCH is not None and LAUNCH.launcher == "slurm":
+        rid = f"{e.get('SLURM_JOB_ID')}.{e.get('SLURM_STEP_ID')}"
+    else:
+        rid = f"{e.get('MASTER_ADDR')}-{e.get('MASTER_PORT')}"
     return re.sub(r"[^\w.-]", "_", rid)
 
 
@@ -61,7 +65,8 @@ def tmp_path(tmp_path, request):
     """pytest's, or under a launcher one folder every rank of this host shares (rank 0 writes the records)."""
     if LAUNCH is None:
         return tmp_path
-    shared = Path(tempfile.gettempdir()) / f"xstage-launched-{_run_id()}" / re.sub(r"\W", "_", request.node.nodeid)[-120:]
+    test = re.sub(r"\W", "_", request.node.nodeid)[-120:]
+    shared = Path(tempfile.gettempdir()) / f"xstage-launched-{_run_id()}" / test
     shared.mkdir(parents=True, exist_ok=True)
     return shared
 

@@ -221,7 +221,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple) ->
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank))
+    dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", rank),
+                            **_timeout())
     try:
         fn(TorchSymmWorld(), *args)
     finally:
@@ -303,18 +304,20 @@ def spawn(fn: Callable, world_size: int, *args, peers: bool = True, plan=None) -
     """Run ``fn(world, *args)`` on ``world_size`` ranks, one process each.
 
     Launched (torchrun, srun; :func:`xstage.env.launched`): this process runs ``fn`` as its rank, in a process
-    group initialised from the environment (``env://``), after checking on every rank that the launcher started
-    ``world_size`` ranks, that every rank runs the same ``plan`` (default ``args``; provenance dates excluded)
-    and, with ``peers`` (the ranks store into each other's buffers), that they sit on one host. Otherwise xstage
-    starts them (``mp.spawn``: one process per GPU; nothing to type but the command), on CPU processes with gloo where
-    ``XSTAGE_CPU_RANKS=1``. Raises before starting anything when fewer GPUs are visible. One rank is a world
-    too: the host link and local memory need no peer (callers that send to a peer check for >= 2 themselves).
+    group met through the launcher's rendezvous (torchrun's ``env://``; srun's MASTER_ADDR:MASTER_PORT), after
+    checking on every rank that the launcher started ``world_size`` ranks, that every rank runs the same ``plan``
+    (default ``args``; provenance dates excluded) and, with ``peers`` (the ranks store into each other's
+    buffers), that they sit on one host. Otherwise xstage starts them (``mp.spawn``: one process per GPU;
+    nothing to type but the command), CPU processes over gloo where ``XSTAGE_CPU_RANKS=1``. Raises before
+    starting anything when fewer GPUs are visible. One rank is a world too: the host link and local memory need
+    no peer (callers that send to a peer check for >= 2 themselves).
     """
     import torch.multiprocessing as mp
 
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     require_world(world_size, f"a {world_size}-rank run", cpu=True)
+    _timeout()                    # a bad XSTAGE_RANK_TIMEOUT_S is one error here, not one per started rank
     launch = env.launched()
     if launch is not None:
         _run_launched(launch, fn, args, args if plan is None else plan, peers)
