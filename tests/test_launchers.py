@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--targets", "remote", "--burst-kib", "1,2", "--gap-us", "0", "--programs", "1,2", "--store-bytes", "16",
         "--bursts", "2", "--repeats", "2"]
 ROWS_PER_POINT = 2 * 2 * 2
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+               "MASTER_PORT",
                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
 
 
@@ -273,6 +274,39 @@ def test_world_checks_name_ranks_and_hosts():
     with pytest.raises(ValueError, match=r"ranks 1, 3 run another plan than rank 0 \(plan q, rank 0's p\).*"
                                          r"rank 0 ran `x0`, rank 1 `x1`"):
         ranks.check_same_plan(["p", "q", "p", "r"], ["x0", "x1", "x2", "x3"])
+
+
+@pytest.mark.parametrize("environ, match", [
+    ({**TORCHRUN, "GROUP_WORLD_SIZE": "2"}, r"rank 3 of 4 \(torchrun, host .*\): the world spans 2 nodes "
+                                            r"\(GROUP_WORLD_SIZE\), but its ranks store .* do not cross hosts"),
+    ({**TORCHRUN, "LOCAL_WORLD_SIZE": "2"}, r"the world spans 2 nodes \(LOCAL_WORLD_SIZE\)"),
+    ({**SRUN, "SLURM_STEP_NUM_NODES": "4"}, r"rank 5 of 8 \(slurm, host gpu05\): the world spans 4 nodes "
+                                            r"\(SLURM_STEP_NUM_NODES\)"),
+    ({**TORCHRUN, "GROUP_WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "4"}, None),
+    ({**SRUN, "SLURM_STEP_NUM_NODES": "1"}, None),
+])
+def test_a_world_the_launcher_spreads_over_nodes_is_refused_before_any_rendezvous(environ, match):
+    launch = env.launched(environ)
+    if match is None:
+        ranks.check_one_node(launch)
+    else:
+        with pytest.raises(RuntimeError, match=match):
+            ranks.check_one_node(launch)
+
+
+def test_collective_failures_are_told_apart_from_the_jobs_own_errors():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with pytest.raises(Exception) as caught:
+            dist.broadcast(torch.zeros(1), src=3)                 # no rank 3: raised inside torch.distributed
+        assert ranks._collective_failed(caught.value)
+        with pytest.raises(RuntimeError) as caught:
+            ranks.check_one_host(["a", "b"])
+        assert not ranks._collective_failed(caught.value)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-3"])

@@ -54,6 +54,8 @@ class Launch:
     master_addr: str
     master_port: int
     host: str            # this node's name (SLURMD_NODENAME under SLURM, else the host name)
+    nodes: int | None = None   # nodes the launcher says the world spans (None: it does not say)
+    nodes_var: str = ""        # the variable that says so
 
     def describe(self) -> str:
         return f"rank {self.rank} of {self.world_size} ({self.launcher}, host {self.host})"
@@ -104,7 +106,13 @@ def _torchrun(environ) -> Launch:
     rank, world = _int_var(environ, "RANK"), _int_var(environ, "WORLD_SIZE", 1)
     local, port = _int_var(environ, "LOCAL_RANK"), _int_var(environ, "MASTER_PORT", 1)
     _check_rank("torchrun", rank, world, local, ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    return Launch("torchrun", rank, world, local, environ["MASTER_ADDR"], port, host_name(environ))
+    nodes, var = None, ""
+    if environ.get("GROUP_WORLD_SIZE"):            # torchrun: one agent (group) per node
+        nodes, var = _int_var(environ, "GROUP_WORLD_SIZE", 1), "GROUP_WORLD_SIZE"
+    elif environ.get("LOCAL_WORLD_SIZE"):
+        local_world = _int_var(environ, "LOCAL_WORLD_SIZE", 1)
+        nodes, var = -(-world // local_world), "LOCAL_WORLD_SIZE"
+    return Launch("torchrun", rank, world, local, environ["MASTER_ADDR"], port, host_name(environ), nodes, var)
 
 
 def _slurm(environ) -> Launch:
@@ -128,7 +136,8 @@ def _slurm(environ) -> Launch:
     else:   # the same on every task of a step, different for two steps of one job
         job = _int_var(environ, "SLURM_JOB_ID") if environ.get("SLURM_JOB_ID") else 0
         port = 20000 + (job % 1000) * 10 + int(environ.get("SLURM_STEP_ID", "0") or 0) % 10
-    return Launch("slurm", rank, world, local, addr, port, host_name(environ))
+    nodes = _int_var(environ, "SLURM_STEP_NUM_NODES", 1) if environ.get("SLURM_STEP_NUM_NODES") else None
+    return Launch("slurm", rank, world, local, addr, port, host_name(environ), nodes, "SLURM_STEP_NUM_NODES")
 
 
 def launched(environ=None) -> Launch | None:

@@ -368,6 +368,18 @@ def _spans(ranks: Sequence[int]) -> str:
     return ", ".join(out)
 
 
+PEER_POINTERS = ("its ranks store into each other's buffers through peer pointers (NVLink, torch symmetric memory), "
+                 "which do not cross hosts: run every rank on one node (torchrun --nnodes 1, srun --nodes 1)")
+
+
+def check_one_node(launch: env.Launch) -> None:
+    """Before any rendezvous: refuse a world the launcher says spans nodes (torchrun's GROUP_WORLD_SIZE or
+    LOCAL_WORLD_SIZE, srun's SLURM_STEP_NUM_NODES); :func:`check_one_host` checks the gathered hosts after it."""
+    if launch.nodes is not None and launch.nodes > 1:
+        raise RuntimeError(f"{launch.describe()}: the world spans {launch.nodes} nodes ({launch.nodes_var}), but "
+                           + PEER_POINTERS)
+
+
 def check_one_host(hosts: Sequence[str]) -> None:
     """Refuse a world whose ranks (``hosts[r]``: rank r's host) sit on more than one host: its ranks store into
     each other's buffers through peer pointers (NVLink, torch symmetric memory; /dev/shm for CPU ranks),
@@ -377,9 +389,7 @@ def check_one_host(hosts: Sequence[str]) -> None:
         by_host.setdefault(h, []).append(r)
     if len(by_host) > 1:
         where = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {_spans(rs)} on {h}" for h, rs in by_host.items())
-        raise RuntimeError(f"the world spans {len(by_host)} hosts ({where}), but its ranks store into each other's "
-                           f"buffers through peer pointers (NVLink, torch symmetric memory), which do not cross "
-                           f"hosts: run every rank on one node (torchrun --nnodes 1, srun --nodes 1)")
+        raise RuntimeError(f"the world spans {len(by_host)} hosts ({where}), but " + PEER_POINTERS)
 
 
 def check_same_plan(plans: Sequence[str], commands: Sequence[str]) -> None:
@@ -427,6 +437,8 @@ def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bo
     """``fn(world, *args)`` as rank ``launch.rank`` of the launcher's world (see :func:`spawn`)."""
     import torch.distributed as dist
 
+    if peers:
+        check_one_node(launch)
     env.apply_safe_env()
     cpu = env.cpu_ranks()
     kw = _timeout()
