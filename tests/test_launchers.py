@@ -152,6 +152,20 @@ def test_a_bad_world_is_one_line_on_every_rank_before_anything_runs(tmp_path, ca
     assert not (tmp_path / "burst_gap.csv").exists()
 
 
+@pytest.mark.slow      # the train study's collectives (per-program rows, the broadcast of recorded trains)
+def test_train_study_under_torchrun_records_equal_mp_spawn(tmp_path):
+    trains = ["sweep", "trains", "--targets", "remote", "--programs", "1,2", "--count", "2", "--bursts", "3",
+              "--burst-kib-range", "2,8", "--repeats", "2", "--per-program"]
+    plain = _run([sys.executable, "-m", "xstage", *trains, "--out", str(tmp_path / "plain")])
+    launched = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                     "xstage", *trains, "--out", str(tmp_path / "torchrun")])
+    assert plain.returncode == 0 and launched.returncode == 0, plain.stderr + launched.stderr
+    for schema in (data.BURST_TRAIN, data.BURST_PROGRAM):
+        want, got = (data.read_rows(tmp_path / f / f"{schema.name}.csv", schema) for f in ("plain", "torchrun"))
+        assert len(want) and sorted(set(want["rank"])) == [0, 1]
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
 def test_the_gpu_check_script_parses_and_compares_records(spawned, tmp_path, capsys):
     """scripts/launch_check.sh parses; scripts/launch_check.py finds equal layouts equal, a cut record not."""
     import importlib.util
