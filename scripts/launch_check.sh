@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One GPU, a few minutes: the burst-gap sweep of the host link (targets host,local; one rank) run by the plain
-# command twice (xstage's own ranks: the run-to-run spread), under `torchrun --nproc-per-node 1`, and once
-# started under torchrun on part of the grid and finished by the plain command (one record, two launchers);
-# then scripts/launch_check.py compares them. Everything under $OUT/launch_check/ (logs in $OUT/logs/).
+# One GPU, ~2-3 minutes (at most 120 s install + 5 x 90 s): the burst-gap sweep of the host link (targets
+# host,local; one rank) run by the plain command twice (xstage's own ranks: the run-to-run spread), under
+# `torchrun --nproc-per-node 1`, and once started under torchrun on part of the grid and finished by the plain
+# command (one record, two launchers); then scripts/launch_check.py compares them. Everything under
+# $OUT/launch_check/ (logs in $OUT/logs/).
 #   OUT=... scripts/launch_check.sh            (GRID="--burst-kib 1 ..." replaces the grid; PY=python3)
 # On a CPU (a dry run of the script itself): TRITON_INTERPRET=1 XSTAGE_CPU_RANKS=1 GRID="--burst-kib 1,2
 #   --gap-us 0 --programs 1,2 --store-bytes 16 --bursts 2 --repeats 2" OUT=/tmp/x scripts/launch_check.sh
@@ -25,15 +26,15 @@ stage() {  # name, seconds, command...
 [ -n "${TRITON_INTERPRET:-}" ] || { nvidia-smi -L; stage install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .; }
 rm -rf "$D"/plain "$D"/plain_again "$D"/torchrun "$D"/resumed
 # shellcheck disable=SC2086  # GRID is a list of options
-stage plain 240 "$PY" -m xstage "${SWEEP[@]}" --out "$D/plain" $GRID
+stage plain 90 "$PY" -m xstage "${SWEEP[@]}" --out "$D/plain" $GRID
 # shellcheck disable=SC2086
-stage torchrun 240 "${TORCHRUN[@]}" "${SWEEP[@]}" --out "$D/torchrun" $GRID
+stage torchrun 90 "${TORCHRUN[@]}" "${SWEEP[@]}" --out "$D/torchrun" $GRID
 # shellcheck disable=SC2086
-stage plain-again 240 "$PY" -m xstage "${SWEEP[@]}" --out "$D/plain_again" $GRID
+stage plain-again 90 "$PY" -m xstage "${SWEEP[@]}" --out "$D/plain_again" $GRID
 # shellcheck disable=SC2086
-stage resumed-torchrun-part 240 "${TORCHRUN[@]}" "${SWEEP[@]}" --out "$D/resumed" $PART
+stage resumed-torchrun-part 90 "${TORCHRUN[@]}" "${SWEEP[@]}" --out "$D/resumed" $PART
 # shellcheck disable=SC2086
-stage resumed-plain-rest 240 "$PY" -m xstage "${SWEEP[@]}" --out "$D/resumed" $GRID
+stage resumed-plain-rest 90 "$PY" -m xstage "${SWEEP[@]}" --out "$D/resumed" $GRID
 "$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); print('resumed record, launchers:', [m.get('launcher')] + [r.get('launcher') for r in m['runs']])" "$D/resumed/burst_gap.json"
 "$PY" scripts/launch_check.py "$D/plain" "$D/plain_again" "$D/torchrun" "$D/resumed" --csv "$D/compare.csv" \
   2>&1 | tee "$D/compare.txt"

@@ -1,4 +1,5 @@
-"""Where we are running: GPUs or not, the interpreter, the machine's name, and provenance for recorded data."""
+"""Where we are running: GPUs or not, the interpreter, who launched this process (torchrun, srun or nobody), the
+machine's name, and provenance for recorded data."""
 from __future__ import annotations
 
 import datetime as _dt
