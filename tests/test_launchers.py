@@ -267,6 +267,23 @@ def test_the_command_line_refuses_a_bad_launch_on_every_rank(cpu_ranks, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv, what", [
+    (["sweep", "burst-gap", *GRID, "--source", "simulated"],
+     "the simulated burst-gap sweep (--source simulated) runs in one process"),
+    (["sweep", "megamoe", "--world", "one-gpu", "--link", "host", "--cases", "mixtral_8x7b_T128_hot"],
+     "the one-GPU MegaMoE sweep (--world one-gpu) runs in one process"),
+    (["sweep", "ulysses", "--world", "one-gpu", "--link", "host", "--shapes", "flux1_4608"],
+     "the one-GPU Ulysses sweep (--world one-gpu) runs in one process"),
+])
+def test_a_one_process_sweep_under_a_launcher_of_more_ranks_is_refused(cpu_ranks, capsys, tmp_path, argv, what):
+    for k, v in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+        cpu_ranks.setenv(k, v)
+    assert cli.main(argv + ["--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0] and "each would write the same record" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_plan_digest_sees_the_plan_not_the_date():
     from xstage.burst_gap_sweep import BurstGapGrid, burst_gap_job
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from . import data, env, resume
 from .fluid import KIB, BurstGapParams, simulate_sweep
 from .model import simulated_train_rows
-from .ranks import require_world, spawn
+from .ranks import require_one_process, require_world, spawn
 from .sources import (check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
                       source_data as _source_data)
 from .remote_store import (bandwidth_worker, POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
@@ -272,6 +272,7 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
         meta = env.provenance(command, {"grid": asdict(grid), "source": "gpu"})
         spawn(burst_gap_job, grid.world_size, grid, str(out), meta, peers="remote" in grid.targets)
     elif source == "simulated":
+        require_one_process("the simulated burst-gap sweep (--source simulated)")
         grid.validate(132)
         prm = params or BurstGapParams.reference()
         df = simulate_sweep(grid, prm, sm_count=132, seed=0)
@@ -497,6 +498,7 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
         spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta),
               peers="remote" in grid.targets)
     elif source == "simulated":
+        require_one_process("the simulated train study (--source simulated)")
         if grid.per_program:
             raise ValueError("per_program records the GPU's programs (their SMs and timestamps): the simulated "
                              "source has none; run it with source='gpu'")

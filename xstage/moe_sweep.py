@@ -43,7 +43,7 @@ from .moe_plan import (ASSIGNMENT_REGISTRY, ASSIGNMENTS, CASES, DTYPES_GPU, HOT_
                        predict_kernel_ns, remote_combine_bytes, routing_of, selection)
 from .moe_unfused import make_unfused, make_unfused_one_process
 from .numeric import check_bit_identical, rel_l2
-from .ranks import ONE_GPU_LINKS, OneGPUWorld, require_world, spawn
+from .ranks import ONE_GPU_LINKS, OneGPUWorld, require_one_process, require_world, spawn
 from .resume import pending
 from .sources import NoRecordedData, recorded_params, source_data
 from .traffic import TrafficWorld, check_schedules, validate_traffic
@@ -413,6 +413,7 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
             raise ValueError(f"{side.parent} holds a sweep timed as {had_params.get('timing', 'blocks')!r}; record "
                              f"the {TIMING!r} one in another folder")
     if world == "one-gpu":
+        require_one_process("the one-GPU MegaMoE sweep (--world one-gpu)")
         env.require_gpus(1, "the MegaMoE sweep")
     else:
         require_world(world_size, "the MegaMoE sweep", option="--ranks")

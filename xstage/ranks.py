@@ -300,6 +300,16 @@ def require_world(world_size: int, what: str, simulated: bool | None = None, cpu
         env.require_gpus(world_size, what, simulated)
 
 
+def require_one_process(what: str) -> None:
+    """``what`` runs in this one process (the one-GPU world, a simulated source): refuse a launched world of
+    more ranks, each of which would write the same record."""
+    launch = env.launched()
+    if launch is not None and launch.world_size > 1:
+        raise ValueError(f"{what} runs in one process, but {launch.launcher} started {launch.world_size} (this is "
+                         f"{launch.describe()}) and each would write the same record: run it without a launcher "
+                         f"(or {_how_to_start(launch.launcher, 1)})")
+
+
 def spawn(fn: Callable, world_size: int, *args, peers: bool = True, plan=None) -> None:
     """Run ``fn(world, *args)`` on ``world_size`` ranks, one process each.
 
