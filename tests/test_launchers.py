@@ -325,6 +325,19 @@ def test_a_world_the_launcher_spreads_over_nodes_is_refused_before_any_rendezvou
             ranks.check_one_node(launch)
 
 
+def test_a_rank_whose_peers_never_come_says_so_in_time(cpu_ranks):
+    """srun started 2 tasks, only rank 0 is here: the rendezvous times out (XSTAGE_RANK_TIMEOUT_S) in one line."""
+    port = free_port()
+    for k, v in dict(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0",
+                     SLURM_NODELIST="127.0.0.1", MASTER_PORT=str(port), **{ranks.RANK_TIMEOUT: "2"}).items():
+        cpu_ranks.setenv(k, v)
+    ran = []
+    with pytest.raises(RuntimeError, match=rf"rank 0 of 2 \(slurm, host .*\): the ranks did not meet at "
+                                           rf"127.0.0.1:{port} \(.*\): did all 2 start"):
+        ranks.spawn(lambda world: ran.append(world), 2)
+    assert not ran
+
+
 def test_collective_failures_are_told_apart_from_the_jobs_own_errors():
     import torch.distributed as dist
 

@@ -423,6 +423,12 @@ def _collective_failed(e: BaseException) -> bool:
     return bool(frames) and f"torch{os.sep}distributed" in frames[-1].filename
 
 
+def _first_line(e: BaseException) -> str:
+    """The gist of a torch.distributed error: its first sentence, without gloo's source location."""
+    first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])
+    return first.split(". ")[0][:200]    # gloo: "[pair.cc:553] Connection closed by peer [addr]:port. ..."
+
+
 _STORES: dict = {}   # (rendezvous, rank, world size, timeout) -> [its store, process groups made on it]
 
 
@@ -456,8 +462,15 @@ def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bo
         gpu = _local_gpu(launch)
         torch.cuda.set_device(gpu)
         kw["device_id"] = torch.device("cuda", gpu)
-    dist.init_process_group("gloo" if cpu else "nccl", store=_launch_store(launch, kw.get("timeout")),
-                            rank=launch.rank, world_size=launch.world_size, **kw)
+    try:
+        dist.init_process_group("gloo" if cpu else "nccl", store=_launch_store(launch, kw.get("timeout")),
+                                rank=launch.rank, world_size=launch.world_size, **kw)
+    except Exception as e:
+        if not _collective_failed(e):
+            raise
+        raise RuntimeError(f"{launch.describe()}: the ranks did not meet at {launch.master_addr}:"
+                           f"{launch.master_port} ({_first_line(e)}): did all {launch.world_size} start, and can "
+                           f"they reach rank 0's host?") from e
     try:
         every = [None] * launch.world_size
         command = shlex.join(["xstage"] + sys.argv[1:])
@@ -471,11 +484,9 @@ def _run_launched(launch: env.Launch, fn: Callable, args: tuple, plan, peers: bo
         dist.barrier()
     except Exception as e:
         if _collective_failed(e):
-            first = re.sub(r"^\[[^\]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])
-            first = first.split(". ")[0][:200]   # gloo: "[pair.cc:553] Connection closed by peer [addr]:port. ..."
             raise RuntimeError(f"{launch.describe()}: a collective failed: a peer rank stopped or cannot be reached "
-                               f"({first}); the configurations finished so far are recorded: run the same command "
-                               f"again to resume") from e
+                               f"({_first_line(e)}); the configurations finished so far are recorded: run the same "
+                               f"command again to resume") from e
         raise
     finally:
         dist.destroy_process_group()
