@@ -251,7 +251,7 @@ def cpu_ranks(monkeypatch):
     ({"WORLD_SIZE": "4"}, "xstage: error: WORLD_SIZE=4 set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"),
     (dict(WORLD_SIZE="4", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
      "xstage: error: the burst-gap sweep (remote target) runs on 2 rank(s) (--world-size 2), but torchrun started 4 "),
-])
+], ids=["world-size-alone", "another-world-size"])
 def test_the_command_line_refuses_a_bad_launch_on_every_rank(cpu_ranks, capsys, tmp_path, rank, environ, line):
     """What each rank prints (one line, exit code 2) before anything launches: no record is started."""
     for k, v in environ.items():
