@@ -3,8 +3,8 @@
 
 ``run_burst_gap(grid, out, source)`` is what ``xstage sweep burst-gap`` calls; :func:`burst_gap_data` and
 :func:`bandwidth_data` are what the notebooks call: the rows of ``source`` (recorded, gpu, simulated, auto), running
-the sweep only for gpu / simulated. On GPUs it starts its own ranks
-(:func:`xstage.ranks.spawn`); every rank sends to its next peer ((r + 1) % W) at the same time, as in a
+the sweep only for gpu / simulated. On GPUs it starts its own ranks, or runs as the ranks torchrun / srun
+started (:func:`xstage.ranks.spawn`); every rank sends to its next peer ((r + 1) % W) at the same time, as in a
 combine or an all-to-all, and every rank records. Rows are appended per configuration (all repeats, all
 ranks) atomically; a re-run with the same output folder skips configurations already there.
 """
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from . import data, env, resume
 from .fluid import KIB, BurstGapParams, simulate_sweep
 from .model import simulated_train_rows
-from .ranks import spawn
+from .ranks import require_one_process, require_world, spawn
 from .sources import (check_variant as _check_variant, default_out as _default_out, recorded as _recorded,
                       source_data as _source_data)
 from .remote_store import (bandwidth_worker, POISON, TRAIN_GAP_US, TRAIN_KIB, BurstGapPoint, BurstTrain, burst_gap_buffers, calibrate_clock,
@@ -192,9 +192,12 @@ def allocate(world, elems: int, targets) -> Destinations:
     return Destinations(symm, host, local)
 
 
+CPU_SMS = 4   # what the sweeps take a CPU's "SMs" for (Triton's interpreter: the default program counts)
+
+
 def _sm_count(world) -> int:
     dev = world.device(0)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else CPU_SMS
 
 
 def _record_clock(world, folder: str, schema: data.Schema) -> dict:
@@ -260,14 +263,16 @@ def run_burst_gap(grid: BurstGapGrid, out: str | Path, source: str = "gpu", para
     out = Path(out)
     grid.validate()  # parameters first (with a nominal 132-SM GPU), then the hardware
     _check_same_harness(out, grid)
-    if source == "gpu":
-        env.require_gpus(grid.world_size, "the burst-gap sweep" + (" (remote target)" if "remote" in grid.targets
-                                                                   else " (host link)"), simulated=True)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if source == "gpu":   # GPUs, or CPU ranks under Triton's interpreter (XSTAGE_CPU_RANKS=1)
+        require_world(grid.world_size, "the burst-gap sweep" + (" (remote target)" if "remote" in grid.targets
+                                                                else " (host link)"), simulated=True, cpu=True,
+                      option="--world-size")
+        sms = CPU_SMS if env.cpu_ranks() else torch.cuda.get_device_properties(0).multi_processor_count
         grid.validate(sms)
         meta = env.provenance(command, {"grid": asdict(grid), "source": "gpu"})
-        spawn(burst_gap_job, grid.world_size, grid, str(out), meta)
+        spawn(burst_gap_job, grid.world_size, grid, str(out), meta, peers="remote" in grid.targets)
     elif source == "simulated":
+        require_one_process("the simulated burst-gap sweep (--source simulated)")
         grid.validate(132)
         prm = params or BurstGapParams.reference()
         df = simulate_sweep(grid, prm, sm_count=132, seed=0)
@@ -297,7 +302,7 @@ def run_bandwidth(out: str | Path, command: str = "", world_size: int | None = N
     world_size = world_size or (2 if env.gpu_count() >= 2 else 1)
     if world_size not in (1, 2):
         raise ValueError(f"the bandwidth benchmark runs on 1 or 2 GPUs, got world_size={world_size}")
-    env.require_gpus(world_size, "the bandwidth benchmark", simulated=False)
+    require_world(world_size, "the bandwidth benchmark", simulated=False, option="--world-size")
     spawn(bandwidth_job, world_size, str(out), env.provenance(command, {"world_size": world_size}))
     return Path(out) / f"{data.BANDWIDTH.name}.csv"
 
@@ -489,9 +494,11 @@ def run_trains(grid: TrainGrid, out: str | Path, source: str = "gpu", params=Non
     grid.validate()
     meta = {"grid": asdict(grid), "source": source}
     if source == "gpu":
-        env.require_gpus(grid.world_size, "the train study", simulated=True)
-        spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta))
+        require_world(grid.world_size, "the train study", simulated=True, cpu=True, option="--world-size")
+        spawn(train_job, grid.world_size, grid, str(out), env.provenance(command, meta),
+              peers="remote" in grid.targets)
     elif source == "simulated":
+        require_one_process("the simulated train study (--source simulated)")
         if grid.per_program:
             raise ValueError("per_program records the GPU's programs (their SMs and timestamps): the simulated "
                              "source has none; run it with source='gpu'")

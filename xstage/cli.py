@@ -17,7 +17,8 @@
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
   xstage --version;  xstage <command> --help  (every option with its default)
 
-Sweeps start their own ranks (one process per GPU); nobody types torchrun. Parameters are checked before
+Sweeps start their own ranks (one process per GPU) or run as the ranks torchrun or srun started (the same
+command after `torchrun --nproc-per-node N -m`, or under srun). Parameters are checked before
 anything launches; errors are one line on stderr, exit code 2 (XSTAGE_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations

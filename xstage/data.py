@@ -489,7 +489,8 @@ def start_file(folder: Path | str, schema: Schema, meta: dict) -> Path:
         old = read_meta(side, schema)
         if old["schema_version"] != schema.version:
             raise DataError(f"{csv} holds schema version {old['schema_version']}; record version {schema.version} elsewhere")
-        old.setdefault("runs", []).append({k: meta[k] for k in ("git_commit", "date_utc", "command", "params")})
+        run = {k: meta[k] for k in ("git_commit", "date_utc", "command", "params")}
+        old.setdefault("runs", []).append({**run, **({"launcher": meta["launcher"]} if "launcher" in meta else {})})
         meta = {**old, **integrity(read_bytes(csv))}  # as the file is now (it may have been cut back by hand)
     elif csv.exists():
         raise DataError(f"{csv} exists without its provenance sidecar {side.name}; move it away first")

@@ -1,10 +1,14 @@
-"""Where we are running: GPUs or not, the interpreter, the machine's name, and provenance for recorded data."""
+"""Where we are running: GPUs or not, the interpreter, who launched this process (torchrun, srun or nobody), the
+machine's name, and provenance for recorded data."""
 from __future__ import annotations
 
 import datetime as _dt
 import os
 import platform
+import re
+import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +27,144 @@ def apply_safe_env() -> None:
 def interpreted() -> bool:
     """True when Triton kernels run in the CPU interpreter (no device timers, no inline PTX)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+CPU_RANKS = "XSTAGE_CPU_RANKS"
+
+
+def cpu_ranks() -> bool:
+    """True when a sweep's ranks are CPU processes (gloo, shared memory; ``xstage.ranks.SharedMemoryWorld``):
+    ``XSTAGE_CPU_RANKS=1`` under Triton's interpreter (tests of the launchers). Otherwise ranks are GPUs."""
+    return interpreted() and os.environ.get(CPU_RANKS, "0") not in ("", "0")
+
+
+# ------------------------------------------------------------------------------ who started this process
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process as one rank of a world an existing launcher started: ``torchrun`` (its RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or ``slurm`` (an ``srun`` task: SLURM_PROCID, SLURM_NTASKS,
+    SLURM_LOCALID, and MASTER_ADDR or the first host of the step's node list)."""
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    host: str            # this node's name (SLURMD_NODENAME under SLURM, else the host name)
+    nodes: int | None = None   # nodes the launcher says the world spans (None: it does not say)
+    nodes_var: str = ""        # the variable that says so
+
+    def describe(self) -> str:
+        return f"rank {self.rank} of {self.world_size} ({self.launcher}, host {self.host})"
+
+
+def host_name(environ=None) -> str:
+    """This node's name: SLURM's (SLURMD_NODENAME) where SLURM runs the task, else the host name."""
+    environ = os.environ if environ is None else environ
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``gpu[03-05,9],login1`` -> ``gpu03``, ``a,b`` -> ``a``."""
+    m = re.match(r"([^,\[]*)(?:\[([^\]]+)\])?([^,]*)", nodelist.strip())
+    prefix, ranges, rest = m.groups() if m else ("", None, "")
+    if ranges is not None:
+        first = ranges.split(",")[0].split("-")[0].strip()
+        return prefix + first + (first_host(rest) if "[" in rest else rest)
+    if not prefix:
+        raise ValueError(f"SLURM node list {nodelist!r} names no host")
+    return prefix + rest
+
+
+def _int_var(environ, name: str, low: int = 0) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < low:
+        raise ValueError(f"{name}={value} must be >= {low}")
+    return value
+
+
+def _check_rank(launcher: str, rank: int, world: int, local: int, names: tuple[str, str, str]) -> None:
+    if rank >= world:
+        raise ValueError(f"{launcher}: {names[0]}={rank} is outside the world of {names[1]}={world}")
+    if local > rank:
+        raise ValueError(f"{launcher}: {names[2]}={local} is larger than {names[0]}={rank}")
+
+
+def _torchrun(environ) -> Launch:
+    missing = [v for v in TORCHRUN_VARS if not environ.get(v)]
+    if missing:
+        have = ", ".join(f"{v}={environ[v]}" for v in TORCHRUN_VARS if environ.get(v))
+        raise ValueError(f"{have} set but {', '.join(missing)} not: a launcher (torchrun) sets all of "
+                         f"{', '.join(TORCHRUN_VARS)}; unset them to let xstage start its own ranks")
+    rank, world = _int_var(environ, "RANK"), _int_var(environ, "WORLD_SIZE", 1)
+    local, port = _int_var(environ, "LOCAL_RANK"), _int_var(environ, "MASTER_PORT", 1)
+    _check_rank("torchrun", rank, world, local, ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    nodes, var = None, ""
+    if environ.get("GROUP_WORLD_SIZE"):            # torchrun: one agent (group) per node
+        nodes, var = _int_var(environ, "GROUP_WORLD_SIZE", 1), "GROUP_WORLD_SIZE"
+    elif environ.get("LOCAL_WORLD_SIZE"):
+        local_world = _int_var(environ, "LOCAL_WORLD_SIZE", 1)
+        nodes, var = -(-world // local_world), "LOCAL_WORLD_SIZE"
+    return Launch("torchrun", rank, world, local, environ["MASTER_ADDR"], port, host_name(environ), nodes, var)
+
+
+def _slurm(environ) -> Launch:
+    ntasks = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if environ.get(v)), None)
+    missing = [v for v, ok in (("SLURM_NTASKS", ntasks), ("SLURM_LOCALID", environ.get("SLURM_LOCALID"))) if not ok]
+    if missing:
+        raise ValueError(f"srun task SLURM_PROCID={environ['SLURM_PROCID']} without {', '.join(missing)}: "
+                         f"SLURM sets SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID together")
+    rank, world, local = _int_var(environ, "SLURM_PROCID"), _int_var(environ, ntasks, 1), \
+        _int_var(environ, "SLURM_LOCALID")
+    _check_rank("slurm", rank, world, local, ("SLURM_PROCID", ntasks, "SLURM_LOCALID"))
+    addr = environ.get("MASTER_ADDR")
+    if not addr:
+        nodes = next((environ[v] for v in ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+                      if environ.get(v)), None)
+        if nodes is None:
+            raise ValueError("srun task without MASTER_ADDR or SLURM_NODELIST: set MASTER_ADDR to rank 0's host")
+        addr = first_host(nodes)
+    if environ.get("MASTER_PORT"):
+        port = _int_var(environ, "MASTER_PORT", 1)
+    else:   # the same on every task of a step, different for two steps of one job
+        job = _int_var(environ, "SLURM_JOB_ID") if environ.get("SLURM_JOB_ID") else 0
+        port = 20000 + (job % 1000) * 10 + int(environ.get("SLURM_STEP_ID", "0") or 0) % 10
+    nodes = _int_var(environ, "SLURM_STEP_NUM_NODES", 1) if environ.get("SLURM_STEP_NUM_NODES") else None
+    return Launch("slurm", rank, world, local, addr, port, host_name(environ), nodes, "SLURM_STEP_NUM_NODES")
+
+
+def launched(environ=None) -> Launch | None:
+    """The launcher that started this process, from its environment, or None (xstage starts its own ranks).
+
+    torchrun: any of RANK, WORLD_SIZE, LOCAL_RANK set (all of :data:`TORCHRUN_VARS` must be). SLURM: an srun
+    task (SLURM_PROCID with SLURM_STEP_ID; a batch script's own environment has no step) of a step of more
+    than one task (``srun -n 1`` is one process that starts its own ranks, as without a launcher). A bad
+    environment raises ValueError naming the variables."""
+    environ = os.environ if environ is None else environ
+    if any(environ.get(v) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return _torchrun(environ)
+    if environ.get("SLURM_PROCID") and environ.get("SLURM_STEP_ID"):
+        launch = _slurm(environ)
+        return launch if launch.world_size > 1 else None
+    return None
+
+
+def launcher_name(environ=None) -> str:
+    """``torchrun``, ``slurm`` or ``xstage`` (its own ranks), for provenance; a bad launcher environment says
+    ``unknown`` here (the sweep itself refuses it before anything launches)."""
+    try:
+        launch = launched(environ)
+    except ValueError:
+        return "unknown"
+    return launch.launcher if launch else "xstage"
 
 
 def gpu_count() -> int:
@@ -126,5 +268,6 @@ def provenance(command: str, params: dict) -> dict:
         "git_commit": _git_commit(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
+        "launcher": launcher_name(),
         "params": params,
     }

@@ -43,7 +43,7 @@ from .moe_plan import (ASSIGNMENT_REGISTRY, ASSIGNMENTS, CASES, DTYPES_GPU, HOT_
                        predict_kernel_ns, remote_combine_bytes, routing_of, selection)
 from .moe_unfused import make_unfused, make_unfused_one_process
 from .numeric import check_bit_identical, rel_l2
-from .ranks import ONE_GPU_LINKS, OneGPUWorld, spawn
+from .ranks import ONE_GPU_LINKS, OneGPUWorld, require_one_process, require_world, spawn
 from .resume import pending
 from .sources import NoRecordedData, recorded_params, source_data
 from .traffic import TrafficWorld, check_schedules, validate_traffic
@@ -412,7 +412,11 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
         if had_params.get("timing", "blocks") != TIMING:
             raise ValueError(f"{side.parent} holds a sweep timed as {had_params.get('timing', 'blocks')!r}; record "
                              f"the {TIMING!r} one in another folder")
-    env.require_gpus(1 if world == "one-gpu" else world_size, "the MegaMoE sweep")
+    if world == "one-gpu":
+        require_one_process("the one-GPU MegaMoE sweep (--world one-gpu)")
+        env.require_gpus(1, "the MegaMoE sweep")
+    else:
+        require_world(world_size, "the MegaMoE sweep", option="--ranks")
     prm = prm() if callable(prm) else prm
     params = dict(world_size=world_size, dtypes=list(dtypes), cases=[c.name for c in cases],
                   schedules=list(schedules), repeats=repeats, warmup=warmup, prm=prm.as_dict(), seed=seed,
@@ -428,10 +432,10 @@ def run_megamoe(out: str | Path, prm: BurstGapParams | Callable[[], BurstGapPara
     if world == "one-gpu":
         env.apply_safe_env()
         megamoe_job(OneGPUWorld(world_size, link=link, observed=0), *args)
-    elif traffic_ranks is not None:
-        spawn(traffic_sweep_job, world_size, traffic_ranks, *args)
+    elif traffic_ranks is not None:   # the ranks' plan: every argument but the deadline (rank 0's clock decides)
+        spawn(traffic_sweep_job, world_size, traffic_ranks, *args, plan=(traffic_ranks,) + args[:9] + args[10:])
     else:
-        spawn(megamoe_job, world_size, *args)
+        spawn(megamoe_job, world_size, *args, plan=args[:9] + args[10:])
     return Path(out) / f"{MEGAMOE.name}.csv"
 
 

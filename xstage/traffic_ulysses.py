@@ -39,7 +39,7 @@ import torch
 
 from . import bench, data, env
 from .numeric import check_bit_identical
-from .ranks import spawn
+from .ranks import require_world, spawn
 from .resume import pending
 from .traffic import TRAFFIC_RANKS, TrafficWorld, label, validate_traffic
 from .ulysses import (H200_CONFIGS, MAX_POLLS, UlyssesShape, _as_shape, _random_inputs, alltoall_bytes,
@@ -437,7 +437,7 @@ def run(out: str | Path, traffic_ranks: int = TRAFFIC_RANKS, world_size: int = 2
         if had.get("traffic_ranks") != traffic_ranks:
             raise ValueError(f"{out} holds a sweep of traffic ranks {had.get('traffic_ranks')}; record traffic ranks "
                              f"{traffic_ranks} in another folder")
-    env.require_gpus(world_size, f"the Ulysses sweep with {label(traffic_ranks, world_size)}")
+    require_world(world_size, f"the Ulysses sweep with {label(traffic_ranks, world_size)}", option="--ranks")
     env.apply_safe_env()
 
     params = dict(world=world, world_size=world_size, traffic_ranks=traffic_ranks, gpus=world_size,

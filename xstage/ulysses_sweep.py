@@ -50,7 +50,7 @@ from . import bench, data, env, fa4, ulysses_records
 from . import ulysses_gluon as gluon
 from .data import ULYSSES, ULYSSES_FUSED_OUTPUTS
 from .numeric import check_bit_identical, rel_l2
-from .ranks import ONE_GPU_LINKS, OneGPUWorld, spawn
+from .ranks import ONE_GPU_LINKS, OneGPUWorld, require_one_process, require_world, spawn
 from .resume import pending
 from .sources import source_data
 from .ulysses import (H200_CONFIGS, METHODS, AttnConfig, UlyssesBuffers, UlyssesShape, attention_forward,
@@ -443,6 +443,7 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
     methods = list(methods)
     if world == "one-gpu":
         check_outputs_placement(out, link)
+        require_one_process("the one-GPU Ulysses sweep (--world one-gpu)")
         env.require_gpus(1, "the one-GPU Ulysses sweep")
         env.apply_safe_env()
         if any(m in fa4.METHODS for m in methods):   # after the GPU check: without GPUs that is the one error
@@ -455,7 +456,7 @@ def run_ulysses(out: str | Path, world_size: int = 2, shapes: Sequence[UlyssesSh
         ulysses_job(OneGPUWorld(world_size, link), list(shapes), str(out), meta, repeats, warmup, list(methods),
                     tune, chunks, seed)
     else:
-        env.require_gpus(world_size, "the Ulysses sweep")
+        require_world(world_size, "the Ulysses sweep", option="--ranks")
         if any(m in fa4.METHODS for m in methods):
             methods, params["fa4"] = fa4_methods(methods)
         if any(m in gluon.SWEEP_METHODS for m in methods):
