@@ -264,3 +264,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def sealed_line(folder: Path | None = None) -> str:
+    """One line saying what the sealed prediction is: a model output, its commit and date, the draws."""
+    _, meta = read_prediction(folder)
+    return (f"PREDICTED (a model, not a measurement) at commit {meta['git_commit'][:12]} on {meta['date_utc']}, "
+            f"before any 8-GPU or 8-rank measurement; interval p5-p95 of {meta['params']['n_draws']} draws; "
+            f"{len(scale_measurements())} 8-GPU / 8-rank record(s) in data/ now")
