@@ -118,7 +118,8 @@ def checks() -> dict:
 def _dirty(folder: Path) -> list[str]:
     """Uncommitted changes to the code or data (the prediction's own folder excepted): git status lines."""
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", "xstage", "kernels", "data"], cwd=env.REPO_ROOT,
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "xstage", "kernels",
+                              "data"], cwd=env.REPO_ROOT,
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return []
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         for study in ("megamoe", "ulysses"):
             print(beside_paper(study).to_string(index=False))
     except (ValueError, data.DataError) as e:
-        print(f"xstage.scale_analysis: error: {e}", file=sys.stderr)
+        print(f"xstage.prediction_analysis: error: {e}", file=sys.stderr)
         return 2
     return 0
 
