@@ -24,7 +24,9 @@ import pandas as pd
 from . import data, env, records
 from .scale_analysis import (ASSIGNMENT, KIND, MACHINE, N_DRAWS, N_SMS, NOTE, NVSWITCH, SCHEDULES, SEED, STALL, WORLD,
                              _fit, attention_rule_check, compute_records, compute_sigma, megamoe_prediction,
-                             order_error, ulysses_p2_check, ulysses_prediction)
+                             NIC, NIC_QUEUE_MIB, order_error, two_node_megamoe, two_node_ulysses, ulysses_p2_check,
+                             ulysses_prediction)
+from .numeric import geomean
 from .sources import LINK_MACHINES
 
 DOCS_PAGE = "scale-prediction.md"
@@ -90,12 +92,19 @@ def _clean(rec: dict) -> dict:
 
 def prediction_lines(n_draws: int = N_DRAWS, seed: int = SEED) -> list[dict]:
     """Every line of the sealed file: the summaries (kind ``summary``: study, dtype, metric, central, p5, p95,
-    paper), then per MegaMoE configuration (``megamoe_config``) and per Ulysses shape (``ulysses_shape``)."""
+    paper), then per MegaMoE configuration (``megamoe_config``) and per Ulysses shape (``ulysses_shape``), then
+    docs/scale-out.md's two-node figures from the NIC's public numbers (``two_node_megamoe``, ``two_node_ulysses``:
+    not fitted, not part of the 8-GPU prediction)."""
     mm_per, mm_sum = megamoe_prediction(n_draws, seed)
     u_per, u_sum = ulysses_prediction(n_draws, seed)
     lines = [_clean({"kind": "summary", **r}) for r in pd.concat([mm_sum, u_sum]).to_dict("records")]
     lines += [_clean({"kind": "megamoe_config", **r}) for r in mm_per.to_dict("records")]
     lines += [_clean({"kind": "ulysses_shape", **r}) for r in u_per.to_dict("records")]
+    # docs/scale-out.md's two-node figures: the NIC's public numbers, not fitted (labelled in every line)
+    lines += [_clean({"kind": "two_node_megamoe", "source": "public numbers, not fitted", **r})
+              for r in two_node_megamoe().to_dict("records")]
+    lines += [_clean({"kind": "two_node_ulysses", "source": "public numbers, not fitted", "queue_mib": q, **r})
+              for q in NIC_QUEUE_MIB for r in two_node_ulysses(q).to_dict("records")]
     return lines
 
 
@@ -180,7 +189,7 @@ def prediction_tables(folder: Path | None = None) -> dict[str, pd.DataFrame]:
     lines, _ = read_prediction(folder)
     df = pd.DataFrame(lines)
     return {k: df[df.kind == k].dropna(axis=1, how="all").drop(columns="kind").reset_index(drop=True)
-            for k in ("summary", "megamoe_config", "ulysses_shape")}
+            for k in ("summary", "megamoe_config", "ulysses_shape", "two_node_megamoe", "two_node_ulysses")}
 
 
 def beside_paper(study: str, folder: Path | None = None) -> pd.DataFrame:
@@ -237,6 +246,20 @@ def docs_page() -> str:
               records.markdown_table(t["megamoe_config"].sort_values("speedup", ascending=False).head(10)[
                   ["config", "dtype", "expert_wave_ms", "interleaved_ms", "combine_remote_mb", "speedup", "p5",
                    "p95"]])]
+    two = t["two_node_megamoe"]
+    if len(two):
+        q = [c for c in two.columns if c.startswith("speedup_q")]
+        parts += ["", "## Two nodes (docs/scale-out.md): public numbers, not fitted", "",
+                  f"16 ranks, one NIC per GPU: {NIC['name']}, drain {NIC['measured_gbps']:g} GB/s ({NIC['source']}); "
+                  f"send queue {' or '.join(f'{x:g}' for x in NIC_QUEUE_MIB)} MiB in flight (assumed). MegaMoE "
+                  f"interleaved / Expert-Wave ({two.dtype.iloc[0]}), {len(two)} configurations whose experts divide "
+                  "by 16: " + "; ".join(f"queue {c[9:]} MiB: geomean {geomean(two[c]):.3f}x, max {two[c].max():.3f}x"
+                                        for c in q) + ".", "",
+                  records.markdown_table(two.sort_values(q[0], ascending=False).head(10)[
+                      ["config", "cross_node_mb", "compute_ms", *[c for c in two.columns if "_ms_q" in c], *q]]),
+                  "", "Ulysses at P = 16 (heads divisible by 16):", "",
+                  records.markdown_table(t["two_node_ulysses"][["shape", "queue_mib", "attention_ms", "cross_node_mb",
+                                                                "alltoall_ms", "fused_extra_ms", "speedup"]])]
     return "\n".join(parts) + "\n"
 
 
