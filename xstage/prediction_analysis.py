@@ -87,7 +87,9 @@ def input_hashes() -> dict:
 
 
 def _clean(rec: dict) -> dict:
-    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in rec.items()}
+    """One JSON line: numpy scalars as Python's, and no NaN (a column another kind of line has is left out)."""
+    out = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in rec.items()}
+    return {k: v for k, v in out.items() if not (isinstance(v, float) and np.isnan(v))}
 
 
 def prediction_lines(n_draws: int = N_DRAWS, seed: int = SEED) -> list[dict]:
@@ -165,7 +167,7 @@ def write_prediction(folder: Path | None = None, n_draws: int = N_DRAWS, seed: i
         "kind": KIND, "jsonl_sha256": hashlib.sha256(raw).hexdigest(), "lines": len(lines), "note": NOTE,
         "git_commit": env.git_commit() or "unknown",
         "date_utc": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
-        "command": command, "machine": MACHINE, "gpu_count": WORLD, "measured": False,
+        "command": command, "machine": MACHINE, "world_gpus": WORLD, "measured": False,
         "params": {"world": WORLD, "n_sms": N_SMS, "n_draws": n_draws, "seed": seed, "assignment": ASSIGNMENT,
                    "stall": STALL, "schedules": list(SCHEDULES), "link": "nvlink"},
         "inputs": input_hashes(), "assumptions": {"nvswitch": NVSWITCH}, "checks": checks(),
