@@ -98,9 +98,9 @@ NVSWITCH = {
 NIC = {
     "name": "ConnectX-7 NDR InfiniBand, one 400 Gb/s NIC per GPU",
     "line_gbps": 50.0,        # 400 Gb/s = 50 GB/s per direction
-    "measured_gbps": 43.0,    # DeepEP V1 README: internode normal kernels, 16 ranks (2 nodes), 43 GB/s RDMA
-    "latency_us": 2.0,        # a few us GPU-initiated put latency (order of NVSHMEM IBGDA small-message latency)
-    "source": "deepseek-ai/DeepEP docs/legacy.md (V1): H800 with a CX7 InfiniBand 400 Gb/s RDMA NIC each "
+    "measured_gbps": 43.0,    # DeepEP's NVSHMEM kernels: internode, 16 ranks (2 nodes), 43 GB/s RDMA
+    "source": "deepseek-ai/DeepEP docs/legacy.md (its NVSHMEM-based kernels): H800 with a CX7 InfiniBand 400 "
+              "Gb/s RDMA NIC each "
               "(~50 GB/s maximum); internode dispatch / combine at 16 ranks: 43 / 43 GB/s (RDMA bottleneck)",
 }
 
