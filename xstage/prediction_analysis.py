@@ -190,8 +190,12 @@ def prediction_tables(folder: Path | None = None) -> dict[str, pd.DataFrame]:
     """The sealed prediction as tables: ``summary``, ``megamoe_config``, ``ulysses_shape``."""
     lines, _ = read_prediction(folder)
     df = pd.DataFrame(lines)
-    return {k: df[df.kind == k].dropna(axis=1, how="all").drop(columns="kind").reset_index(drop=True)
-            for k in ("summary", "megamoe_config", "ulysses_shape", "two_node_megamoe", "two_node_ulysses")}
+    out = {}
+    for k in ("summary", "megamoe_config", "ulysses_shape", "two_node_megamoe", "two_node_ulysses"):
+        t = df[df.kind == k].dropna(axis=1, how="all").drop(columns="kind").reset_index(drop=True)
+        whole = [c for c in t.columns if t[c].dtype == float and np.all(t[c] == np.round(t[c]))]
+        out[k] = t.astype({c: "int64" for c in whole})     # counts and shapes as written (the lines hold ints)
+    return out
 
 
 def beside_paper(study: str, folder: Path | None = None) -> pd.DataFrame:
@@ -217,7 +221,7 @@ def headline() -> list[records.Headline]:
     """The README's rows: the sealed prediction (a model output, labelled so) beside the paper's 8-GPU numbers."""
     s = prediction_tables()["summary"]
     pick = lambda st, d, m: s[(s.study == st) & (s.dtype == d) & (s.metric == m)].iloc[0]  # noqa: E731
-    cell = lambda r: f"{r.central:.2f}x ({r.p5:.2f}-{r.p95:.2f})"  # noqa: E731
+    cell = lambda r: f"{r.central:.3f}x ({r.p5:.3f}-{r.p95:.3f})"  # noqa: E731
     mm = "; ".join(f"{d} geomean **{cell(pick('megamoe', d, 'geomean_speedup'))}**, max "
                    f"{cell(pick('megamoe', d, 'max_speedup'))}" for d in ("bf16", "fp8"))
     u = pick("ulysses", "bf16", "fa3_max_sender_visible_speedup")
@@ -232,14 +236,16 @@ def docs_page() -> str:
     """docs/scale-prediction.md: the sealed prediction, its assumptions and checks (generated)."""
     t = prediction_tables()
     lines, meta = read_prediction()
-    parts = records.docs_head("The paper's 8-GPU figures, predicted", "scale_analysis",
+    parts = records.docs_head("The paper's 8-GPU figures, predicted", "prediction_analysis",
                               f"a model prediction sealed at commit `{meta['git_commit'][:12]}` on {meta['date_utc']}, "
                               "before any 8-GPU or 8-rank measurement (`python -m xstage.prediction_analysis --write`); "
-                              "how it is made: the module's docstring. Scale-out on paper: "
+                              "how it is made: `xstage.scale_analysis`'s docstring. Scale-out on paper: "
                               "[scale-out.md](scale-out.md).", headline())
     s = t["summary"].assign(predicted=lambda x: x.central)[["study", "dtype", "metric", "configs", "predicted", "p5",
                                                               "p95", "paper"]]
     parts += ["", "## Beside the paper", "", records.markdown_table(s), "",
+              "p5 / p95 of the draws (fitted intervals, compute spread, each model's error where it is measured); a "
+              "maximum's draws sit above its central value, the maximum of noisy values being biased up.", "",
               f"Assumed 8-GPU world: {NVSWITCH['assumed']} ({NVSWITCH['source']}).", "",
               "## Ulysses per shape", "",
               records.markdown_table(t["ulysses_shape"][["shape", "S", "H", "D", "attention_ms", "alltoall_ms",
