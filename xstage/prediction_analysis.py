@@ -247,6 +247,10 @@ def docs_page() -> str:
               "p5 / p95 of the draws (fitted intervals, compute spread, each model's error where it is measured); a "
               "maximum's draws sit above its central value, the maximum of noisy values being biased up.", "",
               f"Assumed 8-GPU world: {NVSWITCH['assumed']} ({NVSWITCH['source']}).", "",
+              "8-rank traffic on 2 GPUs (`xstage sweep megamoe|ulysses --traffic-ranks 8`, data/h200x2/traffic8: none "
+              "recorded when this was sealed) is no 8-GPU measurement: each GPU carries one rank's layer and its 8-rank "
+              "egress, all of it to the one peer, so it checks the per-rank compute and egress volume of this "
+              "prediction, not the NVSwitch fan-out to 7 peers with 8 GPUs sending at once; it was no input.", "",
               "## Ulysses per shape", "",
               records.markdown_table(t["ulysses_shape"][["shape", "S", "H", "D", "attention_ms", "alltoall_ms",
                                                          "fused_extra_ms", "speedup", "p5", "p95"]]), "",
