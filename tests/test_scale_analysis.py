@@ -53,11 +53,12 @@ def test_priced_ns_is_the_cost_model():
         rr = grid.remote_rows_per_block(lay)
         for sch in S.SCHEDULES:
             tl = build_schedule(sch, grid, S.N_SMS)
-            ref = predict_kernel_ns(tl, rr, CostModel(prm, rate, S.N_SMS, 2, "dynamic", None, "round_shared"),
-                                    s.hidden, s.intermediate, tiles)["total_ns"]
-            got = S.priced_ns(S.unit_terms(tl, rr, S.N_SMS, 2, s.hidden, s.intermediate, tiles), rate,
-                              S.stage_draws([prm], [1.0]))[0]
-            assert got == pytest.approx(ref, rel=1e-12)
+            u = S.unit_terms(tl, rr, S.N_SMS, 2, s.hidden, s.intermediate, tiles)
+            for stall in ("round_shared", "issuers"):
+                ref = predict_kernel_ns(tl, rr, CostModel(prm, rate, S.N_SMS, 2, "dynamic", None, stall),
+                                        s.hidden, s.intermediate, tiles)["total_ns"]
+                assert S.priced_ns(u, rate, S.stage_draws([prm], [1.0]), stall)[0] == pytest.approx(ref, rel=1e-12)
+            got = S.priced_ns(u, rate, S.stage_draws([prm], [1.0]))[0]
             none = S.priced_ns(S.unit_terms(tl, rr * 0, S.N_SMS, 2, s.hidden, s.intermediate, tiles), rate,
                                S.stage_draws([prm], [1.0]))[0]
             assert none < got

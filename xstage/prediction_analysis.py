@@ -205,7 +205,11 @@ def beside_paper(study: str, folder: Path | None = None) -> pd.DataFrame:
     out = s.assign(predicted=s.central.map("{:.3f}x".format),
                    interval=[f"{a:.3f}-{b:.3f}x" for a, b in zip(s.p5, s.p95)],
                    paper=s.paper.map("{:.2f}x".format))
-    return out[["dtype", "metric", "configs", "predicted", "interval", "paper"]].reset_index(drop=True)
+    cols = ["dtype", "metric", "configs", "predicted", "interval", "paper"]
+    if "central_stall_issuers" in out:     # MegaMoE: the stall model's sensitivity (central, not in the interval)
+        out["stall_issuers"] = out.central_stall_issuers.map("{:.3f}x".format)
+        cols.insert(5, "stall_issuers")
+    return out[cols].reset_index(drop=True)
 
 
 # ------------------------------------------------------------------------ the README's rows and the docs page
@@ -241,11 +245,15 @@ def docs_page() -> str:
                               "before any 8-GPU or 8-rank measurement (`python -m xstage.prediction_analysis --write`); "
                               "how it is made: `xstage.scale_analysis`'s docstring. Scale-out on paper: "
                               "[scale-out.md](scale-out.md).", headline())
-    s = t["summary"].assign(predicted=lambda x: x.central)[["study", "dtype", "metric", "configs", "predicted", "p5",
-                                                              "p95", "paper"]]
+    s = t["summary"].assign(predicted=lambda x: x.central)
+    s = s[["study", "dtype", "metric", "configs", "predicted", "p5", "p95", "paper"]
+          + (["central_stall_issuers"] if "central_stall_issuers" in s else [])]
     parts += ["", "## Beside the paper", "", records.markdown_table(s), "",
               "p5 / p95 of the draws (fitted intervals, compute spread, each model's error where it is measured); a "
-              "maximum's draws sit above its central value, the maximum of noisy values being biased up.", "",
+              "maximum's draws sit above its central value, the maximum of noisy values being biased up. "
+              "central_stall_issuers: MegaMoE's central value under the cost model's other stall model (issuers: the "
+              "stage drains throughout the issuers' stall, into phi C(b); the prediction's is round_shared, within "
+              "10 % on 503 of 504 host-link speedups): the model's structural sensitivity, not in the interval.", "",
               f"Assumed 8-GPU world: {NVSWITCH['assumed']} ({NVSWITCH['source']}).", "",
               "8-rank traffic on 2 GPUs (`xstage sweep megamoe|ulysses --traffic-ranks 8`, data/h200x2/traffic8: none "
               "recorded when this was sealed) is no 8-GPU measurement: each GPU carries one rank's layer and its 8-rank "

@@ -119,12 +119,18 @@ class StageDraws:
     capacity_bytes: np.ndarray
     error: np.ndarray
     overhead_ns: float = 0.0
+    stage: tuple = ()              # the StageParams of each draw (stall model issuers reads their C(b))
 
     def issue_rate(self, programs):
         return np.asarray(programs, np.float64) * KIB / self.issue_ns_per_kib
 
     def __len__(self) -> int:
         return len(self.drain_gbps)
+
+    def of_issuers(self, b: int) -> "StageDraws":
+        """The stage a round of ``b`` issuing programs sees under stall model issuers: phi C(b) of each draw."""
+        cap = np.array([p.fluid(b).capacity_bytes for p in self.stage])
+        return replace(self, capacity_bytes=cap)
 
 
 def _positive(rng, mid, lo, hi, n):
@@ -166,7 +172,7 @@ def stage_draws(prms: list[StageParams], error: np.ndarray) -> StageDraws:
     """The round-level view (:class:`StageDraws`) of ``prms`` with the stage model's error factors ``error``."""
     f = [stall_stage(p, 1, STALL) for p in prms]
     return StageDraws(np.array([x.issue_ns_per_kib for x in f]), np.array([x.drain_gbps for x in f]),
-                      np.array([x.capacity_bytes for x in f]), np.asarray(error, np.float64))
+                      np.array([x.capacity_bytes for x in f]), np.asarray(error, np.float64), stage=tuple(prms))
 
 
 def summary(values: np.ndarray) -> dict:
@@ -215,21 +221,31 @@ def unit_terms(tl_, remote_rows_per_block: np.ndarray, n: int, out_bytes: int, h
     return UnitTerms(compute, rounds(work).sum(1) / m, rounds(is2).sum(1).astype(int), m, rounds(remote).sum(1))
 
 
-def priced_ns(t: UnitTerms, rate, st: StageDraws) -> np.ndarray:
+def priced_ns(t: UnitTerms, rate, st: StageDraws, stall_model: str = STALL) -> np.ndarray:
     """Kernel time (ns) of :class:`UnitTerms` ``t`` at GEMM rate ``rate`` (FLOP/ns per program; [N + 1] or a
-    scalar) for every draw of ``st``: compute / rate + each round's stall (stall model round_shared: the issuers'
-    fluid issue time spread over the round, at least the bytes beyond the shared stage over D) + the final
-    drain. Draw 0 equals moe_cost.predict_kernel_ns (tests/test_scale_analysis.py)."""
+    scalar) for every draw of ``st``: compute / rate + each round's stall + the final drain. Stall model
+    round_shared (the prediction's): the issuers' fluid issue time spread over the round, at least the bytes beyond
+    the shared stage over D; ``issuers`` (the sensitivity: the first kernels' record's model): the issuers' issue
+    time into phi C(b), spread over the round, the stage draining throughout. Draw 0 equals
+    moe_cost.predict_kernel_ns under either (tests/test_scale_analysis.py)."""
+    if stall_model not in (STALL, "issuers"):
+        raise ValueError(f"stall_model must be {STALL} or issuers, got {stall_model!r}")
     inv = 1.0 / np.asarray(rate, np.float64)
     D, C = st.drain_gbps, st.capacity_bytes
     q = np.zeros_like(D)
     stall = np.zeros_like(D)
+    seen: dict[int, StageDraws] = {}
     for ck, b, m, B in zip(t.c, t.b, t.m, t.B):
         q = np.maximum(q - D * ck * inv, 0.0)
         if B > 0:
-            T, _ = issue_time(B / b, b, q, st)
-            s = np.maximum(b * T / m, (q + B - C) / D)
-            q = np.clip(q + B - D * s, 0.0, C)
+            if stall_model == "issuers":
+                sb = seen.setdefault(int(b), st.of_issuers(int(b)))
+                T, q = issue_time(B / b, b, q, sb)
+                s = b * T / m
+            else:
+                T, _ = issue_time(B / b, b, q, st)
+                s = np.maximum(b * T / m, (q + B - C) / D)
+                q = np.clip(q + B - D * s, 0.0, C)
             stall = stall + s
     return t.compute * inv + (stall + drain_time(q, st)) * st.error
 
@@ -290,7 +306,9 @@ def megamoe_config(case, dtype: str, row, st: StageDraws, rate_factor, world: in
     """One configuration at ``world`` ranks: the GEMM rate calibrated on the recorded compute-only time (rank 0 of
     the recorded P = 2 layout, its tiles and list; times ``rate_factor`` per draw), each rank's Expert-Wave and
     interleaved lists at ``world`` ranks (the tiles the GPU sweep picks at that size), priced for every draw; a
-    kernel's time is its busiest rank's. Returns the central times and speedup and the drawn speedups [N + 1]."""
+    kernel's time is its busiest rank's. Returns the central times and speedup, the central speedup under stall
+    model issuers (``speedup_stall_issuers``: the sensitivity to the stall model; ``st`` with its StageParams)
+    and the drawn speedups [N + 1]."""
     s = case.shape
     rec_tiles = tiles_of_row(row)
     grid2 = TileGrid.of(routing_of(case, 2)[2][0], s.hidden, s.intermediate, rec_tiles)
@@ -299,6 +317,9 @@ def megamoe_config(case, dtype: str, row, st: StageDraws, rate_factor, world: in
     tiles = gpu_default_tiles(dtype, case.tokens * world * s.topk / s.experts)
     out_bytes = OUT_DTYPES[dtype].itemsize
     times = {sch: [] for sch in SCHEDULES}
+    issuers = {sch: [] for sch in SCHEDULES}      # the sensitivity: stall model issuers, central draw only
+    central = StageDraws(st.issue_ns_per_kib[:1], st.drain_gbps[:1], st.capacity_bytes[:1], np.ones(1),
+                         stage=st.stage[:1])
     remote = 0
     for lay in routing_of(case, world)[2]:
         grid = TileGrid.of(lay, s.hidden, s.intermediate, tiles, TILE_SWIZZLE)
@@ -307,18 +328,23 @@ def megamoe_config(case, dtype: str, row, st: StageDraws, rate_factor, world: in
         for sch in SCHEDULES:
             u = unit_terms(build_schedule(sch, grid, n), rr, n, out_bytes, s.hidden, s.intermediate, tiles)
             times[sch].append(priced_ns(u, rate * np.asarray(rate_factor), st))
+            if st.stage:
+                issuers[sch].append(float(priced_ns(u, rate, central, "issuers")[0]))
     ew, il = (np.max(np.stack(times[x]), axis=0) for x in SCHEDULES)
+    sens = dict(speedup_stall_issuers=max(issuers["expert_wave"]) / max(issuers["interleaved"])) if st.stage else {}
     return dict(config=case.name, shape=s.name, tokens=case.tokens, routing=case.routing, dtype=dtype,
                 compute_ms_p2=float(row.ms), block_m=tiles.block_m, tiles_changed=tiles.block_m != rec_tiles.block_m,
                 combine_remote_mb=remote / 1e6, expert_wave_ms=float(ew[0]) / 1e6, interleaved_ms=float(il[0]) / 1e6,
-                speedup=float(ew[0] / il[0]), draws=ew / il)
+                speedup=float(ew[0] / il[0]), **sens, draws=ew / il)
 
 
 def megamoe_prediction(n_draws: int = N_DRAWS, seed: int = SEED, configs=None, dtypes=("bf16", "fp8"),
                        world: int = WORLD) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The MegaMoE prediction at ``world`` ranks over NVLink (module docstring). ``configs``: names (None: the 84).
     Returns (per configuration and dtype: central times, speedup, p5 / p95; per dtype: geomean and max of the
-    speedups, central and p5 / p95 over the draws, each draw's geomean / max over all its configurations)."""
+    speedups, central and p5 / p95 over the draws, each draw's geomean / max over all its configurations, and the
+    central value under stall model issuers, ``central_stall_issuers``: the model's structural sensitivity, not in
+    the interval)."""
     rec = compute_records()
     sigma = compute_sigma(rec)
     order = order_error()
@@ -345,9 +371,11 @@ def megamoe_prediction(n_draws: int = N_DRAWS, seed: int = SEED, configs=None, d
     for dtype, ds in draws.items():
         m = np.stack(ds)                                              # [configs, N + 1]
         g = np.exp(np.log(m).mean(0))
-        for metric, v in (("geomean_speedup", g), ("max_speedup", m.max(0))):
+        sens = per[per.dtype == dtype].speedup_stall_issuers
+        for metric, v, alt in (("geomean_speedup", g, np.exp(np.log(sens).mean())), ("max_speedup", m.max(0),
+                                                                                    sens.max())):
             summ.append(dict(study="megamoe", dtype=dtype, metric=metric, configs=len(ds),
-                             paper=paper_number("megamoe", metric), **summary(v)))
+                             paper=paper_number("megamoe", metric), central_stall_issuers=float(alt), **summary(v)))
     return per, pd.DataFrame(summ)
 
 
