@@ -206,7 +206,8 @@ def beside_paper(study: str, folder: Path | None = None) -> pd.DataFrame:
                    interval=[f"{a:.3f}-{b:.3f}x" for a, b in zip(s.p5, s.p95)],
                    paper=s.paper.map("{:.2f}x".format))
     cols = ["dtype", "metric", "configs", "predicted", "interval", "paper"]
-    if "central_stall_issuers" in out:     # MegaMoE: the stall model's sensitivity (central, not in the interval)
+    if "central_stall_issuers" in out and out.central_stall_issuers.notna().any():   # MegaMoE: the stall model's
+        # sensitivity (central, not in the interval)
         out["stall_issuers"] = out.central_stall_issuers.map("{:.3f}x".format)
         cols.insert(5, "stall_issuers")
     return out[cols].reset_index(drop=True)
@@ -228,6 +229,9 @@ def headline() -> list[records.Headline]:
     cell = lambda r: f"{r.central:.3f}x ({r.p5:.3f}-{r.p95:.3f})"  # noqa: E731
     mm = "; ".join(f"{d} geomean **{cell(pick('megamoe', d, 'geomean_speedup'))}**, max "
                    f"{cell(pick('megamoe', d, 'max_speedup'))}" for d in ("bf16", "fp8"))
+    if "central_stall_issuers" in s:
+        mm += " (the other stall model: geomean " + " / ".join(
+            f"{pick('megamoe', d, 'geomean_speedup').central_stall_issuers:.3f}" for d in ("bf16", "fp8")) + ")"
     u = pick("ulysses", "bf16", "fa3_max_sender_visible_speedup")
     return [records.Headline("", f"PREDICTED before any 8-GPU run (model, p5-p95), interleaved / Expert-Wave, 84 "
                                  f"configurations: {mm}", _where(), _rel(), NOTEBOOKS["megamoe"]),
@@ -248,6 +252,8 @@ def docs_page() -> str:
     s = t["summary"].assign(predicted=lambda x: x.central)
     s = s[["study", "dtype", "metric", "configs", "predicted", "p5", "p95", "paper"]
           + (["central_stall_issuers"] if "central_stall_issuers" in s else [])]
+    if "central_stall_issuers" in s:
+        s = s.assign(central_stall_issuers=[f"{v:.3f}" if v == v else "-" for v in s.central_stall_issuers])
     parts += ["", "## Beside the paper", "", records.markdown_table(s), "",
               "p5 / p95 of the draws (fitted intervals, compute spread, each model's error where it is measured); a "
               "maximum's draws sit above its central value, the maximum of noisy values being biased up. "
