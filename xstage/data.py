@@ -602,7 +602,8 @@ def load(folder: Path | str, schema: Schema = BURST_GAP) -> tuple[pd.DataFrame, 
     return df, meta
 
 
-JSONL_KINDS = ("gpc_map",)   # records that are JSON lines beside a sidecar (kind, jsonl_sha256), not a CSV schema
+JSONL_KINDS = ("gpc_map", "scale_prediction")   # records that are JSON lines beside a sidecar (kind, jsonl_sha256),
+                                                # not a CSV schema (scale_prediction: a model output, never measured)
 
 
 def load_jsonl(folder: Path | str, kind: str) -> tuple[list[dict], dict]:

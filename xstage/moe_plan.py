@@ -141,6 +141,12 @@ def default_tiles(dtype: str, rows_per_expert: float | None = None) -> TileConfi
     interpreter."""
     if env.interpreted():
         return INTERPRETER_TILES
+    return gpu_default_tiles(dtype, rows_per_expert)
+
+
+def gpu_default_tiles(dtype: str, rows_per_expert: float | None = None) -> TileConfig:
+    """The GPU's default tiles of ``dtype`` (the row-block rule above), on any machine (the 8-GPU prediction,
+    xstage.scale_analysis, prices the tiles a GPU sweep would run)."""
     rpe = rows_per_expert
     if dtype == "fp8":
         return gpu_tiles(dtype, 128 if rpe is not None and rpe >= FP8_BM128_ROWS else 64)

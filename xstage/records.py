@@ -19,7 +19,8 @@ from . import data as _data
 from .data import DATA_ROOT
 
 LINKS = ("nvlink", "host", "local")
-MACHINES = {"h200x2": "2x NVIDIA H200 (NV18)", "h200x1": "one NVIDIA H200", "h100x1": "one NVIDIA H100"}
+MACHINES = {"h200x2": "2x NVIDIA H200 (NV18)", "h200x1": "one NVIDIA H200", "h100x1": "one NVIDIA H100",
+            "h200x8": "8x NVIDIA H200 (NVSwitch): predicted, nothing measured"}
 ARCHIVE = "archive"
 
 
@@ -163,6 +164,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ">= 0.95 of FA4's TFLOP/s on every shape with S >= 8K"),
     Study("attention_clocks", "Sustained clocks of our attention, FA4 and cuDNN at the power cap",
           "04_ulysses_attention", "the ours / FA4 ratio holds when the clocks settle"),
+    # BLOCK: predictions
+    Study("scale_prediction", "The paper's 8-GPU figures, predicted", "03_megamoe_84",
+          "the MegaMoE and Ulysses speedups at 8 GPUs from the NVLink model and the one-GPU compute, sealed before "
+          "any 8-GPU or 8-rank measurement"),
 )}
 
 # ------------------------------------------------------------------ records (one current per study, machine, link)
@@ -358,6 +363,11 @@ RECORDS: tuple[Record, ...] = _records(
            "at S >= 8K", current=False),
     Record("attention_clocks", "h100x1", "local", "attention_clocks", "attention_clocks",
            "MACHINE=h100x1 python3 scripts/attention_clocks.py", "ours / FA4 sustained at the 700 W cap"),
+    # BLOCK: predictions
+    Record("scale_prediction", "h200x8", "nvlink", "prediction", "scale_prediction",
+           "python -m xstage.scale_analysis --write",
+           "PREDICTED, not measured: MegaMoE interleaved / Expert-Wave and Ulysses fused / serial at 8 GPUs, sealed "
+           "with its commit before any 8-GPU or 8-rank measurement"),
 )
 
 
