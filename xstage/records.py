@@ -164,6 +164,14 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ">= 0.95 of FA4's TFLOP/s on every shape with S >= 8K"),
     Study("attention_clocks", "Sustained clocks of our attention, FA4 and cuDNN at the power cap",
           "04_ulysses_attention", "the ours / FA4 ratio holds when the clocks settle"),
+    # BLOCK: launchers
+    Study("launch_plain", "The host-link sweep started by xstage", "01",
+          "the burst-gap sweep (host, local) with xstage's own rank: the reference of the launcher check"),
+    Study("launch_plain_again", "The same sweep again", "01", "its run-to-run spread"),
+    Study("launch_torchrun", "The same sweep under torchrun", "01",
+          "torchrun --nproc-per-node 1 -m xstage: the same rows, timings within the plain runs' spread"),
+    Study("launch_resumed", "One record, two launchers", "01",
+          "started under torchrun on part of the grid, finished by the plain command"),
     # BLOCK: predictions
     Study("scale_prediction", "The paper's 8-GPU figures, predicted", "03_megamoe_84",
           "the MegaMoE and Ulysses speedups at 8 GPUs from the NVLink model and the one-GPU compute, sealed before "
@@ -363,6 +371,15 @@ RECORDS: tuple[Record, ...] = _records(
            "at S >= 8K", current=False),
     Record("attention_clocks", "h100x1", "local", "attention_clocks", "attention_clocks",
            "MACHINE=h100x1 python3 scripts/attention_clocks.py", "ours / FA4 sustained at the 700 W cap"),
+    # BLOCK: launchers
+    Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
+           "the plain command"),
+    Record("launch_plain_again", "h100x1", "host", "launch_check/plain_again", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
+           "the plain command again"),
+    Record("launch_torchrun", "h100x1", "host", "launch_check/torchrun", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
+           "under torchrun --nproc-per-node 1"),
+    Record("launch_resumed", "h100x1", "host", "launch_check/resumed", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
+           "torchrun on part of the grid, then the plain command"),
     # BLOCK: predictions
     Record("scale_prediction", "h200x8", "nvlink", "prediction", "scale_prediction",
            "python -m xstage.scale_analysis --write",
