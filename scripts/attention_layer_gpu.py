@@ -52,7 +52,7 @@ import pandas as pd
 import torch
 
 import xstage
-from xstage import attention_api, bench, env, fa4, ulysses_gluon
+from xstage import attention_api, bench, data, env, fa4, ulysses_gluon
 from xstage.attention_api import AttentionInputError
 from xstage.numeric import rel_l2
 from xstage.ulysses import attention_flops
@@ -492,7 +492,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--shapes", default=None, help="S:H:D,... (default: the studies' DiT shapes with S >= 8K)")
     ap.add_argument("--smoke", action="store_true", help="the CPU: tiny shapes, the GPU-only parts skipped")
     ap.add_argument("--out", default=None, help="default $OUT/$MACHINE/attention_layer")
+    ap.add_argument("--record", default=None, metavar="DIR",
+                    help="seal an output folder (summary.json + part CSVs) as the JSON-lines record "
+                         "attention_layer.jsonl beside them, and stop (no GPU needed)")
     a = ap.parse_args(argv)
+    if a.record:
+        return {"record": str(record(Path(a.record)))}
     parts = [p for p in a.parts.split(",") if p]
     bad = [p for p in parts if p not in PARTS]
     if bad:
@@ -527,8 +532,25 @@ def main(argv=None) -> dict:
     _write(out / "summary.json", json.dumps(summary, indent=1, default=str))
     _write(out / "table.md", issue_table(summary))
     print(issue_table(summary), flush=True)
+    if not a.smoke:
+        record(out)
     print(f"attention_layer: wrote {out}", file=sys.stderr)
     return summary
+
+
+def record(out: Path) -> Path:
+    """The output folder as one sealed JSON-lines record (xstage.data.write_jsonl): a line per part with its summary,
+    then a line per CSV row with its part; the sidecar holds the run's provenance (the env part)."""
+    summary = json.loads((out / "summary.json").read_text())
+    lines = [{"part": p, "summary": v} for p, v in summary["parts"].items()]
+    for csv in sorted(out.glob("*.csv")):
+        lines += [{"part": csv.stem, **row} for row in pd.read_csv(csv).to_dict("records")]
+    envp = summary["parts"].get("env", {})
+    meta = {"command": summary["command"], "shapes_note": summary.get("shapes_note"), "cache": summary.get("cache"),
+            "machine": os.environ.get("MACHINE", out.parent.name), **{k: envp.get(k) for k in (
+                "card", "capability", "torch", "triton", "python", "git_commit", "kernel", "fa4", "diffusers",
+                "peak_bf16_tflops")}}
+    return data.write_jsonl(out, "attention_layer", lines, meta)
 
 
 if __name__ == "__main__":

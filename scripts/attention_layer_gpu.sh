@@ -28,7 +28,7 @@ here=$(dirname "$0")
 . "$here/fa4_env.sh"        # FA4's SITE / PYTHONPATH, the NCCL / symmetric-memory settings
 DIFFSITE=${DIFFSITE:-/root/diffsite}
 DIFF_TAR=.whl/diffusers_site312.tar.xz
-DIFF_PINS="diffusers==0.42.1 huggingface_hub==2.4.0 safetensors==0.8.0 regex==2026.12.2 pillow==13.0.0
+DIFF_PINS="diffusers==0.42.1 huggingface_hub==1.33.0 safetensors==0.8.0 regex==2026.12.2 pillow==13.0.0
   importlib_metadata==10.2.0 zipp==4.1.2 filelock==4.3.2 requests==2.34.2 urllib3==2.8.0 idna==3.21
   certifi==2026.10.19.post1 charset_normalizer==3.5.3 httpx2==2.17.0 httpcore2==2.17.0 h11==0.16.0 anyio==4.16.0
   truststore==0.10.5 lazy_importer==0.1.0 packaging==26.4 pyyaml==6.0.4 tqdm==4.70.1 click==8.5.1"

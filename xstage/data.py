@@ -602,8 +602,9 @@ def load(folder: Path | str, schema: Schema = BURST_GAP) -> tuple[pd.DataFrame, 
     return df, meta
 
 
-JSONL_KINDS = ("gpc_map", "scale_prediction")   # records that are JSON lines beside a sidecar (kind, jsonl_sha256),
-                                                # not a CSV schema (scale_prediction: a model output, never measured)
+JSONL_KINDS = ("gpc_map", "scale_prediction", "attention_layer")  # records that are JSON lines beside a sidecar
+# (kind, jsonl_sha256), not a CSV schema (scale_prediction: a model output, never measured; attention_layer: the
+# attention call's parts, scripts/attention_layer_gpu.py)
 
 
 def load_jsonl(folder: Path | str, kind: str) -> tuple[list[dict], dict]:
@@ -622,6 +623,23 @@ def load_jsonl(folder: Path | str, kind: str) -> tuple[list[dict], dict]:
         raise DataError(f"{lines_path} does not match its sidecar {side.name} (kind {meta.get('kind')!r}, "
                         "jsonl_sha256): the file changed after it was recorded")
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()], meta
+
+
+def write_jsonl(folder: Path | str, kind: str, lines: list[dict], meta: dict) -> Path:
+    """Write a JSON-lines record (``<kind>.jsonl`` + its sidecar ``<kind>.json`` with ``kind`` and ``jsonl_sha256``),
+    each file atomically; :func:`load_jsonl` reads it back checked."""
+    if kind not in JSONL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(JSONL_KINDS)}, got {kind!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = "".join(json.dumps(line, sort_keys=True, default=str) + "\n" for line in lines).encode()
+    side = {**meta, "kind": kind, "jsonl_sha256": hashlib.sha256(raw).hexdigest(), "lines": len(lines)}
+    for path, body in ((folder / f"{kind}.jsonl", raw), (folder / f"{kind}.json",
+                                                         json.dumps(side, indent=1, default=str).encode())):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(body)
+        tmp.replace(path)
+    return folder / f"{kind}.jsonl"
 
 
 def done_keys(csv: Path, schema: Schema) -> set[tuple]:

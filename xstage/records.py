@@ -164,6 +164,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ">= 0.95 of FA4's TFLOP/s on every shape with S >= 8K"),
     Study("attention_clocks", "Sustained clocks of our attention, FA4 and cuDNN at the power cap",
           "04_ulysses_attention", "the ours / FA4 ratio holds when the clocks settle"),
+    Study("attention_layer", "The attention call for a DiT", "04",
+          "xstage.attention on one GPU: host us per call, first call, CUDA graphs, torch.compile, bad input, "
+          "ours / cuDNN (and / FA4 where installed)"),
     # BLOCK: launchers
     Study("launch_plain", "The host-link sweep started by xstage", "01",
           "the burst-gap sweep (host, local) with xstage's own rank: the reference of the launcher check"),
@@ -371,6 +374,9 @@ RECORDS: tuple[Record, ...] = _records(
            "at S >= 8K", current=False),
     Record("attention_clocks", "h100x1", "local", "attention_clocks", "attention_clocks",
            "MACHINE=h100x1 python3 scripts/attention_clocks.py", "ours / FA4 sustained at the 700 W cap"),
+    Record("attention_layer", "h100x1", "local", "attention_layer", "attention_layer",
+           "MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev diffusers layer:290 pack",
+           "xstage.attention: host 29-32 us per call, graphs bit-identical, fullgraph compile, ours / cuDNN 1.05-1.36"),
     # BLOCK: launchers
     Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
            "the plain command"),
