@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from . import data, env
 from .burst_gap_sweep import BurstGapGrid, TrainGrid, run_burst_gap, run_trains
-from .fit import (DRAIN_RECORD, SWEEP_RECORD, STAGE_UNITS, LINK_TARGETS, Observations, StageFit, _rung_params,
+from .fit import (DRAIN_RECORD, RUNG_TRAINS, SWEEP_RECORD, STAGE_UNITS, LINK_TARGETS, Observations, StageFit, _rung_params,
                   default_workers, error_summary, fit_stage, full_rung, measured_drain, observations,
                   predict_observations, read_stage_fit, write_stage_fit)
 from .fluid import KIB
@@ -367,6 +367,41 @@ def summary(res: StageFit, measure_s: float, fit_s: float, workers: int, source:
     for _, r in onsets(res).iterrows():
         lines.append(f"{int(r.programs):>5} {r.onset_kib_model:>8g} {r.onset_kib_measured:>9g}")
     return "\n".join(lines) + "\n"
+
+
+def perturbed(start: dict, factor: float = 1.15) -> dict:
+    """``start`` with every fitted value moved by ``factor`` (up and down in turn; fractions in logit space): a
+    start away from the optimum (the plan's evidence and tests)."""
+    out = {}
+    for i, (k, v) in enumerate(sorted(start.items())):
+        f = factor if i % 2 == 0 else 1 / factor
+        out[k] = float(1 / (1 + (1 / v - 1) / f)) if k in ("spread", "stalled_fraction") else float(v * f)
+    return out
+
+
+def plan_evidence(folder, link: str = "host", plan: CalibrationPlan = CalibrationPlan(), workers: int = 1,
+                  factor: float = 1.15) -> pd.DataFrame:
+    """The evidence that the plan carries what the full model needs, from a folder's full records: the full model
+    refitted on the plan's observations alone (:func:`plan_rows`; the folder's measured drain fixed), started
+    ``factor`` away from the folder's written fit, against that fit (made on every record) and its interval."""
+    obs = observations(folder, link, trains=RUNG_TRAINS.get(full_rung(link)))
+    ref = read_stage_fit(folder, link)
+    d = measured_drain(folder, link)
+    measured = {"drain_gbps": (d["drain_gbps"], d["low"], d["high"])} if d else {}
+    start = perturbed(reference_start(folder, link))
+    start = {k: v for k, v in start.items() if k in _rung_params(full_rung(link))}
+    res = fit_stage(obs.take(plan_rows(obs, plan)), link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev,
+                    measured=measured, start=start, workers=workers, prescan=False)
+    v = res.values()
+    full = {**ref["params"], "span_overhead_ns": ref["span_overhead_ns"]}
+    rows = []
+    for k in _rung_params(res.rung):
+        lo, hi = ref["ci95_low"].get(k, np.nan), ref["ci95_high"].get(k, np.nan)
+        rows.append(dict(parameter=k, full=float(full[k]), full_low=lo, full_high=hi, plan=v[k],
+                         plan_low=res.ci_low[k], plan_high=res.ci_high[k], start=start.get(k, np.nan),
+                         plan_covers_full=bool(res.ci_low[k] <= full[k] <= res.ci_high[k]),
+                         rel_diff=v[k] / float(full[k]) - 1))
+    return pd.DataFrame(rows)
 
 
 def with_plan(**changes) -> CalibrationPlan:

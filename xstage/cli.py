@@ -14,6 +14,8 @@
   xstage bench bandwidth --out data/h200x2 [--world-size 1]
   xstage fit --data data/h200x2 [--link nvlink|host] [--write]
   xstage predict --data data/h200x1 [--link host] --programs 132 --burst-kib 64,8 --gap-us 10,0
+  xstage calibrate --link host|nvlink|local [--out data/<machine>/calibration] [--source gpu|simulated]
+                   [--params-from data/h200x1] [--workers N]   (the short plan, then the link's full model)
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
   xstage --version;  xstage <command> --help  (every option with its default)
 
@@ -283,6 +285,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bursts (0-based, e.g. 4,8) whose start holds a read that waits for the program's own stores "
                          "to drain, as in the legacy train kernel (data.legacy_read_bursts); default none")
 
+    ca = sub.add_parser("calibrate", help="measure the short calibration plan on this GPU and fit the link's full "
+                                          "stage model (xstage.calibrate)")
+    ca.add_argument("--link", choices=("host", "nvlink", "local"), default="host",
+                    help="host: pinned host memory over PCIe (one GPU); nvlink: a peer GPU (two); local: this GPU's "
+                         "memory")
+    ca.add_argument("--out", type=_out_folder, default=None,
+                    help="folder of the plan's records and the fit (default: data/<this machine>/calibration; resumes)")
+    ca.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
+                    help="simulated: the stage model with the parameters written in --params-from (no GPU)")
+    ca.add_argument("--params-from", type=_data_folder, default=None,
+                    help="folder whose fit of the link drives --source simulated, e.g. data/h200x1")
+    ca.add_argument("--start-from", default="auto",
+                    help="folder whose fit of the link starts the fit (auto: the reference card's, data/h200x1 or "
+                         "data/h200x2; none: the read-off values and a coarse prescan)")
+    ca.add_argument("--workers", type=_count, default=None, help="fit processes (default: every CPU)")
+
     rp = sub.add_parser("reproduce", help="run every notebook through papermill into a run folder")
     try:  # the notebook stack is an extra: GPU nodes may run sweeps without it
         from . import reproduce
@@ -422,6 +440,16 @@ def main(argv: list[str] | None = None) -> int:
             what = "grid span" if args.sync else "median program's issue time"
             print(f"{link}, {args.programs} programs, {what} per burst (ns):")
             print(" ".join(f"{x:.1f}" for x in t))
+        elif args.cmd == "calibrate":
+            from . import calibrate, env
+            from .data import DATA_ROOT
+
+            out = args.out or str(DATA_ROOT / (env.machine_name() if args.source == "gpu" else "simulated") / "calibration")
+            start = None if args.start_from == "none" else args.start_from
+            c = calibrate.run(args.link, out, source=args.source, params_from=args.params_from, start_from=start,
+                              workers=args.workers, command=command)
+            print(c.summary, end="")
+            print(c.path)
         elif args.cmd == "reproduce":
             if getattr(args, "missing", None):
                 raise RuntimeError(f"reproduce needs the notebook extra (pip install -e '.[notebooks]'): {args.missing}")

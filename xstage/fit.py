@@ -670,7 +670,7 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
             tr, te = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
             if not len(te):
                 return None
-            s_f, _ = solve(tr, sol.x, max(max_nfev // 3, 10))
+            s_f, _ = solve(tr, sol.x, max(max_nfev // 3, min(10, max_nfev)))
             p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
             o_te = obs.take(te)
             part = _long(o_te, predict_observations(o_te, p_f, so_f))
