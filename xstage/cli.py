@@ -9,6 +9,7 @@
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
                        [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
+  xstage sweep families --out data/h100x1/families [--families width,warps,staggered,waves,per_program]
   xstage sweep trains --out data/h200x1 [--targets host,local] [--programs 16,66,132,264] [--seed 0]
                       [--burst-kib-range 1,1024] [--gap-us-range 0.5,300]
   xstage bench bandwidth --out data/h200x2 [--world-size 1]
@@ -190,6 +191,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--params-from", default=None, help="data folder whose fit drives the simulated source")
     tr.add_argument("--link", choices=("nvlink", "host"), default="host", help="which fit --params-from gives")
 
+    from .traffic_families import FAMILIES
+
+    fa = swsub.add_parser("families", help="never-fitted traffic families, per program (xstage.families_analysis "
+                                           "scores the stage model on them)")
+    fa.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h100x1/families (resumes)")
+    fa.add_argument("--families", type=_strs, default=FAMILIES,
+                    help="width (4 / 8-byte stores), warps (1, 2, 8, 16 per program), staggered (programs starting "
+                         "20 / 60 us late), waves (more programs than are resident), per_program (every program its "
+                         "own sizes)")
+    fa.add_argument("--programs", type=_ints, default=(16, 66, 132, 264, 528),
+                    help="program counts (528: the waves' resident wave; the other families skip counts > 2 x SMs)")
+    fa.add_argument("--targets", "--target", dest="targets", type=_strs, default=("host",), help="host, local or remote")
+    fa.add_argument("--count", type=_count, default=3, help="seeded base trains per family")
+    fa.add_argument("--repeats", type=_count, default=3, help="timed repeats per train")
+
     ul = swsub.add_parser("ulysses", help="Ulysses attention: fused vs serial vs overlapped (notebook 04)")
     ul.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x2 (resumes if it exists)")
     ul.add_argument("--ranks", "--world-size", dest="ranks", type=_count, default=2,
@@ -368,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
                               cases=cases, schedules=args.schedules, repeats=args.repeats,
                               max_minutes=args.max_minutes, command=command, assignment=args.assignment,
                               world=args.world, link=args.link, traffic_ranks=args.traffic_ranks))
+        elif args.cmd == "sweep" and args.study == "families":
+            from .families_sweep import FamiliesGrid, run_families
+
+            grid = FamiliesGrid(families=args.families, programs=args.programs, targets=args.targets, count=args.count,
+                                repeats=args.repeats, world_size=2 if "remote" in args.targets else 1)
+            print(run_families(grid, args.out, command=command))
         elif args.cmd == "sweep" and args.study == "trains":
             from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 

@@ -87,21 +87,25 @@ def _round(b: float, step: int) -> int:
 
 
 def families(family: str, programs=(16, 66, 132, 264), target: str = "host", count: int = 3, seed: int = 31,
-             sm_count: int = 132) -> list[FamilyTrain]:
-    """The trains of one family (sizes and gaps of ``count`` seeded trains of the fitting kernel's law, seed 31:
-    a seed no fit saw), per program count:
+             sm_count: int = 132, kib=(4, 256)) -> list[FamilyTrain]:
+    """The trains of one family (sizes and gaps of ``count`` seeded trains of the fitting kernel's law, 8 bursts of
+    ``kib`` KiB per program, gaps 0.5-50 us, seed 31: a seed no fit saw), per program count:
 
     width        stores of 4 and 8 bytes per thread (the fit: 16), 4 warps
     warps        1, 2, 8 and 16 warps per program (the fit: 4), 16-byte stores
     staggered    half the programs start 20 us late, a quarter 60 us late
-    waves        16 warps per program and 4 x P programs (P = 66 / 132: 2-4 waves of P resident programs ...)
+    waves        16 warps per program (at most 4 resident per SM) and 2 or 3 x P programs for P >= 4 x SMs
+                 (default 528: 2 and 3 waves), bursts an eighth of the base trains'; its P is the grid
     per_program  every program its own sizes: program p's bursts x (0.25 .. 2, log-spaced over p)"""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
-    base = train_family(seed, count, 8, (4, 256), (0.5, 50), 16)
+    base = train_family(seed, count, 8, kib, (0.5, 50), 16)
     out = []
     for name, sizes, gaps in base:
         for P in programs:
+            if family != "waves" and P > 2 * sm_count:   # only the waves run grids beyond 2 per SM
+                continue
+
             def tr(tag, s=16, w=4, grid=P, rows=None, delay=()):
                 step = s * 32 * w
                 rows = rows or [[_round(b, step) for b in sizes]] * grid
@@ -114,9 +118,11 @@ def families(family: str, programs=(16, 66, 132, 264), target: str = "host", cou
             elif family == "staggered":
                 delay = [0 if p % 4 < 2 else (20_000 if p % 4 == 2 else 60_000) for p in range(P)]
                 out.append(tr("staggered", delay=delay))
-            elif family == "waves":
-                if P <= sm_count:   # 4 x P programs of 16 warps; at most 4 per SM are resident (2048 threads)
-                    out.append(tr("waves", w=16, grid=4 * P))
+            elif family == "waves":   # 16 warps per program (at most 4 per SM: 2048 threads), P programs per
+                if P >= 4 * sm_count:   # wave of 4 per SM: 2 and 3 waves, bursts of an eighth (8 KiB steps)
+                    for k in (2, 3):
+                        out.append(tr(f"waves{k}", w=16, grid=k * P,
+                                      rows=[[_round(b / 8, 8192) for b in sizes]] * (k * P)))
             else:
                 f = np.exp(np.linspace(np.log(0.25), np.log(2.0), P))
                 out.append(tr("perprog", rows=[[_round(b * f[p], 2048) for b in sizes] for p in range(P)]))
