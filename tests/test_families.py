@@ -89,5 +89,5 @@ def test_the_score_is_the_models_error():
 
 
 def test_family_names_map_back():
-    assert [fa.family_of(n) for n in ("width4-s31-00", "warps16-s31-02", "waves2-s31-00", "perprog-s31-01",
-                                      "staggered-s31-00")] == ["width", "warps", "waves", "per_program", "staggered"]
+    assert [fa.family_of(n) for n in ("width4-s0-00", "warps16-s0-02", "waves2-s0-00", "perprog-s0-01",
+                                      "staggered-s0-00")] == ["width", "warps", "waves", "per_program", "staggered"]

@@ -24,7 +24,7 @@ RESIDENT_NS = 1000.0   # a program whose first burst starts within this of the f
 
 
 def family_of(name: str) -> str:
-    """The family of a recorded train name (its tag before the seed: "width4-s31-00" -> "width")."""
+    """The family of a recorded train name (its tag before the seed: "width4-s0-00" -> "width")."""
     tag = name.split("-")[0].rstrip("0123456789")
     return {"perprog": "per_program"}.get(tag, tag)
 

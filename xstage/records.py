@@ -147,6 +147,12 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "the synchronised sweep with a relaxed grid barrier (barrier cost)"),
     Study("barrier_release", "Barrier release", "02",
           "the synchronised sweep with a release barrier (barrier cost)"),
+    Study("calibration", "xstage calibrate: the short plan and the link's full model fitted on it", "02",
+          "a card's own parameters in <= 3 min of GPU and <= 2 min of fit (xstage.calibrate); records under "
+          "data/<machine>/calibration/{backpressure_sweep,free_running,drain_programs,trains}"),
+    Study("families", "Never-fitted traffic families", "02",
+          "store widths, block sizes, staggered starts, waves and per-program bursts the model never saw "
+          "(xstage.families_analysis scores it), data/<machine>/families"),
     # BLOCK: megamoe
     Study("megamoe", "MegaMoE: fused dispatch, grouped GEMMs and combine; each schedule / Expert-Wave, 84 configurations",
           "03_megamoe_84", "each schedule's kernel time / Expert-Wave's per configuration and dtype, beside the model"),
