@@ -11,7 +11,7 @@ REF = data.DATA_ROOT / "h200x1"
 # a small plan (seconds on a CPU): the same kinds of records as the default plan, fewer of each
 SMALL = calibrate.with_plan(sync_programs=(4, 16), sync_burst_kib=(2, 256), sync_gap_us=(0,),
                             free_programs=(4, 16), free_burst_kib=(32, 128), free_gap_us=(0, 30), train_count=2,
-                            train_programs=(16,), drain_programs=(16,), k_folds=2, max_nfev=1, n_bursts=4,
+                            train_programs=(16,), drain_programs=(16,), k_folds=2, max_nfev=1, fold_nfev=1, n_bursts=4,
                             repeats=2)
 
 
@@ -119,7 +119,7 @@ def test_a_parallel_fit_is_the_serial_fit():
     rows = calibrate.plan_rows(obs, SMALL)
     start = calibrate.reference_start(REF, "host")
     start = {k: v for k, v in calibrate.perturbed(start, 1.05).items() if k in fit.RUNGS["free_store"]}
-    kw = dict(k_folds=2, max_nfev=1, start=start, prescan=False)
+    kw = dict(k_folds=2, max_nfev=1, fold_nfev=1, start=start, prescan=False)
     a = fit.fit_stage(obs.take(rows), "host", None, workers=1, **kw)
     b = fit.fit_stage(obs.take(rows), "host", None, workers=2, **kw)
     for k, v in a.values().items():

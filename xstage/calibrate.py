@@ -73,6 +73,7 @@ class CalibrationPlan:
     repeats: int = 3
     k_folds: int = 4                             # held out by train
     max_nfev: int = 20                           # least-squares steps from the reference card's parameters
+    fold_nfev: int = 5                           # ... of each held-out refit, from the optimum
 
     def sweeps(self, link: str) -> list[tuple[str, str, object]]:
         """(step, sub-folder, grid) of every sweep of the plan on ``link``, in the order they run."""
@@ -309,7 +310,7 @@ def run(link: str, out, source: str = "gpu", params_from=None, plan: Calibration
     bar.set_postfix_str("fit")
     res = fit_stage(obs, link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev if start else 40,
                     measured=measured, start=start, workers=workers, prescan=start is None,
-                    progress=lambda label: bar.update())
+                    progress=lambda label: bar.update(), fold_nfev=plan.fold_nfev)
     fit_s = time.perf_counter() - t1
     bar.close()
     res.folder = str(out)
@@ -391,7 +392,7 @@ def plan_evidence(folder, link: str = "host", plan: CalibrationPlan = Calibratio
     start = perturbed(reference_start(folder, link))
     start = {k: v for k, v in start.items() if k in _rung_params(full_rung(link))}
     res = fit_stage(obs.take(plan_rows(obs, plan)), link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev,
-                    measured=measured, start=start, workers=workers, prescan=False)
+                    measured=measured, start=start, workers=workers, prescan=False, fold_nfev=plan.fold_nfev)
     v = res.values()
     full = {**ref["params"], "span_overhead_ns": ref["span_overhead_ns"]}
     rows = []

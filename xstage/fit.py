@@ -460,12 +460,17 @@ def _pool_predict(x, rows):
 
 class _PoolEval:
     """Predictions of a subset ``rows`` of the pool's observations at many parameter points at once: one task per
-    (point, program count) on ``pool`` (a ProcessPoolExecutor started with :func:`_pool_init`)."""
+    (point, program count, piece of at most CHUNK configurations) on ``pool`` (a ProcessPoolExecutor started with
+    :func:`_pool_init`)."""
+
+    CHUNK = 16
 
     def __init__(self, pool, obs_all: "Observations", rows):
         self.pool, self.rows = pool, np.asarray(rows)
         P = obs_all.cfgs.programs.to_numpy()[self.rows]
-        self.chunks = [np.flatnonzero(P == p) for p in np.unique(P)]   # positions within rows, one per P
+        # positions within rows: per program count (one simulation batch), split into pieces of at most CHUNK
+        self.chunks = [c for p in np.unique(P) for c in np.array_split(np.flatnonzero(P == p),
+                                                                      -(-int((P == p).sum()) // self.CHUNK))]
         self.n = obs_all.measured.shape[1]
 
     def predict(self, xs) -> list[np.ndarray]:
@@ -617,7 +622,7 @@ DRAIN_RECORD = "drain_programs"
 
 def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: int = 5, seed: int = 0,
               max_nfev: int = 40, measured: dict | None = None, start: dict | None = None, workers: int = 1,
-              prescan: bool = True, progress=None) -> StageFit:
+              prescan: bool = True, progress=None, fold_nfev: int | None = None) -> StageFit:
     """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors.
     ``measured``: {parameter: (value, low, high)} measured directly (e.g. :func:`measured_drain`): fixed, with
     that interval. ``start``: starting values (e.g. the rung below's fit) instead of the link's read-off ones.
@@ -625,7 +630,8 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
     processes (the Jacobian's columns, the program counts and the folds at once; the same fit). ``prescan``: also
     start from the best point of a coarse grid over spread and stall, the lower final cost winning (False: the
     given start alone, for a start that is already near, e.g. another card's fit). ``progress``: called with a
-    short label after each step (the fit, each fold)."""
+    short label after each step (the fit, each fold). ``fold_nfev``: least-squares steps of each held-out refit
+    from the optimum (None: max(max_nfev // 3, min(10, max_nfev)))."""
     rung = full_rung(link, rung)
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
@@ -670,7 +676,7 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
             tr, te = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
             if not len(te):
                 return None
-            s_f, _ = solve(tr, sol.x, max(max_nfev // 3, min(10, max_nfev)))
+            s_f, _ = solve(tr, sol.x, fold_nfev or max(max_nfev // 3, min(10, max_nfev)))
             p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
             o_te = obs.take(te)
             part = _long(o_te, predict_observations(o_te, p_f, so_f))
