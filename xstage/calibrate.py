@@ -389,7 +389,7 @@ def plan_evidence(folder, link: str = "host", plan: CalibrationPlan = Calibratio
     ref = read_stage_fit(folder, link)
     d = measured_drain(folder, link)
     measured = {"drain_gbps": (d["drain_gbps"], d["low"], d["high"])} if d else {}
-    start = perturbed(reference_start(folder, link))
+    start = perturbed(reference_start(folder, link), factor)
     start = {k: v for k, v in start.items() if k in _rung_params(full_rung(link))}
     res = fit_stage(obs.take(plan_rows(obs, plan)), link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev,
                     measured=measured, start=start, workers=workers, prescan=False, fold_nfev=plan.fold_nfev)

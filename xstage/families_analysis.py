@@ -13,9 +13,13 @@ Scores: |predicted / measured - 1| over bursts whose measured median is >= 1 us,
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 
+from .data import BURST_PROGRAM, load
+from .model import load_params
 from .stage_params import StageParams
 from .stage_sim import simulate_stage
 
@@ -92,3 +96,20 @@ def summary(scored: pd.DataFrame, min_ns: float = MIN_NS) -> pd.DataFrame:
                          p10_median_abs_error=g.p10_rel_error.abs().median(),
                          p90_median_abs_error=g.p90_rel_error.abs().median()))
     return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m xstage.families_analysis FAMILIES_DIR PARAMS_DIR [LINK]``: the summary of the model whose fit
+    PARAMS_DIR holds (e.g. a calibration folder) on the families recorded in FAMILIES_DIR."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (2, 3):
+        print("usage: python -m xstage.families_analysis FAMILIES_DIR PARAMS_DIR [LINK]", file=sys.stderr)
+        return 2
+    pp, _ = load(args[0], BURST_PROGRAM)
+    prm = load_params(args[1], args[2] if len(args) == 3 else "host")
+    print(summary(score(pp, prm)).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
