@@ -9,11 +9,14 @@
   xstage sweep megamoe --out data/h200x2 [--dtypes bf16,fp8] [--cases ...] [--max-minutes 8]
                        [--world one-gpu --ranks 2 --link local|host]   (every rank on one GPU, rank 0 timed)
                        [--traffic-ranks 8 --out data/h200x2/traffic8]   (8-rank traffic on 2 GPUs)
+  xstage sweep families --out data/h100x1/families [--families width,warps,staggered,waves,per_program]
   xstage sweep trains --out data/h200x1 [--targets host,local] [--programs 16,66,132,264] [--seed 0]
                       [--burst-kib-range 1,1024] [--gap-us-range 0.5,300]
   xstage bench bandwidth --out data/h200x2 [--world-size 1]
   xstage fit --data data/h200x2 [--link nvlink|host] [--write]
   xstage predict --data data/h200x1 [--link host] --programs 132 --burst-kib 64,8 --gap-us 10,0
+  xstage calibrate --link host|nvlink|local [--out data/<machine>/calibration] [--source gpu|simulated]
+                   [--params-from data/h200x1] [--workers N]   (the short plan, then the link's full model)
   xstage reproduce [-p NAME VALUE] [-f params.yaml] [--only NOTEBOOK]
   xstage --version;  xstage <command> --help  (every option with its default)
 
@@ -189,6 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--params-from", default=None, help="data folder whose fit drives the simulated source")
     tr.add_argument("--link", choices=("nvlink", "host"), default="host", help="which fit --params-from gives")
 
+    from .traffic_families import FAMILIES
+
+    fa = swsub.add_parser("families", help="never-fitted traffic families, per program (xstage.families_analysis "
+                                           "scores the stage model on them)")
+    fa.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h100x1/families (resumes)")
+    fa.add_argument("--families", type=_strs, default=FAMILIES,
+                    help="width (4 / 8-byte stores), warps (1, 2, 8, 16 per program), staggered (programs starting "
+                         "20 / 60 us late), waves (more programs than are resident), per_program (every program its "
+                         "own sizes)")
+    fa.add_argument("--programs", type=_ints, default=(16, 66, 132, 264, 528),
+                    help="program counts (528: the waves' resident wave; the other families skip counts > 2 x SMs)")
+    fa.add_argument("--targets", "--target", dest="targets", type=_strs, default=("host",), help="host, local or remote")
+    fa.add_argument("--count", type=_count, default=3, help="seeded base trains per family")
+    fa.add_argument("--repeats", type=_count, default=3, help="timed repeats per train")
+
     ul = swsub.add_parser("ulysses", help="Ulysses attention: fused vs serial vs overlapped (notebook 04)")
     ul.add_argument("--out", required=True, type=_out_folder, help="output folder, e.g. data/h200x2 (resumes if it exists)")
     ul.add_argument("--ranks", "--world-size", dest="ranks", type=_count, default=2,
@@ -284,6 +302,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bursts (0-based, e.g. 4,8) whose start holds a read that waits for the program's own stores "
                          "to drain, as in the legacy train kernel (data.legacy_read_bursts); default none")
 
+    ca = sub.add_parser("calibrate", help="measure the short calibration plan on this GPU and fit the link's full "
+                                          "stage model (xstage.calibrate)")
+    ca.add_argument("--link", choices=("host", "nvlink", "local"), default="host",
+                    help="host: pinned host memory over PCIe (one GPU); nvlink: a peer GPU (two); local: this GPU's "
+                         "memory")
+    ca.add_argument("--out", type=_out_folder, default=None,
+                    help="folder of the plan's records and the fit (default: data/<this machine>/calibration; resumes)")
+    ca.add_argument("--source", choices=("gpu", "simulated"), default="gpu",
+                    help="simulated: the stage model with the parameters written in --params-from (no GPU)")
+    ca.add_argument("--params-from", type=_data_folder, default=None,
+                    help="folder whose fit of the link drives --source simulated, e.g. data/h200x1")
+    ca.add_argument("--start-from", default="auto",
+                    help="folder whose fit of the link starts the fit (auto: the reference card's, data/h200x1 or "
+                         "data/h200x2; none: the read-off values and a coarse prescan)")
+    ca.add_argument("--workers", type=_count, default=None, help="fit processes (default: every CPU)")
+
     rp = sub.add_parser("reproduce", help="run every notebook through papermill into a run folder")
     try:  # the notebook stack is an extra: GPU nodes may run sweeps without it
         from . import reproduce
@@ -351,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
                               cases=cases, schedules=args.schedules, repeats=args.repeats,
                               max_minutes=args.max_minutes, command=command, assignment=args.assignment,
                               world=args.world, link=args.link, traffic_ranks=args.traffic_ranks))
+        elif args.cmd == "sweep" and args.study == "families":
+            from .families_sweep import FamiliesGrid, run_families
+
+            grid = FamiliesGrid(families=args.families, programs=args.programs, targets=args.targets, count=args.count,
+                                repeats=args.repeats, world_size=2 if "remote" in args.targets else 1)
+            print(run_families(grid, args.out, command=command))
         elif args.cmd == "sweep" and args.study == "trains":
             from .burst_gap_sweep import TrainGrid, default_targets, run_trains, world_for
 
@@ -423,6 +463,16 @@ def main(argv: list[str] | None = None) -> int:
             what = "grid span" if args.sync else "median program's issue time"
             print(f"{link}, {args.programs} programs, {what} per burst (ns):")
             print(" ".join(f"{x:.1f}" for x in t))
+        elif args.cmd == "calibrate":
+            from . import calibrate, env
+            from .data import DATA_ROOT
+
+            out = args.out or str(DATA_ROOT / (env.machine_name() if args.source == "gpu" else "simulated") / "calibration")
+            start = None if args.start_from == "none" else args.start_from
+            c = calibrate.run(args.link, out, source=args.source, params_from=args.params_from, start_from=start,
+                              workers=args.workers, command=command)
+            print(c.summary, end="")
+            print(c.path)
         elif args.cmd == "reproduce":
             if getattr(args, "missing", None):
                 raise RuntimeError(f"reproduce needs the notebook extra (pip install -e '.[notebooks]'): {args.missing}")

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -226,7 +230,7 @@ def fluid_summary(res: FitResult) -> pd.DataFrame:
 # Intervals: Gauss-Newton with a covariance robust to residuals correlated within a configuration (sandwich,
 # clustered by configuration). Held out: k folds by TRAIN (an irregular train is held out at every program
 # count it ran at; a regular configuration is its own train), never by repeat.
-LINK_TARGETS = {"nvlink": "remote", "host": "host"}
+LINK_TARGETS = {"nvlink": "remote", "host": "host", "local": "local"}   # local: the control (xstage calibrate)
 STAGE_PARAMS = ["issue_ns_per_kib", "drain_gbps", "capacity_kib", "capacity_per_program_kib",
                 "base_capacity_kib", "spread", "stalled_fraction", "overhead_ns", "span_overhead_ns"]
 STAGE_UNITS = {"issue_ns_per_kib": "ns/KiB/program", "drain_gbps": "GB/s", "capacity_kib": "KiB",
@@ -434,36 +438,103 @@ def _weights(obs: Observations) -> np.ndarray:
     return np.sqrt((1.0 / obs.cfgs.kind.map(counts)).to_numpy() * len(counts) ** -1 * len(obs.cfgs))
 
 
-def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False):
+# ---------------------------------------------------------------- parallel evaluation of the fit (workers > 1)
+# What makes a stage fit slow is the simulation: one prediction of every observation of the host link's records
+# takes ~4 s on one core (arbitration gpc_drain: up to 128 groups per grid), and every Jacobian of the ~10 free
+# parameters costs one prediction per parameter. With ``workers`` > 1 the fit evaluates the Jacobian's columns and
+# the observations' program counts (chunks) at once on a process pool; the folds of the held-out refits run side by
+# side on the same pool. The result is the same fit (the same forward differences as least_squares' own).
+_POOL_STATE: dict = {}
+
+
+def _pool_init(obs, free, fixed, link):
+    _POOL_STATE.update(obs=obs, free=free, fixed=fixed, link=link, sm=int(obs.cfgs.sm_count.iloc[0]))
+
+
+def _pool_predict(x, rows):
+    """Worker: predictions [len(rows), n] of the pool's observations ``rows`` at transformed parameters x."""
+    st = _POOL_STATE
+    prm, so = _stage_params(x, st["free"], st["fixed"], st["sm"], st["link"])
+    return predict_observations(st["obs"].take(rows), prm, so)
+
+
+class _PoolEval:
+    """Predictions of a subset ``rows`` of the pool's observations at many parameter points at once: one task per
+    (point, program count, piece of at most CHUNK configurations) on ``pool`` (a ProcessPoolExecutor started with
+    :func:`_pool_init`)."""
+
+    CHUNK = 16
+
+    def __init__(self, pool, obs_all: "Observations", rows):
+        self.pool, self.rows = pool, np.asarray(rows)
+        P = obs_all.cfgs.programs.to_numpy()[self.rows]
+        # positions within rows: per program count (one simulation batch), split into pieces of at most CHUNK
+        self.chunks = [c for p in np.unique(P) for c in np.array_split(np.flatnonzero(P == p),
+                                                                      -(-int((P == p).sum()) // self.CHUNK))]
+        self.n = obs_all.measured.shape[1]
+
+    def predict(self, xs) -> list[np.ndarray]:
+        futs = [[self.pool.submit(_pool_predict, x, self.rows[c]) for c in self.chunks] for x in xs]
+        out = []
+        for fs in futs:
+            pred = np.empty((len(self.rows), self.n))
+            for c, f in zip(self.chunks, fs):
+                pred[c] = f.result()
+            out.append(pred)
+        return out
+
+
+def default_workers() -> int:
+    """Processes a fit may use: the CPUs this process may run on (at least 1)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:   # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False, ev: _PoolEval | None = None):
     with np.errstate(invalid="ignore"):
         mask = np.isfinite(obs.measured) & (obs.measured >= STAGE_FIT_MIN_NS)
     w = np.broadcast_to(_weights(obs)[:, None], obs.measured.shape)[mask]
     lo = np.array([_to_x(k, STAGE_BOUNDS[k][0]) for k in free])
     hi = np.array([_to_x(k, STAGE_BOUNDS[k][1]) for k in free])
     sm = int(obs.cfgs.sm_count.iloc[0])
+    logm = np.log(obs.measured)
+
+    def from_pred(pred):
+        return w * (np.log(np.maximum(pred, 1e-3)) - logm)[mask]
 
     def resid(x):
+        if ev is not None:
+            return from_pred(ev.predict([x])[0])
         prm, so = _stage_params(x, free, fixed, sm, link)
-        pred = predict_observations(obs, prm, so)
-        return w * (np.log(np.maximum(pred, 1e-3)) - np.log(obs.measured))[mask]
+        return from_pred(predict_observations(obs, prm, so))
+
+    def jac(x):   # least_squares' "2-point" differences (diff_step 1e-3, steps turned back at the bounds), at once
+        h = 1e-3 * np.where(x >= 0, 1.0, -1.0) * np.maximum(1.0, np.abs(x))
+        h = np.where((x + h > hi) | (x + h < lo), -h, h)
+        pts = [x] + [x + np.eye(len(x))[i] * h[i] for i in range(len(x))]
+        f = [from_pred(p) for p in ev.predict(pts)]
+        dx = np.array([pts[i + 1][i] - x[i] for i in range(len(x))])
+        return np.stack([(f[i + 1] - f[0]) / dx[i] for i in range(len(x))], axis=1)
 
     x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
     # prescan: the arbitration spread and the stall move the cost in steps (which program queues behind which),
     # where a gradient step stalls: start from the best point of a coarse grid over them (the rest as given)
     scan = [i for i, k in enumerate(free) if k in PRESCAN] if prescan else []
     if scan:
-        def cost(x):   # the soft-L1 cost least_squares minimises (up to its constant factor)
-            return float((np.sqrt(1 + (resid(x) / STAGE_F_SCALE) ** 2) - 1).sum())
-        best = (cost(x0), x0)
+        def cost(r):   # the soft-L1 cost least_squares minimises (up to its constant factor)
+            return float((np.sqrt(1 + (r / STAGE_F_SCALE) ** 2) - 1).sum())
+        grid = [x0]
         for vals in itertools.product(*(PRESCAN[free[i]] for i in scan)):
             x = x0.copy()
             x[scan] = [_to_x(free[i], v) for i, v in zip(scan, vals)]
-            c = cost(x)
-            if c < best[0]:
-                best = (c, x)
-        x0 = best[1]
-    return least_squares(resid, x0, loss="soft_l1", f_scale=STAGE_F_SCALE, method="trf", x_scale=1.0, diff_step=1e-3,
-                         max_nfev=max_nfev, bounds=(lo, hi)), mask
+            grid.append(x)
+        costs = ([cost(from_pred(p)) for p in ev.predict(grid)] if ev is not None
+                 else [cost(resid(x)) for x in grid])
+        x0 = grid[int(np.argmin(costs))]
+    return least_squares(resid, x0, jac=jac if ev is not None else "2-point", loss="soft_l1", f_scale=STAGE_F_SCALE,
+                         method="trf", x_scale=1.0, diff_step=1e-3, max_nfev=max_nfev, bounds=(lo, hi)), mask
 
 
 PRESCAN = {"spread": (0.3, 0.5, 0.7, 0.85), "stalled_fraction": (0.3, 0.55, 0.8)}   # the coarse start grid
@@ -550,14 +621,22 @@ DRAIN_RECORD = "drain_programs"
 
 
 def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: int = 5, seed: int = 0,
-              max_nfev: int = 40, measured: dict | None = None, start: dict | None = None) -> StageFit:
+              max_nfev: int = 40, measured: dict | None = None, start: dict | None = None, workers: int = 1,
+              prescan: bool = True, progress=None, fold_nfev: int | None = None) -> StageFit:
     """Fit one rung of the ladder to a link's observations; intervals and held-out-by-train errors.
     ``measured``: {parameter: (value, low, high)} measured directly (e.g. :func:`measured_drain`): fixed, with
     that interval. ``start``: starting values (e.g. the rung below's fit) instead of the link's read-off ones.
-    ``rung`` None: the link's full model (:data:`FULL_RUNG`)."""
+    ``rung`` None: the link's full model (:data:`FULL_RUNG`). ``workers`` > 1: the simulations on that many
+    processes (the Jacobian's columns, the program counts and the folds at once; the same fit). ``prescan``: also
+    start from the best point of a coarse grid over spread and stall, the lower final cost winning (False: the
+    given start alone, for a start that is already near, e.g. another card's fit). ``progress``: called with a
+    short label after each step (the fit, each fold). ``fold_nfev``: least-squares steps of each held-out refit
+    from the optimum (None: max(max_nfev // 3, min(10, max_nfev)))."""
     rung = full_rung(link, rung)
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     measured = measured or {}
     free = [k for k in RUNGS[rung] if k not in measured]
     init = {**_initial(rung, link), **(start or {}), **RUNG_FIXED.get(rung, {}),
@@ -565,14 +644,58 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
     fixed = {k: v for k, v in init.items() if k not in free}
     fixed["arbitration"] = RUNG_ARBITRATION.get((rung, link), "pool")
     x0 = np.array([_to_x(k, init[k]) for k in free])
-    sol, mask = _stage_solve(obs, x0, free, fixed, link, max_nfev)
-    if any(k in PRESCAN for k in free):   # a second start from the coarse grid; the lower final cost wins
-        alt, _ = _stage_solve(obs, x0, free, fixed, link, max_nfev, prescan=True)
-        if alt.cost < sol.cost:
-            sol = alt
-    sm = int(obs.cfgs.sm_count.iloc[0])
-    prm, so = _stage_params(sol.x, free, fixed, sm, link)
-    # cluster-robust (by configuration) Gauss-Newton covariance of the transformed parameters
+    step = progress or (lambda label: None)
+    pool = None
+    if int(workers) > 1:   # forked workers (the observations and the rung at start), all started here, before threads
+        pool = ProcessPoolExecutor(int(workers), mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_pool_init, initargs=(obs, free, fixed, link))
+        list(pool.map(time.sleep, [0.02] * int(workers)))
+    try:
+        def solve(rows, x_start, nfev, scan=False):
+            o = obs if rows is None else obs.take(rows)
+            ev = None if pool is None else _PoolEval(pool, obs, np.arange(len(obs.cfgs)) if rows is None else rows)
+            return _stage_solve(o, x_start, free, fixed, link, nfev, prescan=scan, ev=ev)
+
+        second = prescan and any(k in PRESCAN for k in free)   # a second start from the coarse grid
+        with ThreadPoolExecutor(2 if pool is not None else 1) as th:
+            runs = [th.submit(solve, None, x0, max_nfev)] + ([th.submit(solve, None, x0, max_nfev, True)]
+                                                             if second else [])
+            sols = [r.result() for r in runs]
+        sol, mask = min(sols, key=lambda s: s[0].cost)   # the lower final cost wins (the first on a tie)
+        step("fit")
+        sm = int(obs.cfgs.sm_count.iloc[0])
+        prm, so = _stage_params(sol.x, free, fixed, sm, link)
+        lo, hi = _intervals(obs, sol, mask, free, fixed, measured)
+        table = _long(obs, predict_observations(obs, prm, so))
+        # held out by train: folds over train names (sync / free configurations are their own trains)
+        names = obs.cfgs.train.unique()
+        fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % k_folds))
+        fold = obs.cfgs.train.map(fold_of).to_numpy()
+
+        def held_out(f):
+            tr, te = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+            if not len(te):
+                return None
+            s_f, _ = solve(tr, sol.x, fold_nfev or max(max_nfev // 3, min(10, max_nfev)))
+            p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
+            o_te = obs.take(te)
+            part = _long(o_te, predict_observations(o_te, p_f, so_f))
+            part["fold"] = f
+            step(f"fold {f + 1}/{k_folds}")
+            return part
+
+        with ThreadPoolExecutor(k_folds if pool is not None else 1) as th:
+            parts = [p for p in th.map(held_out, range(k_folds)) if p is not None]
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    heldout = pd.concat(parts, ignore_index=True)
+    return StageFit(link, rung, prm, so, lo, hi, table, heldout, obs.sources)
+
+
+def _intervals(obs, sol, mask, free, fixed, measured) -> tuple[dict, dict]:
+    """95 % intervals: cluster-robust (by configuration) Gauss-Newton covariance of the transformed parameters at
+    the optimum; fixed parameters their value, measured ones their measured range."""
     J = sol.jac
     r = sol.fun
     cluster = np.broadcast_to(np.arange(len(obs.cfgs))[:, None], obs.measured.shape)[mask]
@@ -592,24 +715,7 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
             lo[name] = hi[name] = float(fixed[name])
     for name, (_, low, high) in measured.items():
         lo[name], hi[name] = float(low), float(high)
-    table = _long(obs, predict_observations(obs, prm, so))
-    # held out by train: folds over train names (sync / free configurations are their own trains)
-    names = obs.cfgs.train.unique()
-    fold_of = dict(zip(names, np.random.default_rng(seed).permutation(len(names)) % k_folds))
-    fold = obs.cfgs.train.map(fold_of).to_numpy()
-    parts = []
-    for f in range(k_folds):
-        tr, te = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-        if not len(te):
-            continue
-        s_f, _ = _stage_solve(obs.take(tr), sol.x, free, fixed, link, max_nfev=max(max_nfev // 3, 10))
-        p_f, so_f = _stage_params(s_f.x, free, fixed, sm, link)
-        o_te = obs.take(te)
-        part = _long(o_te, predict_observations(o_te, p_f, so_f))
-        part["fold"] = f
-        parts.append(part)
-    heldout = pd.concat(parts, ignore_index=True)
-    return StageFit(link, rung, prm, so, lo, hi, table, heldout, obs.sources)
+    return lo, hi
 
 
 def fit_link(folder, link: str, rung: str | None = None, k_folds: int = 5) -> StageFit:

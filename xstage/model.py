@@ -112,7 +112,7 @@ def simulated_train_rows(trains, prm: StageParams, repeats: int, noise: float = 
 
 
 # ------------------------------------------------------------------------------------------ fitted parameters
-LINKS = ("nvlink", "host")
+LINKS = ("nvlink", "host", "local")   # local: this GPU's own memory (a calibration of the control)
 
 
 def params_from_dict(d: dict) -> "BurstGapParams | StageParams":

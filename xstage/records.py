@@ -148,6 +148,18 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "the synchronised sweep with a relaxed grid barrier (barrier cost)"),
     Study("barrier_release", "Barrier release", "02",
           "the synchronised sweep with a release barrier (barrier cost)"),
+    Study("calibration", "xstage calibrate: the short plan's synchronised points", "02",
+          "a card's own parameters in <= 3 min of GPU and <= 2 min of fit (xstage.calibrate); its fit is "
+          "data/<machine>/calibration/stage_fit_<link>.json.gz"),
+    Study("calibration_free_running", "xstage calibrate: the short plan's free-running points", "02",
+          "the capacities and the stall of the card's full model"),
+    Study("calibration_drain", "xstage calibrate: the drain measured directly", "02",
+          "the card's drain rate D, fixed in its fit"),
+    Study("calibration_trains", "xstage calibrate: the short plan's seeded trains", "02",
+          "the per-program slots, the spread and the free entries of the card's full model"),
+    Study("families", "Never-fitted traffic families", "02",
+          "store widths, block sizes, staggered starts, waves and per-program bursts the model never saw "
+          "(xstage.families_analysis scores it), data/<machine>/families"),
     # BLOCK: megamoe
     Study("megamoe", "MegaMoE: fused dispatch, grouped GEMMs and combine; each schedule / Expert-Wave, 84 configurations",
           "03_megamoe_84", "each schedule's kernel time / Expert-Wave's per configuration and dtype, beside the model"),
