@@ -389,6 +389,18 @@ RECORDS: tuple[Record, ...] = _records(
     Record("attention_layer", "h100x1", "local", "attention_layer", "attention_layer",
            "MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev diffusers layer:290 pack",
            "xstage.attention: host 29-32 us per call, graphs bit-identical, fullgraph compile, ours / cuDNN 1.05-1.36"),
+    # BLOCK: calibration
+    Record("calibration", "h100x1", "host", "calibration/backpressure_sweep", "burst_gap",
+           "xstage calibrate --link host --out data/h100x1/calibration", "the calibration plan's synchronised points"),
+    Record("calibration_free_running", "h100x1", "host", "calibration/free_running", "burst_gap",
+           "xstage calibrate --link host --out data/h100x1/calibration", "the plan's free-running points"),
+    Record("calibration_drain", "h100x1", "host", "calibration/drain_programs", "burst_gap",
+           "xstage calibrate --link host --out data/h100x1/calibration", "the plan's drain points"),
+    Record("calibration_trains", "h100x1", "host", "calibration/trains", "burst_train",
+           "xstage calibrate --link host --out data/h100x1/calibration", "the plan's trains"),
+    Record("families", "h100x1", "host", "families", "burst_program",
+           "xstage sweep families --out data/h100x1/families --targets host",
+           "never-fitted traffic: store widths, warps, staggered starts, waves, per-program sizes"),
     # BLOCK: launchers
     Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
            "the plain command"),
