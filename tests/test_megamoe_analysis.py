@@ -380,7 +380,8 @@ def test_notebook_without_data_says_so_and_shows_nothing(data_root, monkeypatch,
     assert out[5] == "no recorded MegaMoE data for machine h200x2; run `xstage sweep megamoe` on 2 GPUs"
     assert out[7].startswith("note: no recorded MegaMoE data for 2 H200s, one rank per GPU, combine over NVLink "
                              "(data/h200x2/megamoe); run `xstage sweep megamoe")
-    assert out[8:] == ["no MegaMoE data: nothing to check"]
+    assert out[8].startswith("note: no sealed 8-GPU prediction in "), out[8]   # the prediction cell: one note
+    assert out[9:] == ["no MegaMoE data: nothing to check"]
     assert ns["have_data"] is False and ns["_shown"] == []
 
 

@@ -27,7 +27,7 @@ from .scale_analysis import (ASSIGNMENT, KIND, MACHINE, N_DRAWS, N_SMS, NOTE, NV
                              NIC, NIC_QUEUE_MIB, order_error, two_node_megamoe, two_node_ulysses, ulysses_p2_check,
                              ulysses_prediction)
 from .numeric import geomean
-from .sources import LINK_MACHINES
+from .sources import LINK_MACHINES, NoRecordedData
 
 DOCS_PAGE = "scale-prediction.md"
 NOTEBOOKS = {"megamoe": "03", "ulysses": "04"}
@@ -182,8 +182,13 @@ def write_prediction(folder: Path | None = None, n_draws: int = N_DRAWS, seed: i
 
 
 def read_prediction(folder: Path | None = None) -> tuple[list[dict], dict]:
-    """The sealed prediction's lines and sidecar, checked against its sha256 (xstage.data.load_jsonl)."""
-    return data.load_jsonl(Path(folder) if folder is not None else prediction_folder(), KIND)
+    """The sealed prediction's lines and sidecar, checked against its sha256 (xstage.data.load_jsonl);
+    :class:`xstage.sources.NoRecordedData` where none is sealed (a notebook says so in one line)."""
+    folder = Path(folder) if folder is not None else prediction_folder()
+    if not (folder / f"{KIND}.jsonl").is_file():
+        raise NoRecordedData(f"no sealed 8-GPU prediction in {folder}; `python -m xstage.prediction_analysis --write` "
+                             "seals one")
+    return data.load_jsonl(folder, KIND)
 
 
 def prediction_tables(folder: Path | None = None) -> dict[str, pd.DataFrame]:
