@@ -134,20 +134,26 @@ class OneGPUWorld:
         torch.cuda.synchronize(self._device)
 
 
+def _join_process_group(world, link: str) -> None:
+    """This process as one rank of the initialised process group: ``dist``, ``rank``, ``world_size``,
+    ``local_ranks`` (this rank alone), ``emulated`` False and ``link``."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(f"{type(world).__name__} needs torch.distributed initialised (use xstage.ranks.spawn)")
+    world.dist = dist
+    world.rank = dist.get_rank()
+    world.world_size = dist.get_world_size()
+    world.local_ranks = [world.rank]
+    world.emulated = False
+    world.link = link
+
+
 class TorchSymmWorld:
     """This process is one rank of an initialised NCCL process group; one GPU per rank."""
 
     def __init__(self):
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise RuntimeError("TorchSymmWorld needs torch.distributed initialised (use xstage.ranks.spawn)")
-        self.dist = dist
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.local_ranks = [self.rank]
-        self.emulated = False
-        self.link = "nvlink"
+        _join_process_group(self, "nvlink")
         self._device = torch.device("cuda", torch.cuda.current_device())
 
     def device(self, rank: int) -> torch.device:
@@ -172,19 +178,10 @@ class SharedMemoryWorld:
     The files are unlinked once every rank has mapped them (the mappings stay until the buffers are freed)."""
 
     def __init__(self, shm_dir: str | Path = "/dev/shm"):
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            raise RuntimeError("SharedMemoryWorld needs torch.distributed initialised (use xstage.ranks.spawn)")
-        self.dist = dist
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.local_ranks = [self.rank]
-        self.emulated = False
-        self.link = "shared_memory"
+        _join_process_group(self, "shared_memory")
         self._dir = Path(shm_dir)
         tag = [uuid.uuid4().hex[:12]]
-        dist.broadcast_object_list(tag, src=0)   # one name for this world's files on every rank
+        self.dist.broadcast_object_list(tag, src=0)   # one name for this world's files on every rank
         self._tag, self._count = tag[0], 0
 
     def device(self, rank: int) -> torch.device:
