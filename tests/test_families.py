@@ -66,7 +66,7 @@ def _rows_from_model(prm, trains, scale=1.0):
     """burst_program rows whose every program's issue time is the model's (groups as programs, p10-p90 kept)."""
     out = []
     for tr in trains:
-        q = fa.predicted_spread(prm, tr.programs, tr.sizes()[0], tr.gap_ns)
+        q = fa.predict_family(prm, tr)
         P, B = tr.programs, tr.n_bursts
         x = np.interp(np.linspace(0, 1, P), [0.0, 0.1, 0.5, 0.9, 1.0], [0, 1, 2, 3, 4])   # programs -> quantiles
         levels = np.vstack([q[0], q[0], q[1], q[2], q[2]])
@@ -81,9 +81,9 @@ def _rows_from_model(prm, trains, scale=1.0):
 def test_the_score_is_the_models_error():
     prm = model.load_params(REF, "host")
     trains = families("width", programs=(16, 66), count=1)[:2]
-    exact = fa.summary(fa.score(_rows_from_model(prm, trains), prm))
+    exact = fa.summary(fa.score(_rows_from_model(prm, trains), prm, trains))
     assert exact.iloc[-1].median_abs_error < 0.02 and exact.iloc[-1].bursts > 0
-    slow = fa.summary(fa.score(_rows_from_model(prm, trains, scale=1.25), prm))
+    slow = fa.summary(fa.score(_rows_from_model(prm, trains, scale=1.25), prm, trains))
     assert abs(slow.iloc[-1].signed_median - (1 / 1.25 - 1)) < 0.02   # the model 20 % fast on 25 % slower data
     assert set(slow.family) == {"width", "all"}
 
@@ -91,3 +91,17 @@ def test_the_score_is_the_models_error():
 def test_family_names_map_back():
     assert [fa.family_of(n) for n in ("width4-s0-00", "warps16-s0-02", "waves2-s0-00", "perprog-s0-01",
                                       "staggered-s0-00")] == ["width", "warps", "waves", "per_program", "staggered"]
+
+
+def test_every_family_is_scored_as_launched():
+    """per_program and staggered trains are simulated program by program (their own sizes and delays): the model's
+    own spread scores ~0; a record whose sizes are not the launched train's is refused."""
+    prm = model.load_params(REF, "host")
+    trains = [families(f, programs=(16,), count=1)[0] for f in ("per_program", "staggered")]
+    exact = fa.summary(fa.score(_rows_from_model(prm, trains), prm, trains))
+    assert exact.iloc[-1].median_abs_error < 0.02 and set(exact.family) == {"per_program", "staggered", "all"}
+    wrong = _rows_from_model(prm, trains[:1]).assign(burst_bytes=lambda d: d.burst_bytes * 2)
+    with pytest.raises(ValueError, match="not the launched train"):
+        fa.score(wrong, prm, trains)
+    with pytest.raises(ValueError, match="inputs must be one of"):
+        fa.predict_family(prm, trains[0], inputs="median")

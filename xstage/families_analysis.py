@@ -3,12 +3,13 @@
 p90) against the model's (xstage.model.load_params: the parameters of a calibration or of a card's full records).
 Nothing here is fitted.
 
-How a family meets the model, which knows one train shared by all programs that start together:
-- width, warps: the train as is (the model has no store width or block size: the score says whether it needs one);
-- staggered: the grid as if every program started together (the model has no start offsets);
-- waves: the programs that start with the launch (its resident wave, counted in the record: burst 0 starting
-  within 1 us of the first program) as the grid;
-- per_program: every program the median program's sizes.
+The model gets each train as launched (xstage.stage_sim_programs.simulate_programs; ``inputs="launch"``): every
+program its own sizes (per_program), its start delay (staggered), and the resident programs the launch's occupancy
+allows (waves: 16 warps per program, 2 per SM: FAMILY_KERNEL_REGS), the later programs taking the places of those that finished; store
+width and warps per program are not inputs of the model (the score says whether it needs them). The quantiles over
+programs are the simulated programs'. ``inputs="median_program"`` is the model's former view of the same trains:
+every program the median program's sizes, all starting together, the resident wave (counted in the record: burst 0
+starting within 1 us of the first program) as the grid.
 Scores: |predicted / measured - 1| over bursts whose measured median is >= 1 us, median and p90, by family and P.
 """
 from __future__ import annotations
@@ -21,10 +22,17 @@ import pandas as pd
 from .data import BURST_PROGRAM, load
 from .model import load_params
 from .stage_params import StageParams
-from .stage_sim import simulate_stage
+from .stage_sim_programs import program_quantiles, resident_programs, simulate_programs
+from .traffic_families import FAMILIES, FamilyTrain, families
 
 MIN_NS = 1000.0
 RESIDENT_NS = 1000.0   # a program whose first burst starts within this of the first program's was resident at launch
+INPUTS = ("launch", "median_program")
+# family_store_kernel's registers per thread, which bind its occupancy at 16 warps: not recorded with the families;
+# 33-64 registers hold 2 programs of 16 warps per SM, the occupancy the H100 record shows at launch (244-273 of
+# the waves' 1056 and 1584 programs start within 1 us; 4 per SM by threads alone). Read the kernel's own count on a
+# GPU (family_store_kernel's compiled n_regs) to replace it.
+FAMILY_KERNEL_REGS = 64
 
 
 def family_of(name: str) -> str:
@@ -51,32 +59,50 @@ def measured(pp: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def predicted_spread(prm: StageParams, programs: int, burst_bytes, gap_ns) -> np.ndarray:
-    """[3, n]: the model's p10 / p50 / p90 over programs of each burst's issue time (free-running, every program
-    starting together), weighted by the programs each simulated group holds."""
-    start, end, m = simulate_stage(prm, [int(programs)], np.asarray([burst_bytes], np.float64),
-                                   np.asarray([gap_ns], np.float64), [False])
-    x, w = (end - start)[0], m[0]
-    out = np.full((3, x.shape[1]), np.nan)
-    for k in range(x.shape[1]):
-        ok = (w > 0) & np.isfinite(x[:, k])
-        v, ww = x[ok, k], w[ok]
-        o = np.argsort(v, kind="stable")
-        c = (np.cumsum(ww[o]) - 0.5 * ww[o]) / ww.sum()
-        out[:, k] = np.interp([0.1, 0.5, 0.9], c, v[o])
+def launches(meta: dict) -> list[FamilyTrain]:
+    """The trains a families record launched, from its sidecar's grid (xstage.traffic_families.families)."""
+    grid = meta["params"]["grid"]
+    out = []
+    for fam in grid.get("families", FAMILIES):
+        for target in grid["targets"]:
+            out += families(fam, tuple(grid["programs"]), target, int(grid["count"]), int(grid["seed"]),
+                            int(meta.get("sm_count", 132)), tuple(grid["kib"]))
     return out
 
 
-def score(pp: pd.DataFrame, prm: StageParams) -> pd.DataFrame:
-    """Per (train, programs, burst): measured and predicted p10 / p50 / p90 over programs and the relative errors."""
+def predict_family(prm: StageParams, tr: FamilyTrain, inputs: str = "launch", grid: int | None = None) -> np.ndarray:
+    """[3, n]: the model's p10 / p50 / p90 over programs of each burst's issue time of train ``tr``, free-running.
+    ``inputs`` (module docstring): "launch" (the train as launched) or "median_program" (``grid`` programs, default
+    tr.programs, every one the median program's sizes, all starting together)."""
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {', '.join(INPUTS)}, got {inputs!r}")
+    if inputs == "median_program":
+        P = int(grid or tr.programs)
+        b = np.median(tr.sizes(), axis=0)
+        return program_quantiles(simulate_programs(prm, np.tile(b, (max(P, 1), 1)), tr.gap_ns))
+    times = simulate_programs(prm, tr.sizes(), tr.gap_ns, tr.delay_ns or None,
+                              resident=resident_programs(tr.num_warps, prm.sm_count, FAMILY_KERNEL_REGS))
+    return program_quantiles(times)
+
+
+def score(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain], inputs: str = "launch") -> pd.DataFrame:
+    """Per (train, programs, burst): measured and predicted p10 / p50 / p90 over programs and the relative errors.
+    ``trains``: the launched trains (:func:`launches`), whose sizes must be the record's."""
+    by_key = {(tr.name, tr.programs): tr for tr in trains}
     m = measured(pp)
     parts = []
     for (train, P), g in m.groupby(["train", "programs"], sort=False):
         g = g.sort_values("burst")
-        fam = family_of(train)
-        grid = int(g.grid.iloc[0]) if fam == "waves" else int(P)
-        pred = predicted_spread(prm, max(grid, 1), g.burst_bytes.to_numpy(), g.gap_ns.to_numpy())
-        g = g.assign(model_programs=grid, pred_p10_ns=pred[0], pred_p50_ns=pred[1], pred_p90_ns=pred[2])
+        tr = by_key.get((train, int(P)))
+        if tr is None:
+            raise ValueError(f"train {train} (P = {P}) of the record is not one of the launched trains")
+        if not np.array_equal(np.median(tr.sizes(), axis=0), g.burst_bytes.to_numpy()):
+            raise ValueError(f"train {train} (P = {P}): the record's sizes are not the launched train's")
+        grid = int(g.grid.iloc[0]) if tr.family == "waves" else int(P)
+        pred = predict_family(prm, tr, inputs, grid)
+        model_programs = grid if inputs == "median_program" else min(int(P), resident_programs(
+            tr.num_warps, prm.sm_count, FAMILY_KERNEL_REGS))
+        g = g.assign(model_programs=model_programs, pred_p10_ns=pred[0], pred_p50_ns=pred[1], pred_p90_ns=pred[2])
         parts.append(g)
     out = pd.concat(parts, ignore_index=True)
     for q in ("p10", "p50", "p90"):
@@ -99,15 +125,22 @@ def summary(scored: pd.DataFrame, min_ns: float = MIN_NS) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m xstage.families_analysis FAMILIES_DIR PARAMS_DIR [LINK]``: the summary of the model whose fit
-    PARAMS_DIR holds (e.g. a calibration folder) on the families recorded in FAMILIES_DIR."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (2, 3):
-        print("usage: python -m xstage.families_analysis FAMILIES_DIR PARAMS_DIR [LINK]", file=sys.stderr)
+    """``python -m xstage.families_analysis FAMILIES_DIR PARAMS_DIR [LINK] [--inputs launch|median_program]``: the
+    summary of the model whose fit PARAMS_DIR holds (e.g. a calibration folder) on the families recorded in
+    FAMILIES_DIR."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    inputs = "launch"
+    if "--inputs" in args:
+        i = args.index("--inputs")
+        inputs = args[i + 1] if i + 1 < len(args) else ""
+        del args[i:i + 2]
+    if len(args) not in (2, 3) or inputs not in INPUTS:
+        print("usage: python -m xstage.families_analysis FAMILIES_DIR PARAMS_DIR [LINK] "
+              "[--inputs launch|median_program]", file=sys.stderr)
         return 2
-    pp, _ = load(args[0], BURST_PROGRAM)
+    pp, meta = load(args[0], BURST_PROGRAM)
     prm = load_params(args[1], args[2] if len(args) == 3 else "host")
-    print(summary(score(pp, prm)).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(summary(score(pp, prm, launches(meta), inputs)).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 
 

@@ -135,10 +135,15 @@ def _stage_units(prm: StageParams, P, b, g, sync, drains, m, ws, gid, G, fence=N
     return start, end
 
 
-def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=None):
+def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=None, delay=None):
     """The loop of :func:`_stage_units` for configurations of U units each (``fence`` [N, n]: simulate_stage's
-    read_fence, phase 5 as there). Returns start, end [N, U, n]."""
-    N, n = b.shape
+    read_fence, phase 5 as there). ``b``, ``g`` [N, n], or [N, U, n]: every unit its own sizes and gaps
+    (free-running only); ``delay`` [N, U] (None: none): ns before a unit's first burst (spent as a gap before
+    burst 0: it holds its slots and issues nothing). Returns start, end [N, U, n]."""
+    N, n = b.shape[0], b.shape[-1]
+    per_unit = b.ndim == 3
+    if per_unit and (g.shape != b.shape or sync.any()):
+        raise ValueError("per-unit sizes need per-unit gaps of their shape and free-running rows")
     fence = np.zeros((N, n), bool) if fence is None else np.asarray(fence, bool)
     fenced_any = bool(fence.any())
     m = np.zeros((N, U))
@@ -165,6 +170,10 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=N
     Q = np.zeros(N)                                # the pool's content: sum of M (q - a)+ (0 with q = 0)
     stalled = np.zeros(N, bool)
     phase, k, rem, start, end, t = _sim_state(valid, o, n)
+    if delay is not None:                          # a late unit: a gap before burst 0 (k = -1)
+        late = valid & (np.asarray(delay, np.float64) > 0)
+        phase, k, rem = np.where(late, 2, phase), np.where(late, -1, k), np.where(late, delay, rem)
+        start[:, :, 0] = np.where(late, np.nan, start[:, :, 0])
     phase = phase.astype(np.int8)
     orig = np.arange(N)                            # the row of start / end each current row writes
     nvalid = valid.sum(axis=1)
@@ -212,7 +221,7 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=N
                     s_ = (s_ & ~fz) | (ph == 5)
                 f0 = fi[s_]
                 phf[f0] = 1
-                remf[f0] = bf[ii[s_] * n + kc[s_]]
+                remf[f0] = bf[(f0 if per_unit else ii[s_]) * n + kc[s_]]
                 if free_b:                                     # its first f bytes enter the stage at once
                     take = np.clip(np.minimum(free_b, a.ravel()[f0] + free_cap - qf[f0]), 0.0, remf[f0])
                     remf[f0] -= take
@@ -224,7 +233,7 @@ def _stage_units_run(prm: StageParams, P, b, g, sync, drains, lay, U, G, fence=N
                     last = k1 == n - 1
                     sy = sync[i1]
                     phf[f1] = np.where(last, 4, np.where(sy, 3, 2))
-                    remf[f1] = np.where(sy, remf[f1], gf[i1 * n + kc[s_]])
+                    remf[f1] = np.where(sy, remf[f1], gf[(f1 if per_unit else i1) * n + kc[s_]])
                     n3 += np.bincount(i1[~last & sy], minlength=len(n3))
                     n4 += np.bincount(i1[last], minlength=len(n4))
                 s_ = ph == 2                                   # the gap is over: the next burst's overhead
