@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from xstage import data, fit, model, stage_analysis, stage_params, stage_programs_analysis, stage_sim
+from xstage import stage_sim_programs as spp
 from xstage.fluid import KIB
 from xstage.model import predict_train
 from xstage.stage_params import StageParams
@@ -585,3 +586,93 @@ def test_the_fit_recovers_known_parameters_under_free_store():
     assert fit.error_summary(res.heldout).median_abs_error.max() < 0.05
 
 
+
+
+# ------------------------------------------------------------------ a grid as launched (xstage.stage_sim_programs)
+def _launch_params():
+    return random_params(arbitration="gpc_drain", free_kib=RNG.uniform(0, 2), free_cap_kib=32.0)
+
+
+def test_per_program_inputs_leave_the_old_inputs_unchanged():
+    """Alike programs that start together are predict_train's grid bit for bit; the per-unit sizes, gaps and delays
+    of the units' loop, given every unit the shared train and no delay, give the shared train's result bit for bit."""
+    prm = _launch_params()
+    b, g = random_train()
+    P = int(RNG.choice([16, 66, 132, 264]))
+    times = spp.simulate_programs(prm, np.tile(b, (P, 1)), g)
+    s, e, m = simulate_stage(prm, [P], b[None], g[None], [False])
+    np.testing.assert_array_equal(stage_measure(s, e, [False], m)[0], predict_train(prm, P, b, g))
+    np.testing.assert_array_equal(times.issue, (e - s)[0][m[0] > 0])
+    R = 66
+    gpc = stage_params.GPC_OF_SM[stage_params.dispatch_order()[:R]]
+    occ = list(dict.fromkeys(gpc.tolist()))
+    lay = (np.ones(R), 1 - prm.spread * RNG.uniform(0, 1, R), np.ones(R), np.array([occ.index(c) for c in gpc]),
+           np.ones(len(occ)), np.arange(R))
+    args = (prm, np.array([float(R)]))
+    rest = (np.zeros(1, bool), np.zeros(1, bool), [lay], R, R)
+    shared = stage_sim._stage_units_run(*args, b[None], g[None], *rest)
+    own = stage_sim._stage_units_run(*args, np.tile(b, (1, R, 1)), np.tile(g, (1, R, 1)), *rest, None, np.zeros((1, R)))
+    np.testing.assert_array_equal(shared[0], own[0])
+    np.testing.assert_array_equal(shared[1], own[1])
+
+
+def test_a_two_size_grids_small_programs_finish_before_the_large():
+    prm = _launch_params()
+    b, g = random_train()
+    P = 66
+    scale = np.where(np.arange(P) % 2 == 0, 0.25, 2.0)
+    t = spp.simulate_programs(prm, b[None] * scale[:, None], g)
+    small, large = t.program % 2 == 0, t.program % 2 == 1
+    assert small.sum() == large.sum() == P // 2 and sorted(t.program) == list(range(P))
+    assert t.end[small, -1].max() < t.end[large, -1].min()
+    assert (np.median(t.issue[small], axis=0) < np.median(t.issue[large], axis=0)).all()
+
+
+def test_a_delayed_programs_first_burst_sees_the_stage_the_others_filled():
+    prm = _launch_params()
+    P, big = 132, 256 * KIB
+    b = np.full((P, 1), big)
+    b[-1] = 64 * KIB
+    first = prm.capacity_bytes(P) / prm.drain_gbps   # the others are still draining their burst then
+    late = spp.simulate_programs(prm, b, [0.0], np.r_[np.zeros(P - 1), 0.2 * first])
+    alone = spp.simulate_programs(prm, b, [0.0], np.r_[np.zeros(P - 1), 1e4 * first + 1e7])
+    x_late, x_alone = late.issue[late.program == P - 1, 0], alone.issue[alone.program == P - 1, 0]
+    assert late.start[late.program == P - 1, 0] == pytest.approx(0.2 * first)
+    assert x_alone == pytest.approx(prm.overhead_ns + 64 * KIB / prm.program_rate, rel=0.05)   # an empty stage
+    assert x_late > 3 * x_alone
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_the_grids_time_grows_with_its_waves(alike):
+    prm = _launch_params()
+    b, g = random_train(4)
+    R = 132
+    ends = []
+    for waves in (1, 2, 3):
+        P = waves * R
+        sizes = np.tile(b, (P, 1)) * (1.0 if alike else (1 + 0.5 * (np.arange(P) % 3 == 0))[:, None])
+        t = spp.simulate_programs(prm, sizes, g, resident=R)
+        assert t.weight.sum() == pytest.approx(P)
+        if not alike:
+            assert sorted(t.program) == list(range(P))
+            later = t.program >= R   # a program of a later wave starts after the place's last one ended + gap
+            assert (t.start[later, 0] >= g[-1] - 1e-6).all()
+        ends.append(np.nanmax(t.end))
+    assert ends[0] < ends[1] < ends[2]
+    assert ends[2] > 2.5 * ends[0] * (0.9 if alike else 0.8)
+
+
+def test_resident_programs_and_bad_launches():
+    assert spp.resident_programs(4) == 132 * 16 and spp.resident_programs(16) == 132 * 4
+    assert spp.resident_programs(16, regs_per_thread=64) == 264 and spp.resident_programs(16, 132, 65) == 132
+    prm = _launch_params()
+    for kw, match in [(dict(burst_bytes=np.ones((4, 3)), gap_ns=np.ones(2)), "burst_bytes must be"),
+                      (dict(burst_bytes=np.ones((4, 2)), gap_ns=np.ones(2), delay_ns=np.ones(3)), "one entry per"),
+                      (dict(burst_bytes=-np.ones((4, 2)), gap_ns=np.ones(2)), ">= 0"),
+                      (dict(burst_bytes=np.ones((4, 2)), gap_ns=np.ones(2), resident=0), "resident must be")]:
+        with pytest.raises(ValueError, match=match):
+            spp.simulate_programs(prm, **kw)
+    with pytest.raises(ValueError, match="num_warps"):
+        spp.resident_programs(0)
+    with pytest.raises(ValueError, match="gpc_drain"):
+        spp.simulate_programs(replace(prm, arbitration="slots"), np.ones((4, 2)) * KIB, np.ones(2), np.ones(4))
