@@ -10,7 +10,8 @@ width and warps per program are not inputs of the model (the score says whether 
 programs are the simulated programs'. ``inputs="median_program"`` is the model's former view of the same trains:
 every program the median program's sizes, all starting together, the resident wave (counted in the record: burst 0
 starting within 1 us of the first program) as the grid.
-Scores: |predicted / measured - 1| over bursts whose measured median is >= 1 us, median and p90, by family and P.
+Scores: |predicted / measured - 1| over bursts whose measured median is >= 1 us, median and p90, by family and P;
+and of the grid's time (:func:`makespan`).
 """
 from __future__ import annotations
 
@@ -110,6 +111,25 @@ def score(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain], inputs:
     return out
 
 
+def makespan(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain]) -> pd.DataFrame:
+    """Per family and P: the grid's time from its first program's first burst to its last burst's end, measured
+    (median over runs) against the model's (the trains as launched), median |relative error| and signed median."""
+    by_key = {(tr.name, tr.programs): tr for tr in trains}
+    t = pp.assign(end_ns=pp.start_ns + pp.issue_ns).groupby(["train", "programs", "rank", "repeat"])
+    span = (t.end_ns.max() - t.start_ns.min()).groupby(["train", "programs"]).median()
+    rows = []
+    for (train, P), ns in span.items():
+        tr = by_key[(train, int(P))]
+        times = simulate_programs(prm, tr.sizes(), tr.gap_ns, tr.delay_ns or None,
+                                  resident=resident_programs(tr.num_warps, prm.sm_count, FAMILY_KERNEL_REGS))
+        rows.append(dict(family=tr.family, programs=int(P), measured_us=ns / 1e3,
+                         rel_error=(np.nanmax(times.end) - np.nanmin(times.start)) / ns - 1))
+    d = pd.DataFrame(rows)
+    return d.groupby(["family", "programs"], as_index=False).agg(
+        trains=("rel_error", "size"), measured_us=("measured_us", "median"),
+        median_abs_error=("rel_error", lambda x: x.abs().median()), signed_median=("rel_error", "median"))
+
+
 def summary(scored: pd.DataFrame, min_ns: float = MIN_NS) -> pd.DataFrame:
     """Median and p90 |relative error| of the median program (and of the programs' p10 / p90) over bursts whose
     measured median is >= ``min_ns``, by family and P, then every family and P together ("all")."""
@@ -140,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pp, meta = load(args[0], BURST_PROGRAM)
     prm = load_params(args[1], args[2] if len(args) == 3 else "host")
-    print(summary(score(pp, prm, launches(meta), inputs)).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    trains = launches(meta)
+    fmt = dict(index=False, float_format=lambda x: f"{x:.3f}")
+    print(summary(score(pp, prm, trains, inputs)).to_string(**fmt))
+    if inputs == "launch":
+        print("\nthe grid's time (first burst's start to the last burst's end):")
+        print(makespan(pp, prm, trains).to_string(**fmt))
     return 0
 
 
