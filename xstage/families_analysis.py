@@ -5,9 +5,9 @@ Nothing here is fitted.
 
 The model gets each train as launched (xstage.stage_sim_programs.simulate_programs; ``inputs="launch"``): every
 program its own sizes (per_program), its start delay (staggered), and the resident programs the launch's occupancy
-allows (waves: 16 warps per program, 2 per SM: FAMILY_KERNEL_REGS), the later programs taking the places of those that finished; store
-width and warps per program are not inputs of the model (the score says whether it needs them). The quantiles over
-programs are the simulated programs'. ``inputs="median_program"`` is the model's former view of the same trains:
+allows (waves: 16 warps per program, 2 per SM: FAMILY_KERNEL_REGS), the later programs taking the places of those
+that finished; store width and warps per program are not inputs of the model (the score says whether it needs
+them). The quantiles over programs are the simulated programs'. ``inputs="median_program"`` is the model's former view of the same trains:
 every program the median program's sizes, all starting together, the resident wave (counted in the record: burst 0
 starting within 1 us of the first program) as the grid.
 Scores: |predicted / measured - 1| over bursts whose measured median is >= 1 us, median and p90, by family and P;

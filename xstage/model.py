@@ -3,7 +3,8 @@ parameters fitted to a machine folder's records), the rows of a simulated train 
 
 The model itself: :mod:`xstage.fluid` (the paper's three-parameter Burst-Gap fluid model and its event simulation),
 :mod:`xstage.stage_params` (one link's stage: capacity, drain, arbitration) and :mod:`xstage.stage_sim` (every
-program followed through its train). :mod:`xstage.validate` checks what a user passes, in the user's words.
+program followed through its train; :mod:`xstage.stage_sim_programs`: a grid as launched, every program its own
+sizes and start, in waves). :mod:`xstage.validate` checks what a user passes, in the user's words.
 
 Legend: P = issuing programs, b = bytes per program per burst, g = gap (ns), n = bursts per train.
 """
