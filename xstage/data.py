@@ -633,12 +633,14 @@ def write_jsonl(folder: Path | str, kind: str, lines: list[dict], meta: dict) ->
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     raw = "".join(json.dumps(line, sort_keys=True, default=str) + "\n" for line in lines).encode()
-    side = {**meta, "kind": kind, "jsonl_sha256": hashlib.sha256(raw).hexdigest(), "lines": len(lines)}
-    for path, body in ((folder / f"{kind}.jsonl", raw), (folder / f"{kind}.json",
-                                                         json.dumps(side, indent=1, default=str).encode())):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(body)
-        tmp.replace(path)
+    path = folder / f"{kind}.jsonl"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(raw)
+    os.replace(tmp, path)
+    write_json_atomic(folder / f"{kind}.json", {**meta, "kind": kind, "jsonl_sha256": hashlib.sha256(raw).hexdigest(),
+                                                "lines": len(lines)})
     return folder / f"{kind}.jsonl"
 
 

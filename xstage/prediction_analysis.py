@@ -162,10 +162,8 @@ def write_prediction(folder: Path | None = None, n_draws: int = N_DRAWS, seed: i
     if n_draws < 20:
         raise ValueError(f"draws must be >= 20 for a p5-p95 interval, got {n_draws}")
     lines = prediction_lines(n_draws, seed)
-    raw = ("\n".join(json.dumps(x, sort_keys=True) for x in lines) + "\n").encode()
     meta = {
-        "kind": KIND, "jsonl_sha256": hashlib.sha256(raw).hexdigest(), "lines": len(lines), "note": NOTE,
-        "git_commit": env.git_commit() or "unknown",
+        "note": NOTE, "git_commit": env.git_commit() or "unknown",
         "date_utc": pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"),
         "command": command, "machine": MACHINE, "world_gpus": WORLD, "measured": False,
         "params": {"world": WORLD, "n_sms": N_SMS, "n_draws": n_draws, "seed": seed, "assignment": ASSIGNMENT,
@@ -173,12 +171,7 @@ def write_prediction(folder: Path | None = None, n_draws: int = N_DRAWS, seed: i
         "inputs": input_hashes(), "assumptions": {"nvswitch": NVSWITCH}, "checks": checks(),
         "versions": {"numpy": np.__version__, "pandas": pd.__version__, "python": sys.version.split()[0]},
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = lines_path.with_name(f".{lines_path.name}.tmp")
-    tmp.write_bytes(raw)
-    tmp.replace(lines_path)
-    data.write_json_atomic(folder / f"{KIND}.json", meta)
-    return lines_path
+    return data.write_jsonl(folder, KIND, lines, meta)
 
 
 def read_prediction(folder: Path | None = None) -> tuple[list[dict], dict]:
