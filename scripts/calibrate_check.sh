@@ -4,6 +4,8 @@
 # traffic families (xstage sweep families), everything under /tmp/xstage-calib/<machine>/ and packed into
 # $OUT/<machine>-calibration.tar.gz (at most 8 files come back from the device: the tar, the summary, the logs).
 #   OUT=... bash scripts/calibrate_check.sh            (MACHINE: h100x1 / h200x1 from the GPU's name)
+#   CAL_ARGS="--start-from data/h100x1/calibration"    (the fit started from the other card's calibration; carry
+#                                                       its stage_fit_host.json.gz where data/ is out of the index)
 # Put XSTAGE_GIT_COMMIT=<local HEAD> in front (the device copy's HEAD is stale). Unpack with
 #   tar -C data -xzf <machine>-calibration.tar.gz     -> data/<machine>/calibration/, data/<machine>/families/
 set -uo pipefail
@@ -18,7 +20,7 @@ rm -rf "$ROOT" && mkdir -p "$W"
 nvidia-smi -L | tee "$OUT/gpus.txt"
 nproc >> "$OUT/gpus.txt"
 t0=$SECONDS
-timeout --signal=INT --kill-after=20 420 python3 -m xstage calibrate --link host --out "$W/calibration" \
+timeout --signal=INT --kill-after=20 420 python3 -m xstage calibrate --link host --out "$W/calibration" ${CAL_ARGS:-} \
   >"$OUT/calibrate.log" 2>&1
 echo "calibrate rc=$? wall $((SECONDS - t0)) s" | tee -a "$OUT/calibrate.log"
 cp "$W/calibration/calibration_summary.txt" "$OUT/" 2>/dev/null

@@ -122,3 +122,24 @@ def test_the_grids_time_is_the_models_on_its_own_programs():
     assert exact.trains.tolist() == [1] and exact.median_abs_error.iloc[0] < 1e-9
     longer = fa.makespan(rows.assign(start_ns=rows.start_ns * 1.1, issue_ns=rows.issue_ns * 1.1), prm, [tr])
     assert abs(longer.signed_median.iloc[0] - (1 / 1.1 - 1)) < 1e-6
+
+
+def test_the_compiled_registers_set_the_resident_programs(tmp_path):
+    from types import SimpleNamespace
+
+    from xstage.families_sweep import write_kernel_regs
+    from xstage.traffic_families import kernel_key
+
+    tr = families("waves", programs=(528,), count=1)[0]
+    prm = model.load_params(REF, "host")
+    assert fa.kernel_regs(tmp_path) == {}                      # no file: the assumed count
+    assert fa.resident(tr, prm) == spp.resident_programs(tr.num_warps, prm.sm_count, fa.FAMILY_KERNEL_REGS)
+    regs = int(np.random.default_rng().integers(65, 128))     # more than 64: one 16-warp program per SM
+    write_kernel_regs(tmp_path, {kernel_key(tr): SimpleNamespace(n_regs=regs, n_spills=0,
+                                                                  metadata=SimpleNamespace(shared=0))})
+    write_kernel_regs(tmp_path, {"s4-w1": SimpleNamespace(n_regs=20, n_spills=0, metadata=None)})   # merged
+    got = fa.kernel_regs(tmp_path)
+    assert got == {kernel_key(tr): regs, "s4-w1": 20}
+    assert fa.resident(tr, prm, got) == spp.resident_programs(tr.num_warps, prm.sm_count, regs) == prm.sm_count
+    write_kernel_regs(tmp_path, {"s8-w2": None})               # the interpreter's launch: nothing written
+    assert fa.kernel_regs(tmp_path) == got

@@ -5,7 +5,7 @@ Nothing here is fitted.
 
 The model gets each train as launched (xstage.stage_sim_programs.simulate_programs; ``inputs="launch"``): every
 program its own sizes (per_program), its start delay (staggered), and the resident programs the launch's occupancy
-allows (waves: 16 warps per program, 2 per SM: FAMILY_KERNEL_REGS), the later programs taking the places of those
+allows (threads, and the compiled variant's registers from the record's family_kernel.json), the later programs taking the places of those
 that finished; store width and warps per program are not inputs of the model (the score says whether it needs
 them). The quantiles over programs are the simulated programs'. ``inputs="median_program"`` is the model's former view of the same trains:
 every program the median program's sizes, all starting together, the resident wave (counted in the record: burst 0
@@ -15,7 +15,9 @@ and of the grid's time (:func:`makespan`).
 """
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,15 +26,15 @@ from .data import BURST_PROGRAM, load
 from .model import load_params
 from .stage_params import StageParams
 from .stage_sim_programs import program_quantiles, resident_programs, simulate_programs
-from .traffic_families import FAMILIES, FamilyTrain, families
+from .traffic_families import FAMILIES, KERNEL_FILE, FamilyTrain, families, kernel_key
 
 MIN_NS = 1000.0
 RESIDENT_NS = 1000.0   # a program whose first burst starts within this of the first program's was resident at launch
 INPUTS = ("launch", "median_program")
-# family_store_kernel's registers per thread, which bind its occupancy at 16 warps: not recorded with the families;
-# 33-64 registers hold 2 programs of 16 warps per SM, the occupancy the H100 record shows at launch (244-273 of
-# the waves' 1056 and 1584 programs start within 1 us; 4 per SM by threads alone). Read the kernel's own count on a
-# GPU (family_store_kernel's compiled n_regs) to replace it.
+# family_store_kernel's registers per thread, which bind its occupancy at 16 warps, where the record has no
+# family_kernel.json (xstage.families_sweep writes the compiled count of each variant there): 33-64 registers hold 2
+# programs of 16 warps per SM, the occupancy the H100 record shows at launch (244-273 of the waves' 1056 and 1584
+# programs start within 1 us; 4 per SM by threads alone).
 FAMILY_KERNEL_REGS = 64
 
 
@@ -71,7 +73,23 @@ def launches(meta: dict) -> list[FamilyTrain]:
     return out
 
 
-def predict_family(prm: StageParams, tr: FamilyTrain, inputs: str = "launch", grid: int | None = None) -> np.ndarray:
+def kernel_regs(folder) -> dict[str, int]:
+    """Registers per thread of each compiled variant of the record's kernel (``family_kernel.json`` beside it, keyed
+    as xstage.families_sweep.kernel_key); {} where the record has none."""
+    path = Path(folder) / KERNEL_FILE
+    if not path.exists():
+        return {}
+    return {k: int(v["n_regs"]) for k, v in json.loads(path.read_text())["variants"].items()}
+
+
+def resident(tr: FamilyTrain, prm: StageParams, regs: dict[str, int] | None = None) -> int:
+    """How many of ``tr``'s programs are resident at once: threads, blocks and the variant's registers
+    (``regs`` from :func:`kernel_regs`; FAMILY_KERNEL_REGS where it has none)."""
+    return resident_programs(tr.num_warps, prm.sm_count, (regs or {}).get(kernel_key(tr), FAMILY_KERNEL_REGS))
+
+
+def predict_family(prm: StageParams, tr: FamilyTrain, inputs: str = "launch", grid: int | None = None,
+                   regs: dict[str, int] | None = None) -> np.ndarray:
     """[3, n]: the model's p10 / p50 / p90 over programs of each burst's issue time of train ``tr``, free-running.
     ``inputs`` (module docstring): "launch" (the train as launched) or "median_program" (``grid`` programs, default
     tr.programs, every one the median program's sizes, all starting together)."""
@@ -81,12 +99,12 @@ def predict_family(prm: StageParams, tr: FamilyTrain, inputs: str = "launch", gr
         P = int(grid or tr.programs)
         b = np.median(tr.sizes(), axis=0)
         return program_quantiles(simulate_programs(prm, np.tile(b, (max(P, 1), 1)), tr.gap_ns))
-    times = simulate_programs(prm, tr.sizes(), tr.gap_ns, tr.delay_ns or None,
-                              resident=resident_programs(tr.num_warps, prm.sm_count, FAMILY_KERNEL_REGS))
+    times = simulate_programs(prm, tr.sizes(), tr.gap_ns, tr.delay_ns or None, resident=resident(tr, prm, regs))
     return program_quantiles(times)
 
 
-def score(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain], inputs: str = "launch") -> pd.DataFrame:
+def score(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain], inputs: str = "launch",
+          regs: dict[str, int] | None = None) -> pd.DataFrame:
     """Per (train, programs, burst): measured and predicted p10 / p50 / p90 over programs and the relative errors.
     ``trains``: the launched trains (:func:`launches`), whose sizes must be the record's."""
     by_key = {(tr.name, tr.programs): tr for tr in trains}
@@ -100,9 +118,8 @@ def score(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain], inputs:
         if not np.array_equal(np.median(tr.sizes(), axis=0), g.burst_bytes.to_numpy()):
             raise ValueError(f"train {train} (P = {P}): the record's sizes are not the launched train's")
         grid = int(g.grid.iloc[0]) if tr.family == "waves" else int(P)
-        pred = predict_family(prm, tr, inputs, grid)
-        model_programs = grid if inputs == "median_program" else min(int(P), resident_programs(
-            tr.num_warps, prm.sm_count, FAMILY_KERNEL_REGS))
+        pred = predict_family(prm, tr, inputs, grid, regs)
+        model_programs = grid if inputs == "median_program" else min(int(P), resident(tr, prm, regs))
         g = g.assign(model_programs=model_programs, pred_p10_ns=pred[0], pred_p50_ns=pred[1], pred_p90_ns=pred[2])
         parts.append(g)
     out = pd.concat(parts, ignore_index=True)
@@ -111,7 +128,8 @@ def score(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain], inputs:
     return out
 
 
-def makespan(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain]) -> pd.DataFrame:
+def makespan(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain],
+             regs: dict[str, int] | None = None) -> pd.DataFrame:
     """Per family and P: the grid's time from its first program's first burst to its last burst's end, measured
     (median over runs) against the model's (the trains as launched), median |relative error| and signed median."""
     by_key = {(tr.name, tr.programs): tr for tr in trains}
@@ -120,8 +138,7 @@ def makespan(pp: pd.DataFrame, prm: StageParams, trains: list[FamilyTrain]) -> p
     rows = []
     for (train, P), ns in span.items():
         tr = by_key[(train, int(P))]
-        times = simulate_programs(prm, tr.sizes(), tr.gap_ns, tr.delay_ns or None,
-                                  resident=resident_programs(tr.num_warps, prm.sm_count, FAMILY_KERNEL_REGS))
+        times = simulate_programs(prm, tr.sizes(), tr.gap_ns, tr.delay_ns or None, resident=resident(tr, prm, regs))
         rows.append(dict(family=tr.family, programs=int(P), measured_us=ns / 1e3,
                          rel_error=(np.nanmax(times.end) - np.nanmin(times.start)) / ns - 1))
     d = pd.DataFrame(rows)
@@ -160,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pp, meta = load(args[0], BURST_PROGRAM)
     prm = load_params(args[1], args[2] if len(args) == 3 else "host")
-    trains = launches(meta)
+    trains, regs = launches(meta), kernel_regs(args[0])
+    print(f"registers per thread: {regs or f'not recorded ({FAMILY_KERNEL_REGS} assumed)'}")
     fmt = dict(index=False, float_format=lambda x: f"{x:.3f}")
-    print(summary(score(pp, prm, trains, inputs)).to_string(**fmt))
+    print(summary(score(pp, prm, trains, inputs, regs)).to_string(**fmt))
     if inputs == "launch":
         print("\nthe grid's time (first burst's start to the last burst's end):")
-        print(makespan(pp, prm, trains).to_string(**fmt))
+        print(makespan(pp, prm, trains, regs).to_string(**fmt))
     return 0
 
 

@@ -6,6 +6,7 @@ Scored, never fitted: xstage.families_analysis.
 """
 from __future__ import annotations
 
+import json
 import random
 import sys
 from dataclasses import asdict, dataclass
@@ -18,8 +19,8 @@ from tqdm.auto import tqdm
 from . import data, env, resume
 from .burst_gap_sweep import _append_all_ranks, _ns, _poison_run_check, _record_clock, _sm_count, _timed_runs, allocate
 from .ranks import spawn
-from .traffic_families import (FAMILIES, FamilyTrain, check_family_destination, families, family_buffers,
-                               launch_family)
+from .traffic_families import (FAMILIES, KERNEL_FILE, FamilyTrain, check_family_destination, families,
+                               family_buffers, kernel_key, launch_family)
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,19 @@ def families_job(world, grid: FamiliesGrid, folder: str, meta: dict) -> None:
         return
     clock = _record_clock(world, folder, data.BURST_PROGRAM)
     dests = allocate(world, max(t.dst_elems for t in todo), grid.targets)
+    compiled = {}      # kernel_key -> the compiled variant (its registers, written once per new variant)
+
+    def first_run(r, addr, tr, bufs, seed):
+        k = launch_family(addr, bufs, tr, seed)
+        if rank0 and kernel_key(tr) not in compiled:
+            compiled[kernel_key(tr)] = k
+            write_kernel_regs(folder, {kernel_key(tr): k})
+
     for i, tr in enumerate(tqdm(todo, desc="families", disable=not rank0, file=sys.stderr, mininterval=2)):
         bufs = {r: family_buffers(tr, world.device(r)) for r in world.local_ranks}
         cpn = {r: clock[r]["cycles_per_ns"] for r in world.local_ranks}
         _poison_run_check(world, dests, tr.target, tr.dst_elems,   # bit for bit, before it is timed
-                          lambda r, addr: launch_family(addr, bufs[r], tr, seed + i + r),
+                          lambda r, addr: first_run(r, addr, tr, bufs[r], seed + i + r),
                           lambda r, buf, sender: check_family_destination(buf, tr, seed + i + sender))
         rows = _timed_runs(world, grid.repeats,
                            lambda r: launch_family(dests.addr(world, r, tr.target), bufs[r], tr, seed + i + r, cpn[r]),
@@ -83,6 +92,19 @@ def families_job(world, grid: FamiliesGrid, folder: str, meta: dict) -> None:
                            lambda r, rep: family_rows(tr, r, rep, _ns(bufs[r], tr.programs, tr.n_bursts, 2, cpn[r]),
                                                       bufs[r]["sm"].cpu().numpy()))
         _append_all_ranks(world, csv, data.BURST_PROGRAM, rows)
+
+
+def write_kernel_regs(folder, compiled: dict) -> None:
+    """``family_kernel.json`` beside the record: per compiled variant (:func:`kernel_key`) the registers per thread,
+    spills and shared bytes Triton compiled it with (the analysis reads the resident programs off them), merged
+    with an earlier run's (resume)."""
+    path = Path(folder) / KERNEL_FILE
+    old = json.loads(path.read_text()).get("variants", {}) if path.exists() else {}
+    new = {k: {"n_regs": int(c.n_regs), "n_spills": int(getattr(c, "n_spills", 0)),
+               "shared_bytes": int(getattr(getattr(c, "metadata", None), "shared", 0))}
+           for k, c in compiled.items() if getattr(c, "n_regs", None)}   # the interpreter compiles nothing
+    if new:
+        data.write_json_atomic(path, {"kernel": "family_store_kernel", "variants": {**old, **new}})
 
 
 def run_families(grid: FamiliesGrid, out, command: str = "") -> Path:

@@ -129,6 +129,14 @@ def families(family: str, programs=(16, 66, 132, 264), target: str = "host", cou
     return out
 
 
+KERNEL_FILE = "family_kernel.json"    # beside a families record: the compiled variants' registers (families_sweep)
+
+
+def kernel_key(tr: FamilyTrain) -> str:
+    """The compiled variant of family_store_kernel a train launches: its store width and warps ("s16-w4")."""
+    return f"s{tr.store_bytes}-w{tr.num_warps}"
+
+
 def family_buffers(tr: FamilyTrain, device) -> dict[str, torch.Tensor]:
     return {"elems": torch.tensor(np.ascontiguousarray(tr.sizes() // 4), dtype=torch.int32).contiguous().to(device),
             "base": torch.tensor(tr.bases(), dtype=torch.int64).contiguous().to(device),
@@ -140,13 +148,14 @@ def family_buffers(tr: FamilyTrain, device) -> dict[str, torch.Tensor]:
 
 
 def launch_family(dst_addr: int, bufs: dict[str, torch.Tensor], tr: FamilyTrain, seed: int,
-                  cycles_per_ns: float = 1.0) -> None:
-    """One launch of ``tr`` into the buffer at ``dst_addr`` (int32 [tr.dst_elems])."""
+                  cycles_per_ns: float = 1.0):
+    """One launch of ``tr`` into the buffer at ``dst_addr`` (int32 [tr.dst_elems]); returns Triton's compiled kernel
+    (its ``n_regs``: the registers per thread that bind how many programs are resident)."""
     tr.validate()
     bufs["gap"].copy_(torch.tensor([int(round(g * cycles_per_ns)) for g in tr.gap_ns], dtype=torch.int64))
     delay = tr.delay_ns or (0,) * tr.programs
     bufs["delay"].copy_(torch.tensor([int(round(d * cycles_per_ns)) for d in delay], dtype=torch.int64))
-    family_store_kernel[(tr.programs,)](
+    return family_store_kernel[(tr.programs,)](
         dst_addr, bufs["elems"], bufs["base"], bufs["gap"], bufs["delay"], bufs["ts"], bufs["cal"], bufs["sm"], seed,
         N_BURSTS=tr.n_bursts, NB=triton.next_power_of_2(tr.n_bursts), V=tr.store_bytes // 4, R=32 * tr.num_warps,
         DEVICE=not env.interpreted(), num_warps=tr.num_warps)
