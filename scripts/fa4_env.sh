@@ -3,7 +3,7 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 SITE=/root/fa4site
 PARTS=/root/fa4parts
-SHA=99d4893b028fc955677a47c11dd0913bc85fef35c03a6d6ddc3aa911cfa9af0c   # the 8 pinned wheels, pip install --no-deps
+SHA=c227d0e33c301023bca2370c36556aece7eb7cbcd05a5f7fdca52722c71694db   # the 8 pinned wheels, pip install --no-deps
 # --no-compile --target, bin/ and nvidia_cutlass_dsl/dsl_packages/iket left out, tar sorted with mtime 0, then
-# xz -9e --lzma2=dict=256MiB: 58.1 MB, 3 parts of 19,364,075 B (split -b 19364075 -d), one per call
+# xz -9e --lzma2=dict=256MiB (pip 23.2, 2026-12-07): 58,095,044 B, split -b 19364075 -d: 3 parts and a 2,819 B tail
 export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
