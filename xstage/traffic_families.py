@@ -133,7 +133,7 @@ KERNEL_FILE = "family_kernel.json"    # beside a families record: the compiled v
 
 
 def kernel_key(tr: FamilyTrain) -> str:
-    """The compiled variant of family_store_kernel a train launches: its store width and warps ("s16-w4")."""
+    """The compiled variant of family_store_kernel a train launches: "s" store bytes "-w" warps per program."""
     return f"s{tr.store_bytes}-w{tr.num_warps}"
 
 
