@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xstage import calibrate, cli, data, env, fit, model
+from xstage import calibrate, cli, data, env, model, stage_fit
 
 REF = data.DATA_ROOT / "h200x1"
 # a small plan (seconds on a CPU): the same kinds of records as the default plan, fewer of each
@@ -16,7 +16,7 @@ SMALL = calibrate.with_plan(sync_programs=(4, 16), sync_burst_kib=(2, 256), sync
 
 
 def test_the_plan_is_a_subset_of_the_recorded_host_studies():
-    obs = fit.observations(REF, "host", trains=fit.TRAIN_CLEAN)
+    obs = stage_fit.observations(REF, "host", trains=stage_fit.TRAIN_CLEAN)
     rows = calibrate.plan_rows(obs)
     plan = calibrate.CalibrationPlan()
     assert len(rows) == plan.configurations()   # every planned configuration was recorded, once
@@ -38,8 +38,8 @@ def test_simulated_calibration_recovers_its_parameters(tmp_path):
     c = calibrate.run("host", tmp_path / "cal", source="simulated", params_from=REF, plan=SMALL,
                       start_from=calibrate.perturbed(start, 1.02), workers=1, progress=False)
     got = model.load_params(tmp_path / "cal", "host")
-    assert got.arbitration == true.arbitration == "gpc_drain" and c.fit.rung == fit.full_rung("host")
-    free = [k for k in fit.RUNGS[c.fit.rung] if k not in ("drain_gbps", "span_overhead_ns", "free_cap_kib")]
+    assert got.arbitration == true.arbitration == "gpc_drain" and c.fit.rung == stage_fit.full_rung("host")
+    free = [k for k in stage_fit.RUNGS[c.fit.rung] if k not in ("drain_gbps", "span_overhead_ns", "free_cap_kib")]
     covered = [c.fit.ci_low[k] <= getattr(true, k) <= c.fit.ci_high[k] for k in free]
     assert sum(covered) >= len(free) - 1, dict(zip(free, covered))
     assert abs(got.drain_gbps / true.drain_gbps - 1) < 0.05            # the drain measured, not fitted
@@ -59,7 +59,7 @@ def test_simulated_calibration_from_a_start_5_percent_away_recovers_the_truth(tm
     start = calibrate.perturbed(calibrate.reference_start(REF, "host"), 1.05)
     c = calibrate.run("host", tmp_path / "cal", source="simulated", params_from=REF, start_from=start, workers=2,
                       progress=False)
-    free = [k for k in fit.RUNGS[c.fit.rung] if k not in ("span_overhead_ns", "free_cap_kib")]
+    free = [k for k in stage_fit.RUNGS[c.fit.rung] if k not in ("span_overhead_ns", "free_cap_kib")]
     err = {k: round(c.fit.values()[k] / getattr(true, k) - 1, 4) for k in free}
     # the harness overhead inside an issue time is weakly identified (the full records: 17-98 ns, 95 %)
     tol = {k: 0.5 if k == "overhead_ns" else 0.03 for k in free}
@@ -124,12 +124,12 @@ def test_a_stopped_calibration_resumes_and_keeps_its_finished_rows(tmp_path, mon
 
 
 def test_a_parallel_fit_is_the_serial_fit():
-    obs = fit.observations(REF, "host", trains=fit.TRAIN_CLEAN)
+    obs = stage_fit.observations(REF, "host", trains=stage_fit.TRAIN_CLEAN)
     rows = calibrate.plan_rows(obs, SMALL)
     start = calibrate.reference_start(REF, "host")
-    start = {k: v for k, v in calibrate.perturbed(start, 1.05).items() if k in fit.RUNGS["free_store"]}
+    start = {k: v for k, v in calibrate.perturbed(start, 1.05).items() if k in stage_fit.RUNGS["free_store"]}
     kw = dict(k_folds=2, max_nfev=1, fold_nfev=1, start=start, prescan=False)
-    a = fit.fit_stage(obs.take(rows), "host", None, workers=1, **kw)
-    b = fit.fit_stage(obs.take(rows), "host", None, workers=2, **kw)
+    a = stage_fit.fit_stage(obs.take(rows), "host", None, workers=1, **kw)
+    b = stage_fit.fit_stage(obs.take(rows), "host", None, workers=2, **kw)
     for k, v in a.values().items():
         assert np.isclose(v, b.values()[k], rtol=1e-6), k

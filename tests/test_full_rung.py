@@ -1,4 +1,4 @@
-"""Each link's full model is one rung of the ladder (xstage.fit.FULL_RUNG; the host link's is free_store since
+"""Each link's full model is one rung of the ladder (xstage.stage_fit.FULL_RUNG; the host link's is free_store since
 ): the file names, the check that a file holds the rung its name says, what load_params reads, the
 switch rule on a record neither rung saw, and MegaMoE's host rows re-predicted with other parameters."""
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from xstage import data, fit, megamoe_analysis, stage_analysis
+from xstage import data, megamoe_analysis, stage_analysis, stage_fit
 from xstage.megamoe_model_analysis import host_rescore
 from xstage.model import load_params, params_from_dict
 from xstage.stage_params import StageParams
@@ -15,16 +15,16 @@ H = data.machine_dir("h200x1")
 
 
 def test_each_link_names_its_full_rung_and_load_params_reads_it():
-    assert fit.FULL_RUNG == {"nvlink": "stage", "host": "free_store"}
-    assert fit.stage_fit_name("host") == fit.stage_fit_name("host", "free_store") == "stage_fit_host.json"
-    assert fit.stage_fit_name("host", "stage") == "stage_fit_host_stage.json"
-    assert fit.stage_fit_name("nvlink") == fit.stage_fit_name("nvlink", "stage") == "stage_fit_nvlink.json"
-    assert fit.stage_fit_name("nvlink", "free_store") == "stage_fit_nvlink_free_store.json"
-    f = fit.read_stage_fit(H, "host")
+    assert stage_fit.FULL_RUNG == {"nvlink": "stage", "host": "free_store"}
+    assert stage_fit.stage_fit_name("host") == stage_fit.stage_fit_name("host", "free_store") == "stage_fit_host.json"
+    assert stage_fit.stage_fit_name("host", "stage") == "stage_fit_host_stage.json"
+    assert stage_fit.stage_fit_name("nvlink") == stage_fit.stage_fit_name("nvlink", "stage") == "stage_fit_nvlink.json"
+    assert stage_fit.stage_fit_name("nvlink", "free_store") == "stage_fit_nvlink_free_store.json"
+    f = stage_fit.read_stage_fit(H, "host")
     assert f["rung"] == "free_store" and f["params"]["arbitration"] == "gpc_drain"
     assert load_params(H, "host") == StageParams(**f["params"])
     assert load_params(H, "host").free_kib > 0 and load_params(H, "host").free_cap_kib == 32.0
-    old = fit.read_stage_fit(H, "host", "stage")
+    old = stage_fit.read_stage_fit(H, "host", "stage")
     assert old["rung"] == "stage" and old["params"]["arbitration"] == "slots" and "free_kib" not in old["params"]
     fits = stage_analysis.stage_fits(("host",))
     assert ("host", "free_store") in fits and ("host", "stage") in fits
@@ -36,9 +36,9 @@ def test_each_link_names_its_full_rung_and_load_params_reads_it():
 def test_a_file_holding_another_rung_than_its_name_is_refused(tmp_path):
     shutil.copy(H / "stage_fit_host_stage.json.gz", tmp_path / "stage_fit_host.json.gz")
     with pytest.raises(ValueError, match="holds rung 'stage', not 'free_store'"):
-        fit.read_stage_fit(tmp_path, "host")
+        stage_fit.read_stage_fit(tmp_path, "host")
     with pytest.raises(ValueError, match="no fit"):
-        fit.read_stage_fit(tmp_path, "host", "stage")
+        stage_fit.read_stage_fit(tmp_path, "host", "stage")
 
 
 def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
@@ -46,7 +46,7 @@ def test_the_full_host_rung_beats_stage_on_a_seed_neither_saw():
     (train_seed22_clean): free_store's median |error| below rung stage's."""
     rec = H / "train_seed22_clean"
     full = stage_analysis.score_trains(rec, "host")[1].median_abs_error.iloc[0]
-    stage = stage_analysis.score_trains(rec, "host", prm=params_from_dict(fit.read_stage_fit(H, "host", "stage")["params"]))
+    stage = stage_analysis.score_trains(rec, "host", prm=params_from_dict(stage_fit.read_stage_fit(H, "host", "stage")["params"]))
     assert full < stage[1].median_abs_error.iloc[0] and full < 0.2
 
 

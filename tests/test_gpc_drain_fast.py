@@ -5,7 +5,7 @@ rounding on random parameters and on the host link's recorded configurations."""
 import numpy as np
 import pytest
 
-from xstage import data, fit, model, stage_params, stage_sim
+from xstage import data, model, stage_fit, stage_params, stage_sim
 from xstage.stage_sim import stage_measure
 from xstage.stage_params import StageParams
 from xstage.stage_sim import simulate_stage
@@ -56,18 +56,18 @@ def test_the_fast_path_equals_the_general_loop_on_random_trains(monkeypatch, see
 
 def test_the_fast_path_equals_the_general_loop_on_the_host_records(monkeypatch):
     """Every 12th configuration of the host link's fit (sync, free-running and train records at P = 1-264), the written
-    stage fit's parameters under gpc_drain, as fit.predict_observations predicts them."""
+    stage fit's parameters under gpc_drain, as stage_fit.predict_observations predicts them."""
     from dataclasses import replace
 
     folder = data.machine_dir("h200x1")
-    obs = fit.observations(folder, "host")
+    obs = stage_fit.observations(folder, "host")
     obs = obs.take(np.arange(0, len(obs.cfgs), 12))
-    f = fit.read_stage_fit(folder, "host", "stage")
+    f = stage_fit.read_stage_fit(folder, "host", "stage")
     prm = replace(StageParams(**f["params"]), arbitration="gpc_drain")
     pred = []
     for fast in (True, False):
         monkeypatch.setattr(stage_sim, "GPC_DRAIN_FAST", fast)
-        pred.append(fit.predict_observations(obs, prm, f["span_overhead_ns"]))
+        pred.append(stage_fit.predict_observations(obs, prm, f["span_overhead_ns"]))
     assert set(obs.cfgs.programs) >= {1, 4, 16, 66, 132, 264} and set(obs.cfgs.kind) == {"sync", "free", "train"}
     assert np.array_equal(np.isnan(pred[0]), np.isnan(pred[1]))
     ok = np.isfinite(pred[1])

@@ -2,7 +2,7 @@
 each burst's parameters at the burst's top; at bursts 4, 8 that read missed L1 and waited behind the program's
 outstanding stores (``data.legacy_read_bursts``: records made without the preload). The model: such a burst starts
 issuing, after its overhead, only once the program's own stores in the stage have drained
-(``simulate_stage(read_fence=...)``, ``predict_train(read_fence=...)``); ``fit.observations`` marks the bursts of
+(``simulate_stage(read_fence=...)``, ``predict_train(read_fence=...)``); ``stage_fit.observations`` marks the bursts of
 records made that way and the fit and the never-fitted scores simulate them so. ``predict_train`` without
 ``read_fence`` is the clean kernel."""
 import dataclasses
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xstage import data, fit, model, records, stage_programs_analysis
+from xstage import data, model, records, stage_fit, stage_programs_analysis
 
 KIB = 1024
 
@@ -78,7 +78,7 @@ def test_bad_fences_are_refused():
 
 
 def test_the_observations_mark_the_legacy_bursts_of_the_train_records_only():
-    obs = fit.observations(data.machine_dir("h200x1"), "host")
+    obs = stage_fit.observations(data.machine_dir("h200x1"), "host")
     tr = (obs.cfgs.kind == "train").to_numpy()
     assert obs.read_fence[tr][:, [4, 8]].all()                          # the fitted record predates the preload
     assert obs.read_fence[tr].sum() == 2 * tr.sum()
@@ -206,13 +206,13 @@ def test_load_probe_table_waits_for_the_programs_own_stores():
 
 
 def test_free_store_fits_the_clean_record_of_the_trains_and_refuses_a_missing_one(tmp_path):
-    """Rung free_store (fit.RUNG_TRAINS): the trains come from the clean kernel's record (no burst fenced: its
+    """Rung free_store (stage_fit.RUNG_TRAINS): the trains come from the clean kernel's record (no burst fenced: its
     kernel reads nothing between bursts), the regular sweeps are the folder's own; a subfolder without a
     burst_train record, or without the link's trains, is a clear error."""
     H = data.machine_dir("h200x1")
-    sub = fit.RUNG_TRAINS["free_store"]
-    clean = fit.observations(H, "host", trains=sub)
-    own = fit.observations(H, "host")
+    sub = stage_fit.RUNG_TRAINS["free_store"]
+    clean = stage_fit.observations(H, "host", trains=sub)
+    own = stage_fit.observations(H, "host")
     tr = (clean.cfgs.kind == "train").to_numpy()
     rec, _ = data.load(H / sub, data.BURST_TRAIN)
     host = rec[rec.target == "host"]
@@ -228,13 +228,13 @@ def test_free_store_fits_the_clean_record_of_the_trains_and_refuses_a_missing_on
     t, p = clean.cfgs.train[i], int(clean.cfgs.programs[i])
     np.testing.assert_allclose(clean.measured[i, :clean.cfgs.n_bursts[i]], med.loc[(t, p)].to_numpy())
     with pytest.raises(ValueError, match="no burst_train record"):
-        fit.observations(H, "host", trains="no_such_record")
+        stage_fit.observations(H, "host", trains="no_such_record")
     local, meta = data.load(records.folder("trains", "h200x1"), data.BURST_TRAIN)   # a record of the local target only
     csv = data.start_file(tmp_path, data.BURST_TRAIN, {k: v for k, v in meta.items()
                                                             if k not in ("runs", "csv_rows", "csv_sha256")})
     data.append_rows(csv, data.BURST_TRAIN, local[local.target == "local"].head(24))
     with pytest.raises(ValueError, match="no host trains"):
-        fit.observations(H, "host", trains=str(tmp_path))
+        stage_fit.observations(H, "host", trains=str(tmp_path))
 
 
 def _legacy_meta(**grid):

@@ -1,4 +1,4 @@
-"""The per-program stage model (xstage.model.simulate_stage / predict_train), its fit (xstage.fit.fit_stage)
+"""The per-program stage model (xstage.model.simulate_stage / predict_train), its fit (xstage.stage_fit.fit_stage)
 and its API (load_params): physical limits that must hold for any parameters, recovery of known parameters
 from simulated irregular trains, and clear errors for bad input."""
 import json
@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from xstage import data, fit, model, stage_analysis, stage_params, stage_programs_analysis, stage_sim
+from xstage import data, model, stage_analysis, stage_fit, stage_params, stage_programs_analysis, stage_sim
 from xstage import stage_sim_programs as spp
 from xstage.fluid import KIB
 from xstage.model import predict_train
@@ -150,7 +150,7 @@ def _simulated_observations(prm, n_trains=12, programs=(16, 132), noise=0.02, se
     meas = stage_measure(start, end, sync) * rng.lognormal(0, noise, b.shape)
     cfgs = __import__("pandas").DataFrame({"kind": np.where(sync, "sync", "train"), "train": [r[0] for r in rows],
                                            "programs": P, "n_bursts": 12, "sm_count": 132})
-    return fit.Observations(cfgs, b, g, meas, {})
+    return stage_fit.Observations(cfgs, b, g, meas, {})
 
 
 @pytest.mark.parametrize("rung", [pytest.param("pool", marks=pytest.mark.slow), pytest.param("stage", marks=pytest.mark.slow)])
@@ -158,17 +158,17 @@ def test_the_fit_recovers_known_parameters_from_simulated_irregular_trains(rung)
     """Each arbitration the host link's ladder fits (rung "pool": one pool; "stage": per-program slots). With slots
     the stall acts on the shared part only, so that part is made large enough to be seen (C_0 = 1 MB, as the host
     link's; with 300 KiB the fit trades phi against C_0: phi 0.19 for 0.4, docs/findings.md)."""
-    arbitration = fit.RUNG_ARBITRATION.get((rung, "host"), "pool")
+    arbitration = stage_fit.RUNG_ARBITRATION.get((rung, "host"), "pool")
     truth = StageParams(18.0, 80.0, 3000.0, 40.0, 0.7, 50.0, stalled_fraction=0.4, sm_count=132, link="test",
                         base_capacity_kib=1000.0 if arbitration == "slots" else 300.0, arbitration=arbitration)
     obs = _simulated_observations(truth)
     # the span's fixed cost equals the program overhead in simulated sync rows
-    res = fit.fit_stage(obs, "host", rung, k_folds=2, max_nfev=30)
+    res = stage_fit.fit_stage(obs, "host", rung, k_folds=2, max_nfev=30)
     assert res.params.arbitration == truth.arbitration
     got = res.params
     for name in ("issue_ns_per_kib", "drain_gbps", "spread", "stalled_fraction"):
         assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.15), name
-    assert fit.error_summary(res.heldout).median_abs_error.max() < 0.05
+    assert stage_fit.error_summary(res.heldout).median_abs_error.max() < 0.05
 
 
 @pytest.mark.parametrize("args,match", [
@@ -270,11 +270,11 @@ def test_measured_drain_from_the_fenced_record(tmp_path):
     median of them fixed in the fit with their range as its interval; no record, no measured drain."""
     from xstage.data import machine_dir
 
-    d = fit.measured_drain(machine_dir("h200x1"), "host")
+    d = stage_fit.measured_drain(machine_dir("h200x1"), "host")
     assert d is not None and d["low"] <= d["drain_gbps"] <= d["high"] and len(d["programs"]) >= 4
     assert 20 < d["drain_gbps"] < 80   # PCIe Gen5 x16: the copy engine's D2H copy runs at ~55 GB/s
-    assert fit.measured_drain(tmp_path, "host") is None
-    assert fit.measured_drain(machine_dir("h200x2"), "nvlink") is None
+    assert stage_fit.measured_drain(tmp_path, "host") is None
+    assert stage_fit.measured_drain(machine_dir("h200x2"), "nvlink") is None
 
 
 def test_own_slots_let_the_favoured_programs_pass_a_full_stage():
@@ -297,9 +297,9 @@ def test_own_slots_let_the_favoured_programs_pass_a_full_stage():
     assert got["pool"].min() > 1.5 and spread["pool"] < 1.5, got   # one pool: every program waits, alike
     from xstage.data import machine_dir
 
-    host = fit.read_stage_fit(machine_dir("h200x1"), "host", "stage")["params"]
+    host = stage_fit.read_stage_fit(machine_dir("h200x1"), "host", "stage")["params"]
     prm = StageParams(**host)
-    assert prm.arbitration == fit.RUNG_ARBITRATION[("stage", "host")] == "slots"
+    assert prm.arbitration == stage_fit.RUNG_ARBITRATION[("stage", "host")] == "slots"
     b = 1.05 * float(prm.capacity_bytes(132)) / 132
     start, end, _ = simulate_stage(prm, [132], np.array([[b]]), np.zeros((1, 1)), [False])
     t = (end - start)[0, :, 0] / (prm.overhead_ns + b / prm.program_rate)
@@ -579,11 +579,11 @@ def test_the_fit_recovers_known_parameters_under_free_store():
                                                         "base_capacity_kib", "overhead_ns", "free_kib")}
     measured["span_overhead_ns"] = (truth.overhead_ns,) * 3   # simulated sync rows: the span's fixed cost is o
     start = dict(issue_ns_per_kib=15.0, spread=0.5, stalled_fraction=0.6)
-    res = fit.fit_stage(obs, "host", "free_store", k_folds=2, max_nfev=10, measured=measured, start=start)
+    res = stage_fit.fit_stage(obs, "host", "free_store", k_folds=2, max_nfev=10, measured=measured, start=start)
     assert res.params.arbitration == "gpc_drain"
     for name in ("issue_ns_per_kib", "spread", "stalled_fraction"):
         assert getattr(res.params, name) == pytest.approx(getattr(truth, name), rel=0.15), name
-    assert fit.error_summary(res.heldout).median_abs_error.max() < 0.05
+    assert stage_fit.error_summary(res.heldout).median_abs_error.max() < 0.05
 
 
 

@@ -7,7 +7,7 @@ plan's comments): synchronised points (the span's fixed cost, the issue rate), f
 onset (the capacities and the stall), seeded free-running trains at four program counts (the per-program slots,
 the spread, the stall, the free entries) and the drain measured directly (fixed in the fit). Every sweep is the
 project's own (:func:`xstage.burst_gap_sweep.run_burst_gap` / :func:`~xstage.burst_gap_sweep.run_trains`), into
-sub-folders of ``--out`` named as :func:`xstage.fit.observations` reads a machine folder, so a stopped run resumes
+sub-folders of ``--out`` named as :func:`xstage.stage_fit.observations` reads a machine folder, so a stopped run resumes
 and each sweep checks its destinations bit for bit before timing. ``source="simulated"`` replaces the GPU by the
 stage model with known parameters (``--params-from``): the CPU test that the plan recovers them.
 
@@ -26,12 +26,12 @@ from tqdm.auto import tqdm
 
 from . import data, env
 from .burst_gap_sweep import BurstGapGrid, TrainGrid, run_burst_gap, run_trains
-from .fit import (DRAIN_RECORD, RUNG_TRAINS, SWEEP_RECORD, STAGE_UNITS, LINK_TARGETS, Observations, StageFit, _rung_params,
-                  default_workers, error_summary, fit_stage, full_rung, measured_drain, observations,
-                  predict_observations, read_stage_fit, write_stage_fit)
 from .fluid import KIB
 from .model import LINKS
 from .remote_store import BurstGapPoint, BurstTrain
+from .stage_fit import (DRAIN_RECORD, LINK_TARGETS, RUNG_TRAINS, STAGE_UNITS, SWEEP_RECORD, Observations, StageFit,
+                        _rung_params, default_workers, error_summary, fit_stage, full_rung, measured_drain,
+                        observations, predict_observations, read_stage_fit, write_stage_fit)
 from .stage_params import GPC_OF_SM, StageParams
 
 TRAIN_SUB = "trains"            # the plan's trains (the fit's burst_train record: observations(..., trains=TRAIN_SUB))
@@ -106,7 +106,7 @@ class CalibrationPlan:
 
 
 def plan_rows(obs: Observations, plan: CalibrationPlan = CalibrationPlan()) -> np.ndarray:
-    """The observations of a recorded folder (:func:`xstage.fit.observations`, host link) that the plan measures:
+    """The observations of a recorded folder (:func:`xstage.stage_fit.observations`, host link) that the plan measures:
     its synchronised and free-running points and its trains (by name). The evidence that the plan suffices: a fit
     on these rows alone against the fit on all of them (tests/test_calibrate.py)."""
     c = obs.cfgs

@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the fit to <data>/stage_fit_<link>[_<rung>].json.gz (the full model's: what load_params and "
                          "notebooks read)")
     fi.add_argument("--rung", choices=("fluid", "capacity(P)", "shares", "pool", "stage", "free_store"), default=None,
-                    help="default: the link's full model (xstage.fit.FULL_RUNG: NVLink stage, host free_store), "
+                    help="default: the link's full model (xstage.stage_fit.FULL_RUNG: NVLink stage, host free_store), "
                          "written as stage_fit_<link>.json.gz; every other rung as stage_fit_<link>_<rung>.json.gz. "
                          "The ladder: fluid (the paper's three parameters, constant capacity, equal shares), "
                          "capacity(P) (+ capacity growing with the programs), shares (+ unequal drain shares), "
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{meta['machine']} ({meta['gpu_name']} x{meta['gpu_count']}):")
             print(fluid_summary(res).to_string(index=False))
         elif args.cmd == "fit":
-            from .fit import fit_link, recorded_links, stage_summary, write_stage_fit
+            from .stage_fit import fit_link, recorded_links, stage_summary, write_stage_fit
 
             link = args.link or recorded_links(args.data)[0]
             res = fit_link(args.data, link, rung=args.rung, k_folds=args.folds)

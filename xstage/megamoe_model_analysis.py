@@ -262,7 +262,7 @@ def stall_rescore(stalls=STALL_MODELS_SCORED, prms=None) -> pd.DataFrame:
 
 def host_full_model() -> pd.DataFrame:
     """The one-H200 host-link record re-predicted with the host link's full model (xstage.model.load_params;
-    fit.FULL_RUNG) beside the stage parameters the sweep recorded, both under the
+    stage_fit.FULL_RUNG) beside the stage parameters the sweep recorded, both under the
     record's own stall and wait models (:func:`stall_rescore`, ``model``: "recorded" / "full").
     The cost model reads the stage's capacities, stall and drain; free entries (f = 1.6 KiB per burst) are no part
     of it: a combine burst is a tile's rows, hundreds of KiB."""

@@ -2,8 +2,9 @@
 errors, onsets, scores on trains never fitted, the record floor, the first bursts' capacity, the synchronised
 sweep's barrier and the drain measured directly; the README's headline rows and docs/stage.md.
 
-Every function reads data/ (xstage.records, xstage.sources) and the model (xstage.model, xstage.fit); none runs a
-sweep or refits: the fits are the files ``xstage fit --write`` wrote (data/<machine>/stage_fit_<link>*.json.gz).
+Every function reads data/ (xstage.records, xstage.sources) and the model (xstage.model, xstage.fit,
+xstage.stage_fit); none runs a sweep or refits: the fits are the files ``xstage fit --write`` wrote
+(data/<machine>/stage_fit_<link>*.json.gz).
 
 Legend: P = issuing programs, b = bytes per program per burst, k = burst index in a train (0 = first).
 """
@@ -14,19 +15,20 @@ import pandas as pd
 
 from . import data, records
 from .burst_gap_analysis import measured_onset, slowdown_table
-from .fit import (LINK_TARGETS as LINK_TARGET, Observations, RUNG_FIXED, RUNG_TRAINS, STAGE_UNITS, _rung_params,
-                  error_summary, full_rung, predict_observations, read_stage_fit, stage_fit_name,
-                  tidy_for_fit)
+from .fit import tidy_for_fit
 from .fluid import KIB
 from .model import load_params, predict_train
+from .stage_fit import (LINK_TARGETS as LINK_TARGET, Observations, RUNG_FIXED, RUNG_TRAINS, STAGE_UNITS, _rung_params,
+                        error_summary, full_rung, predict_observations, read_stage_fit, stage_fit_name)
 from .stage_sim import models_read_fence
 from .sources import LINK_MACHINES, check_source as _check_source, recorded as _recorded
 from .stage_programs_analysis import CONTENDED, TRAIN_PROGRAMS, TRAIN_PROGRAMS_P
 
 DOCS_PAGE = "stage.md"
 NOTEBOOK = "02"
-RUNG_ORDER = ("fluid", "capacity(P)", "shares", "pool", "stage", "free_store")   # the ladder (fit.RUNGS), in order;
-# each link's full model is fit.FULL_RUNG's (NVLink: stage; the host link: free_store)
+# the ladder (stage_fit.RUNGS), in order; each link's full model is stage_fit.FULL_RUNG's (NVLink: stage; the host
+# link: free_store)
+RUNG_ORDER = ("fluid", "capacity(P)", "shares", "pool", "stage", "free_store")
 
 
 def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.DataFrame, dict]:
@@ -41,7 +43,7 @@ def train_data(source: str = "recorded", machine: str = "h200x1") -> tuple[pd.Da
 
 def stage_fits(links=("nvlink", "host"), rungs=RUNG_ORDER) -> dict:
     """The written fits (data/<machine>/stage_fit_<link>[_<rung>].json) of every link and rung that exists:
-    {(link, rung): fit dict with its tables}. A missing rung is left out; a missing full fit (fit.FULL_RUNG) is an
+    {(link, rung): fit dict with its tables}. A missing rung is left out; a missing full fit (stage_fit.FULL_RUNG) is an
     error."""
     out = {}
     for link in links:
@@ -67,7 +69,7 @@ def stage_errors(fits: dict, min_ns: float = 1000.0) -> pd.DataFrame:
 
 
 def stage_params(fits: dict) -> pd.DataFrame:
-    """The full model's parameters per link (fit.FULL_RUNG) with their 95 % intervals: the stage parameters, then
+    """The full model's parameters per link (stage_fit.FULL_RUNG) with their 95 % intervals: the stage parameters, then
     the rung's own (host: free entries f, fitted, and their bound F, fixed: equal ends)."""
     rows = []
     for (link, rung), f in fits.items():
@@ -352,8 +354,8 @@ def docs_page() -> str:
              "Every program is followed through its own train: it issues while the link's stage has room; the stage "
              "holds C(P) (a part present whatever the grid, C_0, and every program's own slots, up to C_max), drains "
              "at D shared by weight, and once filled keeps a part phi until it has emptied. The ladder "
-             "(`xstage.fit.RUNGS`), one rung per idea: " + ", ".join(f"`{r}`" for r in RUNG_ORDER) + ". Errors are "
-             "medians of |error| on trains held out of the fit (5 folds by train), bursts >= 1 us.", ""]
+             "(`xstage.stage_fit.RUNGS`), one rung per idea: " + ", ".join(f"`{r}`" for r in RUNG_ORDER) + ". "
+             "Errors are medians of |error| on trains held out of the fit (5 folds by train), bursts >= 1 us.", ""]
     for link, machine in LINK_MACHINES.items():
         rung = full_rung(link)
         arb = fits[(link, rung)]["params"].get("arbitration", "pool")

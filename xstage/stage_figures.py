@@ -10,9 +10,9 @@ from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from .figures import (_colors, _hline, _intersect, _LAYOUT, _TARGET_NAME, _title)
-from .fit import full_rung
 from .fluid import KIB
 from .model import predict_train
+from .stage_fit import full_rung
 
 # ------------------------------------------------------------------------------- the stage model, per link
 _KIND_NAME = {"sync": "synchronised sweep (span)", "free": "free-running, regular (median program)",

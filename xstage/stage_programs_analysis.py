@@ -14,9 +14,9 @@ import pandas as pd
 
 from . import data
 from .model import load_params, predict_train
+from .stage_fit import LINK_TARGETS as LINK_TARGET
 from .stage_params import FENCE_ARBITRATIONS
 from .stage_sim import models_read_fence, simulate_stage
-from .fit import LINK_TARGETS as LINK_TARGET
 from .fluid import KIB
 from .sources import LINK_MACHINES
 
