@@ -20,6 +20,7 @@ from .data import DATA_ROOT
 
 LINKS = ("nvlink", "host", "local")
 MACHINES = {"h200x2": "2x NVIDIA H200 (NV18)", "h200x1": "one NVIDIA H200", "h100x1": "one NVIDIA H100",
+            "h100x1_second": "a second NVIDIA H100 chip (GPU 6bcdfff2; h100x1's is ca9bfa86)",
             "h200x8": "8x NVIDIA H200 (NVSwitch): predicted, nothing measured"}
 ARCHIVE = "archive"
 
@@ -387,8 +388,10 @@ RECORDS: tuple[Record, ...] = _records(
     Record("attention_clocks", "h100x1", "local", "attention_clocks", "attention_clocks",
            "MACHINE=h100x1 python3 scripts/attention_clocks.py", "ours / FA4 sustained at the 700 W cap"),
     Record("attention_layer", "h100x1", "local", "attention_layer", "attention_layer",
-           "MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev diffusers layer:290 pack",
-           "xstage.attention: host 29-32 us per call, graphs bit-identical, fullgraph compile, ours / cuDNN 1.05-1.36"),
+           "scripts/fa4_one_gpu.sh stash install, then MACHINE=h100x1 bash scripts/attention_layer_gpu.sh dev "
+           "diffusers layer:540 pack",
+           "xstage.attention beside FA4 and cuDNN: ours / flash_attn_func 0.97-1.07 plain, host 66-76 us per call "
+           "(FA4's kernel direct 58-64), graphs bit-identical, fullgraph compile, Wan 2.1 block 1.08x SDPA"),
     # BLOCK: calibration
     Record("calibration", "h100x1", "host", "calibration/backpressure_sweep", "burst_gap",
            "xstage calibrate --link host --out data/h100x1/calibration", "the calibration plan's synchronised points"),
@@ -401,6 +404,17 @@ RECORDS: tuple[Record, ...] = _records(
     Record("families", "h100x1", "host", "families", "burst_program",
            "xstage sweep families --out data/h100x1/families --targets host",
            "never-fitted traffic: store widths, warps, staggered starts, waves, per-program sizes"),
+    Record("calibration", "h100x1_second", "host", "calibration/backpressure_sweep", "burst_gap",
+           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's synchronised points"),
+    Record("calibration_free_running", "h100x1_second", "host", "calibration/free_running", "burst_gap",
+           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's free-running points"),
+    Record("calibration_drain", "h100x1_second", "host", "calibration/drain_programs", "burst_gap",
+           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's drain points"),
+    Record("calibration_trains", "h100x1_second", "host", "calibration/trains", "burst_train",
+           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's trains"),
+    Record("families", "h100x1_second", "host", "families", "burst_program",
+           "bash scripts/calibrate_check.sh (xstage sweep families --targets host)",
+           "the families on a second H100 chip, with the kernel's registers (family_kernel.json)"),
     # BLOCK: launchers
     Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
            "the plain command"),
