@@ -53,6 +53,7 @@ import torch
 
 import xstage
 from xstage import attention_api, bench, data, env, fa4, ulysses_gluon
+from xstage.attention_analysis import issue_table
 from xstage.attention_api import AttentionInputError
 from xstage.numeric import rel_l2
 from xstage.ulysses import attention_flops
@@ -456,27 +457,6 @@ PARTS = {"env": part_env, "bad_input": part_bad_input, "correctness": part_corre
          "compile": part_compile, "host_us": part_host_us, "timing": part_timing, "dit_block": part_dit_block,
          "first_call": part_first_call}
 GPU_ONLY = {"host_us", "timing", "graphs"}
-
-
-def issue_table(summary: dict) -> str:
-    """The issue's table from this run's summary (ranges over the shapes), with host us per call and first-call s."""
-    t, h, f = (summary["parts"].get(p, {}) for p in ("timing", "host_us", "first_call"))
-
-    def rng(x, fmt="{:.3f}"):
-        return "-" if not x else (fmt.format(x[0]) if abs(x[1] - x[0]) < 1e-9 else
-                                  f"{fmt.format(x[0])}-{fmt.format(x[1])}")
-    lines = ["| timing | ours / `flash_attn_func` | ours / cuDNN SDPA |", "| --- | --- | --- |"]
-    for mode, label in (("plain", "plain (GPU idle before each sample)"), ("queued", "queued behind a GPU-side wait"),
-                        ("back_to_back", "8 launches back to back")):
-        lines.append(f"| {label} | {rng(t.get(f'{mode}_ours_over_fa4'))} | {rng(t.get(f'{mode}_ours_over_cudnn'))} |")
-    names = {"ours": "ours", "ours_validated_launcher": "ours through the studies' validated launcher",
-             "flash_attn_func": "`flash_attn_func`", "fa4_kernel_direct": "FA4's compiled kernel launched directly",
-             "cudnn": "cuDNN SDPA"}
-    host = ", ".join(f"{n} {rng(h[m], '{:.0f}')} us" for m, n in names.items() if h.get(m))
-    first = ", ".join(f"{m} {f[f'{m}_cold_first_s']:.2f} s cold / {f[f'{m}_warm_first_s']:.2f} s warm"
-                      for m in ("ours", "fa4", "cudnn") if f.get(f"{m}_cold_first_s") is not None
-                      and f.get(f"{m}_warm_first_s") is not None)
-    return "\n".join(lines) + f"\n\nHost time per call: {host or '-'}.\n\nFirst call of a new shape: {first or '-'}.\n"
 
 
 def _write(path: Path, text: str) -> None:

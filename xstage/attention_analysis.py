@@ -228,6 +228,59 @@ def headline() -> list[records.Headline]:
                              "one H100 / one H200", h100["record"], NOTEBOOK)]
 
 
+# ------------------------------------------------------------------------------------------ the attention call
+LAYER_MACHINES = ("h100x1",)   # the machines with a current record of xstage.attention (scripts/attention_layer_gpu.py)
+
+
+def issue_table(summary: dict) -> str:
+    """The issue's table from this run's summary (ranges over the shapes), with host us per call and first-call s."""
+    t, h, f = (summary["parts"].get(p, {}) for p in ("timing", "host_us", "first_call"))
+
+    def rng(x, fmt="{:.3f}"):
+        return "-" if not x else (fmt.format(x[0]) if abs(x[1] - x[0]) < 1e-9 else
+                                  f"{fmt.format(x[0])}-{fmt.format(x[1])}")
+    lines = ["| timing | ours / `flash_attn_func` | ours / cuDNN SDPA |", "| --- | --- | --- |"]
+    for mode, label in (("plain", "plain (GPU idle before each sample)"), ("queued", "queued behind a GPU-side wait"),
+                        ("back_to_back", "8 launches back to back")):
+        lines.append(f"| {label} | {rng(t.get(f'{mode}_ours_over_fa4'))} | {rng(t.get(f'{mode}_ours_over_cudnn'))} |")
+    names = {"ours": "ours", "ours_validated_launcher": "ours through the studies' validated launcher",
+             "flash_attn_func": "`flash_attn_func`", "fa4_kernel_direct": "FA4's compiled kernel launched directly",
+             "cudnn": "cuDNN SDPA"}
+    host = ", ".join(f"{n} {rng(h[m], '{:.0f}')} us" for m, n in names.items() if h.get(m))
+    first = ", ".join(f"{m} {f[f'{m}_cold_first_s']:.2f} s cold / {f[f'{m}_warm_first_s']:.2f} s warm"
+                      for m in ("ours", "fa4", "cudnn") if f.get(f"{m}_cold_first_s") is not None
+                      and f.get(f"{m}_warm_first_s") is not None)
+    return "\n".join(lines) + f"\n\nHost time per call: {host or '-'}.\n\nFirst call of a new shape: {first or '-'}.\n"
+
+
+def attention_layer_summary(machine: str = "h100x1") -> tuple[dict, dict]:
+    """(summary, sidecar) of the machine's attention-call record: ``summary["parts"]`` as the script wrote it."""
+    lines, meta = data.load_jsonl(records.record("attention_layer", machine, "local").path, "attention_layer")
+    return {"parts": {ln["part"]: ln["summary"] for ln in lines if "summary" in ln}}, meta
+
+
+def attention_layer_section(machine: str = "h100x1") -> list[str]:
+    """The docs page's part on ``xstage.attention``: the issue's table, graphs, compile and the DiT block."""
+    summary, meta = attention_layer_summary(machine)
+    p = summary["parts"]
+    g, c, d = p.get("graphs", {}), p.get("compile", {}), p.get("dit_block", {})
+    rec = _rel(records.record("attention_layer", machine, "local"))
+    out = ["", f"## `xstage.attention`, {records.MACHINES[machine]} (`{rec}`)", "",
+           f"`scripts/attention_layer_gpu.py`, {meta.get('card')}, FA4 {(meta.get('fa4') or ['', '-'])[1]}; ours / them is "
+           "their time over ours (above 1: ours faster), ranges over the shapes.", "", issue_table(summary).rstrip()]
+    if g:
+        ok = all(g.get(k, {}).get("new_data_bit_identical") for k in ("attention", "ulysses_p2"))
+        out += ["", f"CUDA graphs: replays and new data bit-identical to eager ({'call and P = 2 layer' if ok else 'NO'})."]
+    if c:
+        out += ["", f"torch.compile(fullgraph=True): {c.get('graph_breaks')} graph breaks, {c.get('graphs')} graph, rel. L2 "
+                f"{c.get('rel_l2', float('nan')):.1e} to eager."]
+    if d.get("speedup"):
+        out += ["", f"Wan 2.1 1.3B block (S = {d['S']}, random weights), diffusers' SDPA processor / ours: "
+                f"{d['diffusers_sdpa_ms']:.1f} ms / {d['xstage_ms']:.1f} ms = **{d['speedup']:.2f}x**, outputs rel. L2 "
+                f"{d['rel_l2_ours_vs_sdpa']:.1e}."]
+    return out
+
+
 def docs_page() -> str:
     """docs/attention.md: the current numbers of our attention beside FA4 (generated)."""
     parts = records.docs_head("Our attention beside FA4", "attention_analysis",
@@ -245,4 +298,6 @@ def docs_page() -> str:
               "Each method back to back for 3 s at the power cap: ours / FA4 in time and per SM clock.", "",
               records.markdown_table(clocks[["shape", "S", "H", "D", "ours_over_fa", "clock_ratio", "ours_over_fa_per_clock",
                                      "ours_w", "fa_w"]])]
+    for machine in LAYER_MACHINES:
+        parts += attention_layer_section(machine)
     return "\n".join(parts) + "\n"
