@@ -412,3 +412,18 @@ def plan_evidence(folder, link: str = "host", plan: CalibrationPlan = Calibratio
 def with_plan(**changes) -> CalibrationPlan:
     """The default plan with some fields changed (tests: a smaller plan)."""
     return replace(CalibrationPlan(), **changes)
+
+
+def cards(folders: dict[str, Path | str], link: str = "host") -> pd.DataFrame:
+    """The written full models of several cards side by side: per parameter (rows) and card (``folders``: label ->
+    folder holding ``stage_fit_<link>.json.gz``) the value and its 95 % interval, "value (low-high)"."""
+    cols = {}
+    for label, folder in folders.items():
+        f = read_stage_fit(folder, link)
+        lo, hi = f.get("ci95_low", {}), f.get("ci95_high", {})
+        vals = {**f["params"], "span_overhead_ns": f["span_overhead_ns"]}
+        cols[label] = {k: (f"{v:.4g} ({lo[k]:.4g}-{hi[k]:.4g})" if k in lo and k in hi else f"{v:.4g}")
+                       for k, v in vals.items() if k in STAGE_UNITS or k == "span_overhead_ns"}
+    t = pd.DataFrame(cols)
+    t.insert(0, "unit", [STAGE_UNITS.get(k, "ns") for k in t.index])
+    return t.rename_axis("parameter")

@@ -31,11 +31,11 @@ from .traffic_families import FAMILIES, KERNEL_FILE, FamilyTrain, families, kern
 MIN_NS = 1000.0
 RESIDENT_NS = 1000.0   # a program whose first burst starts within this of the first program's was resident at launch
 INPUTS = ("launch", "median_program")
-# family_store_kernel's registers per thread, which bind its occupancy at 16 warps, where the record has no
-# family_kernel.json (xstage.families_sweep writes the compiled count of each variant there): 33-64 registers hold 2
-# programs of 16 warps per SM, the occupancy the H100 record shows at launch (244-273 of the waves' 1056 and 1584
-# programs start within 1 us; 4 per SM by threads alone).
-FAMILY_KERNEL_REGS = 64
+# family_store_kernel's registers per thread where a record has no family_kernel.json (data/h100x1/families was
+# recorded before xstage.families_sweep wrote it): the count the same kernel compiled to on the second H100's run
+# (data/h100x1_second/families/family_kernel.json: 31 for 2-16 warps of 16-byte stores, 32 for 4 / 8 bytes, 37 at
+# one warp; registers then bind no variant below threads and blocks).
+FAMILY_KERNEL_REGS = 31
 
 
 def family_of(name: str) -> str:
