@@ -21,6 +21,7 @@ from .data import DATA_ROOT
 LINKS = ("nvlink", "host", "local")
 MACHINES = {"h200x2": "2x NVIDIA H200 (NV18)", "h200x1": "one NVIDIA H200", "h100x1": "one NVIDIA H100",
             "h100x1_second": "a second NVIDIA H100 chip (GPU 6bcdfff2; h100x1's is ca9bfa86)",
+            "h100x1_third": "a third NVIDIA H100 chip (GPU 2fee3816)",
             "h200x8": "8x NVIDIA H200 (NVSwitch): predicted, nothing measured"}
 ARCHIVE = "archive"
 
@@ -415,6 +416,17 @@ RECORDS: tuple[Record, ...] = _records(
     Record("families", "h100x1_second", "host", "families", "burst_program",
            "bash scripts/calibrate_check.sh (xstage sweep families --targets host)",
            "the families on a second H100 chip, with the kernel's registers (family_kernel.json)"),
+    Record("calibration", "h100x1_third", "host", "calibration/backpressure_sweep", "burst_gap",
+           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's synchronised points"),
+    Record("calibration_free_running", "h100x1_third", "host", "calibration/free_running", "burst_gap",
+           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's free-running points"),
+    Record("calibration_drain", "h100x1_third", "host", "calibration/drain_programs", "burst_gap",
+           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's drain points"),
+    Record("calibration_trains", "h100x1_third", "host", "calibration/trains", "burst_train",
+           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's trains"),
+    Record("families", "h100x1_third", "host", "families", "burst_program",
+           "bash scripts/calibrate_check.sh (xstage sweep families --targets host)",
+           "the families on a third H100 chip, with the kernel's registers (family_kernel.json)"),
     # BLOCK: launchers
     Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
            "the plain command"),
