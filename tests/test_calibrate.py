@@ -133,3 +133,27 @@ def test_a_parallel_fit_is_the_serial_fit():
     b = stage_fit.fit_stage(obs.take(rows), "host", None, workers=2, **kw)
     for k, v in a.values().items():
         assert np.isclose(v, b.values()[k], rtol=1e-6), k
+
+
+def test_cards_puts_each_written_fit_beside_the_others(tmp_path):
+    import gzip
+    import json
+
+    from xstage import records
+
+    folders = {m: records.record("calibration", m, "host").path.parent
+               for m in ("h100x1", "h100x1_second", "h100x1_third")}
+    t = calibrate.cards({"h200x1": REF, **folders})
+    assert list(t.columns) == ["unit", "h200x1", *folders]
+    for label, folder in folders.items():   # every cell is the written value and its interval, from the file
+        f = stage_fit.read_stage_fit(folder, "host")
+        for k in ("drain_gbps", "capacity_kib", "stalled_fraction"):
+            v, lo, hi = f["params"][k], f["ci95_low"][k], f["ci95_high"][k]
+            assert t.loc[k, label] == f"{v:.4g} ({lo:.4g}-{hi:.4g})" and lo <= v <= hi
+    # a changed value in a copy of a fit shows in its column
+    src = folders["h100x1"] / "stage_fit_host.json.gz"
+    obj = json.loads(gzip.decompress(src.read_bytes()))
+    d = float(np.random.default_rng().uniform(10, 20))
+    obj["params"]["drain_gbps"] = d
+    (tmp_path / "stage_fit_host.json.gz").write_bytes(gzip.compress(json.dumps(obj).encode()))
+    assert calibrate.cards({"edited": tmp_path}).loc["drain_gbps", "edited"].startswith(f"{d:.4g} (")
