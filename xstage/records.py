@@ -196,6 +196,18 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
 )}
 
 # ------------------------------------------------------------------ records (one current per study, machine, link)
+def _chip_calibration(machine: str, command: str, chip: str) -> tuple["Record", ...]:
+    """Another chip's calibration (``scripts/calibrate_check.sh``): the plan's four records and the families."""
+    plan = (("calibration", "backpressure_sweep", "burst_gap", "the plan's synchronised points"),
+            ("calibration_free_running", "free_running", "burst_gap", "the plan's free-running points"),
+            ("calibration_drain", "drain_programs", "burst_gap", "the plan's drain points"),
+            ("calibration_trains", "trains", "burst_train", "the plan's trains"))
+    return (*(Record(study, machine, "host", f"calibration/{sub}", schema, command, f"{chip}: {shows}")
+              for study, sub, schema, shows in plan),
+            Record("families", machine, "host", "families", "burst_program", command,
+                   f"the families on {chip}, with the kernel's registers (family_kernel.json)"))
+
+
 RECORDS: tuple[Record, ...] = _records(
     # BLOCK: burst-gap and stage model
     Record("burst_gap", "h200x2", "nvlink", "backpressure_sweep", "burst_gap",
@@ -405,28 +417,10 @@ RECORDS: tuple[Record, ...] = _records(
     Record("families", "h100x1", "host", "families", "burst_program",
            "xstage sweep families --out data/h100x1/families --targets host",
            "never-fitted traffic: store widths, warps, staggered starts, waves, per-program sizes"),
-    Record("calibration", "h100x1_second", "host", "calibration/backpressure_sweep", "burst_gap",
-           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's synchronised points"),
-    Record("calibration_free_running", "h100x1_second", "host", "calibration/free_running", "burst_gap",
-           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's free-running points"),
-    Record("calibration_drain", "h100x1_second", "host", "calibration/drain_programs", "burst_gap",
-           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's drain points"),
-    Record("calibration_trains", "h100x1_second", "host", "calibration/trains", "burst_train",
-           "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh", "a second H100 chip: the plan's trains"),
-    Record("families", "h100x1_second", "host", "families", "burst_program",
-           "bash scripts/calibrate_check.sh (xstage sweep families --targets host)",
-           "the families on a second H100 chip, with the kernel's registers (family_kernel.json)"),
-    Record("calibration", "h100x1_third", "host", "calibration/backpressure_sweep", "burst_gap",
-           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's synchronised points"),
-    Record("calibration_free_running", "h100x1_third", "host", "calibration/free_running", "burst_gap",
-           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's free-running points"),
-    Record("calibration_drain", "h100x1_third", "host", "calibration/drain_programs", "burst_gap",
-           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's drain points"),
-    Record("calibration_trains", "h100x1_third", "host", "calibration/trains", "burst_train",
-           "bash scripts/calibrate_check.sh (fit started from data/h200x1's)", "a third H100 chip: the plan's trains"),
-    Record("families", "h100x1_third", "host", "families", "burst_program",
-           "bash scripts/calibrate_check.sh (xstage sweep families --targets host)",
-           "the families on a third H100 chip, with the kernel's registers (family_kernel.json)"),
+    *_chip_calibration("h100x1_second", "CAL_ARGS='--start-from data/h100x1/calibration' bash scripts/calibrate_check.sh",
+                       "a second H100 chip"),
+    *_chip_calibration("h100x1_third", "bash scripts/calibrate_check.sh (fit started from data/h200x1's)",
+                       "a third H100 chip"),
     # BLOCK: launchers
     Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
            "the plain command"),
