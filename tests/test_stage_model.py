@@ -632,13 +632,14 @@ def test_a_delayed_programs_first_burst_sees_the_stage_the_others_filled():
     prm = _launch_params()
     P, big = 132, 256 * KIB
     b = np.full((P, 1), big)
-    b[-1] = 64 * KIB
+    small = max(64.0, 4 * prm.capacity_per_program_kib) * KIB   # beyond its own slots (a random c_p reaches 200 KiB)
+    b[-1] = small
     first = prm.capacity_bytes(P) / prm.drain_gbps   # the others are still draining their burst then
     late = spp.simulate_programs(prm, b, [0.0], np.r_[np.zeros(P - 1), 0.2 * first])
     alone = spp.simulate_programs(prm, b, [0.0], np.r_[np.zeros(P - 1), 1e4 * first + 1e7])
     x_late, x_alone = late.issue[late.program == P - 1, 0], alone.issue[alone.program == P - 1, 0]
     assert late.start[late.program == P - 1, 0] == pytest.approx(0.2 * first)
-    assert x_alone == pytest.approx(prm.overhead_ns + 64 * KIB / prm.program_rate, rel=0.05)   # an empty stage
+    assert x_alone == pytest.approx(prm.overhead_ns + small / prm.program_rate, rel=0.05)   # an empty stage
     assert x_late > 3 * x_alone
 
 
