@@ -253,24 +253,25 @@ def issue_table(summary: dict) -> str:
     return "\n".join(lines) + f"\n\nHost time per call: {host or '-'}.\n\nFirst call of a new shape: {first or '-'}.\n"
 
 
-def attention_layer_summary(machine: str = "h100x1") -> tuple[dict, dict]:
-    """(summary, sidecar) of the machine's attention-call record: ``summary["parts"]`` as the script wrote it."""
-    lines, meta = data.load_jsonl(records.record("attention_layer", machine, "local").path, "attention_layer")
+def attention_layer_summary(rec: records.Record) -> tuple[dict, dict]:
+    """(summary, sidecar) of an attention-call record: ``summary["parts"]`` as the script wrote it."""
+    lines, meta = data.load_jsonl(rec.path, "attention_layer")
     return {"parts": {ln["part"]: ln["summary"] for ln in lines if "summary" in ln}}, meta
 
 
 def attention_layer_section(machine: str = "h100x1") -> list[str]:
     """The docs page's part on ``xstage.attention``: the issue's table, graphs, compile and the DiT block."""
-    summary, meta = attention_layer_summary(machine)
+    rec = records.record("attention_layer", machine, "local")
+    summary, meta = attention_layer_summary(rec)
     p = summary["parts"]
     g, c, d = p.get("graphs", {}), p.get("compile", {}), p.get("dit_block", {})
-    rec = _rel(records.record("attention_layer", machine, "local"))
-    out = ["", f"## `xstage.attention`, {records.MACHINES[machine]} (`{rec}`)", "",
+    out = ["", f"## `xstage.attention`, {records.MACHINES[machine]} (`{_rel(rec)}`)", "",
            f"`scripts/attention_layer_gpu.py`, {meta.get('card')}, FA4 {(meta.get('fa4') or ['', '-'])[1]}; ours / them is "
            "their time over ours (above 1: ours faster), ranges over the shapes.", "", issue_table(summary).rstrip()]
     if g:
         ok = all(g.get(k, {}).get("new_data_bit_identical") for k in ("attention", "ulysses_p2"))
-        out += ["", f"CUDA graphs: replays and new data bit-identical to eager ({'call and P = 2 layer' if ok else 'NO'})."]
+        out += ["", f"CUDA graphs (the call and the P = 2 layer): replays on new data {'' if ok else 'NOT '}"
+                "bit-identical to eager."]
     if c:
         out += ["", f"torch.compile(fullgraph=True): {c.get('graph_breaks')} graph breaks, {c.get('graphs')} graph, rel. L2 "
                 f"{c.get('rel_l2', float('nan')):.1e} to eager."]

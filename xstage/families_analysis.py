@@ -5,8 +5,8 @@ Nothing here is fitted.
 
 The model gets each train as launched (xstage.stage_sim_programs.simulate_programs; ``inputs="launch"``): every
 program its own sizes (per_program), its start delay (staggered), and the resident programs the launch's occupancy
-allows (threads, and the compiled variant's registers from the record's family_kernel.json), the later programs taking the places of those
-that finished; store width and warps per program are not inputs of the model (the score says whether it needs
+allows (threads, and the compiled variant's registers from the record's family_kernel.json), the later programs
+taking the places of those that finished; store width and warps per program are not inputs of the model (the score says whether it needs
 them). The quantiles over programs are the simulated programs'. ``inputs="median_program"`` is the model's former view of the same trains:
 every program the median program's sizes, all starting together, the resident wave (counted in the record: burst 0
 starting within 1 us of the first program) as the grid.
@@ -75,7 +75,7 @@ def launches(meta: dict) -> list[FamilyTrain]:
 
 def kernel_regs(folder) -> dict[str, int]:
     """Registers per thread of each compiled variant of the record's kernel (``family_kernel.json`` beside it, keyed
-    as xstage.families_sweep.kernel_key); {} where the record has none."""
+    as xstage.traffic_families.kernel_key); {} where the record has none."""
     path = Path(folder) / KERNEL_FILE
     if not path.exists():
         return {}

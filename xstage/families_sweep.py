@@ -72,12 +72,12 @@ def families_job(world, grid: FamiliesGrid, folder: str, meta: dict) -> None:
         return
     clock = _record_clock(world, folder, data.BURST_PROGRAM)
     dests = allocate(world, max(t.dst_elems for t in todo), grid.targets)
-    compiled = {}      # kernel_key -> the compiled variant (its registers, written once per new variant)
+    seen = set()       # the compiled variants whose registers are written (once each)
 
     def first_run(r, addr, tr, bufs, seed):
         k = launch_family(addr, bufs, tr, seed)
-        if rank0 and kernel_key(tr) not in compiled:
-            compiled[kernel_key(tr)] = k
+        if rank0 and kernel_key(tr) not in seen:
+            seen.add(kernel_key(tr))
             write_kernel_regs(folder, {kernel_key(tr): k})
 
     for i, tr in enumerate(tqdm(todo, desc="families", disable=not rank0, file=sys.stderr, mininterval=2)):
