@@ -57,3 +57,24 @@ def test_the_recorded_families_gaps_last_as_launched_only_where_a_program_has_it
     r = sa.gap_stretch(pp[pp.programs <= 264]).set_index("programs")
     assert (r.loc[[16, 66, 132], "per_sm"] == 1).all() and (r.loc[[16, 66, 132], "median"] < 1.02).all()
     assert r.loc[264, "per_sm"] == 2 and r.loc[264, "median"] > 1.2
+
+
+def test_the_bound_with_measured_gaps_is_exact_on_a_record_the_model_made():
+    """A record whose median program is the model's own with every gap 1.6x as launched: with the measured gaps
+    the model is exact, with the launched ones it is not."""
+    from xstage.model import load_params, predict_train
+    prm = load_params(data.machine_dir("h200x1"), "host")
+    b, g = np.array([32768.0, 32768, 24576, 32768]), np.array([60000.0, 40000, 80000, 0])
+    issue = predict_train(prm, 264, b, g * 1.6)
+    rows = []
+    for prog in range(264):
+        t = 0.0
+        for k in range(4):
+            rows.append(dict(train="s0-00", target="host", programs=264, store_bytes=16, n_bursts=4, rank=0,
+                             repeat=0, program=prog, smid=prog % 132, burst=k, burst_bytes=b[k], gap_ns=g[k],
+                             start_ns=t, issue_ns=issue[k]))
+            t += issue[k] + g[k] * 1.6
+    r = sa.measured_gap_bound(pd.DataFrame(rows), prm)
+    assert r["measured"]["median"] < 1e-9 and r["launched"]["median"] > 0.01
+    with pytest.raises(ValueError, match="no trains of 66 programs"):
+        sa.measured_gap_bound(pd.DataFrame(rows), prm, programs=66)

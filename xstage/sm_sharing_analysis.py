@@ -1,10 +1,12 @@
 """Programs that share an SM, read off per-program records (schema xstage.data.BURST_PROGRAM: every program's SM,
 burst starts and issue times): how long a program's compute gap really lasts (:func:`gap_stretch`) and how many of
 an SM's programs issue at once (:func:`issuing_at_once`). The stage model takes every gap as launched and lets
-every resident program issue; these two say where a record does not.
+every resident program issue; these two say where a record does not. :func:`measured_gap_bound` gives the model the
+gaps as measured (an upper bound on what modelling the stretch can gain, not a prediction).
 
 Nothing here is fitted and nothing launches: it reads records only.
-``python -m xstage.sm_sharing_analysis <record folder> [...]`` prints both tables.
+``python -m xstage.sm_sharing_analysis <record folder> [...] [--fit <folder with stage_fit_host.json.gz>]`` prints
+the tables (and, with --fit, the bound at P = 264 per family of the record).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .data import BURST_PROGRAM, load
+from .model import load_params, predict_train
 
 MIN_GAP_NS = 5000.0     # gaps shorter than this are left out of the ratio (timer and loop overheads)
 RUN = ["train", "programs", "rank", "repeat"]
@@ -61,16 +64,60 @@ def issuing_at_once(pp: pd.DataFrame, samples: int = 200) -> pd.DataFrame:
     return d.groupby("programs").median().reset_index()
 
 
+def measured_gap_bound(pp: pd.DataFrame, prm, programs: int = 264, min_ns: float = 1000.0) -> dict:
+    """Free-running trains of ``programs`` alike programs starting together (families with per-program delays or
+    sizes are left to the caller): the model's median program per burst (xstage.model.predict_train) with the gaps
+    as launched and with every burst's median measured gap, against the measured median program (median over
+    repeats), bursts >= ``min_ns``: median |error|, p90 and signed median of each, and the bursts scored."""
+    x = pp[pp.programs == programs].sort_values(RUN + ["program", "burst"])
+    if x.empty:
+        raise ValueError(f"measured_gap_bound: the record has no trains of {programs} programs")
+    x = x.assign(mgap=x.groupby(RUN + ["program"]).start_ns.shift(-1) - x.start_ns - x.issue_ns)
+    err = {"launched": [], "measured": []}
+    for _, t in x.groupby("train"):
+        by = t.groupby("burst")
+        b, g = by.burst_bytes.median().to_numpy(), by.gap_ns.first().to_numpy()
+        mg = by.mgap.median().fillna(by.gap_ns.first()).to_numpy()
+        meas = t.groupby(["repeat", "burst"]).issue_ns.median().groupby("burst").median().to_numpy()
+        ok = meas >= min_ns
+        for name, gaps in (("launched", g), ("measured", mg)):
+            err[name] += list(predict_train(prm, programs, b, gaps)[ok] / meas[ok] - 1)
+    out = {"bursts": len(err["launched"])}
+    for name, e in err.items():
+        e = np.asarray(e)
+        out[name] = dict(median=float(np.median(np.abs(e))), p90=float(np.quantile(np.abs(e), 0.9)),
+                         signed=float(np.median(e)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    fit = None
+    if "--fit" in args:
+        i = args.index("--fit")
+        if i + 1 >= len(args):
+            print("--fit needs a folder holding stage_fit_host.json.gz", file=sys.stderr)
+            return 2
+        fit = load_params(args[i + 1], "host")
+        del args[i:i + 2]
     if not args:
-        print("usage: python -m xstage.sm_sharing_analysis <record folder (burst_program)> [...]", file=sys.stderr)
+        print("usage: python -m xstage.sm_sharing_analysis <record folder (burst_program)> [...] [--fit <folder>]",
+              file=sys.stderr)
         return 2
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         for folder in args:
             pp, _ = load(folder, BURST_PROGRAM)
             print(f"{folder}\nthe gap as measured / as launched:\n{gap_stretch(pp).round(3).to_string(index=False)}")
-            print(f"programs issuing at once:\n{issuing_at_once(pp).round(2).to_string(index=False)}\n")
+            print(f"programs issuing at once:\n{issuing_at_once(pp).round(2).to_string(index=False)}")
+            if fit is not None and (pp.programs == 264).any():
+                for fam in ("width", "warps"):
+                    part = pp[pp.train.str.startswith(fam)]
+                    if (part.programs == 264).any():
+                        r = measured_gap_bound(part, fit)
+                        print(f"{fam}, P = 264, {r['bursts']} bursts, median / p90 / signed error: " + "; ".join(
+                            f"gaps {k} {r[k]['median']:.1%} / {r[k]['p90']:.0%} / {r[k]['signed']:+.1%}"
+                            for k in ("launched", "measured")))
+            print()
     return 0
 
 
