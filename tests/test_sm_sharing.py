@@ -74,7 +74,10 @@ def test_the_bound_with_measured_gaps_is_exact_on_a_record_the_model_made():
                              repeat=0, program=prog, smid=prog % 132, burst=k, burst_bytes=b[k], gap_ns=g[k],
                              start_ns=t, issue_ns=issue[k]))
             t += issue[k] + g[k] * 1.6
-    r = sa.measured_gap_bound(pd.DataFrame(rows), prm)
+    pp = pd.DataFrame(rows)
+    one = sa.measured_gap_bound(pp, prm)
+    r = sa.measured_gap_bound(pd.concat([pp, pp.assign(train="s0-01")]), prm)   # two trains
+    assert r["bursts"] == 2 * one["bursts"] > 0
     assert r["measured"]["median"] < 1e-9 and r["launched"]["median"] > 0.01
     with pytest.raises(ValueError, match="no trains of 66 programs"):
         sa.measured_gap_bound(pd.DataFrame(rows), prm, programs=66)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .data import BURST_PROGRAM, load
+from .families_analysis import family_of, measured
 from .model import load_params, predict_train
 
 MIN_GAP_NS = 5000.0     # gaps shorter than this are left out of the ratio (timer and loop overheads)
@@ -29,6 +30,12 @@ def _with_sm_load(pp: pd.DataFrame) -> pd.DataFrame:
     return pp.merge(n.reset_index(), on=RUN + ["smid"], how="left")
 
 
+def _measured_gap(x: pd.DataFrame) -> pd.Series:
+    """The gap after each burst as measured: the program's next burst's issue start minus this burst's issue end
+    (NaN after its last burst); ``x`` sorted by run, program and burst."""
+    return x.groupby(RUN + ["program"]).start_ns.shift(-1) - x.start_ns - x.issue_ns
+
+
 def gap_stretch(pp: pd.DataFrame, min_gap_ns: float = MIN_GAP_NS) -> pd.DataFrame:
     """Per program count and programs per SM: the measured gap after each burst (the next burst's issue start minus
     this burst's issue end) over the gap it was launched with (``gap_ns``), over gaps >= ``min_gap_ns``: median,
@@ -37,8 +44,7 @@ def gap_stretch(pp: pd.DataFrame, min_gap_ns: float = MIN_GAP_NS) -> pd.DataFram
     if missing := need - set(pp.columns):
         raise ValueError(f"gap_stretch needs per-program records (schema burst_program); missing {sorted(missing)}")
     x = _with_sm_load(pp).sort_values(RUN + ["program", "burst"])
-    nxt = x.groupby(RUN + ["program"]).start_ns.shift(-1)
-    x = x.assign(ratio=(nxt - x.start_ns - x.issue_ns) / x.gap_ns)
+    x = x.assign(ratio=_measured_gap(x) / x.gap_ns)
     x = x[(x.gap_ns >= min_gap_ns) & x.ratio.notna()]
     g = x.groupby(["programs", "per_sm"]).ratio
     return pd.DataFrame({"gaps": g.size(), "median": g.median(), "p10": g.quantile(0.1),
@@ -67,18 +73,17 @@ def issuing_at_once(pp: pd.DataFrame, samples: int = 200) -> pd.DataFrame:
 def measured_gap_bound(pp: pd.DataFrame, prm, programs: int = 264, min_ns: float = 1000.0) -> dict:
     """Free-running trains of ``programs`` alike programs starting together (families with per-program delays or
     sizes are left to the caller): the model's median program per burst (xstage.model.predict_train) with the gaps
-    as launched and with every burst's median measured gap, against the measured median program (median over
-    repeats), bursts >= ``min_ns``: median |error|, p90 and signed median of each, and the bursts scored."""
+    as launched and with every burst's median measured gap, against the measured median program
+    (xstage.families_analysis.measured), bursts >= ``min_ns``: median |error|, p90 and signed median of each, and the bursts scored."""
     x = pp[pp.programs == programs].sort_values(RUN + ["program", "burst"])
     if x.empty:
         raise ValueError(f"measured_gap_bound: the record has no trains of {programs} programs")
-    x = x.assign(mgap=x.groupby(RUN + ["program"]).start_ns.shift(-1) - x.start_ns - x.issue_ns)
+    median_gap = x.assign(mgap=_measured_gap(x)).groupby(["train", "burst"]).mgap.median()
     err = {"launched": [], "measured": []}
-    for _, t in x.groupby("train"):
-        by = t.groupby("burst")
-        b, g = by.burst_bytes.median().to_numpy(), by.gap_ns.first().to_numpy()
-        mg = by.mgap.median().fillna(by.gap_ns.first()).to_numpy()
-        meas = t.groupby(["repeat", "burst"]).issue_ns.median().groupby("burst").median().to_numpy()
+    for train, t in measured(x).groupby("train"):
+        t = t.sort_values("burst")
+        b, g, meas = t.burst_bytes.to_numpy(), t.gap_ns.to_numpy(), t.p50_ns.to_numpy()
+        mg = median_gap.loc[train].reindex(t.burst).fillna(t.set_index("burst").gap_ns).to_numpy()
         ok = meas >= min_ns
         for name, gaps in (("launched", g), ("measured", mg)):
             err[name] += list(predict_train(prm, programs, b, gaps)[ok] / meas[ok] - 1)
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"programs issuing at once:\n{issuing_at_once(pp).round(2).to_string(index=False)}")
             if fit is not None and (pp.programs == 264).any():
                 for fam in ("width", "warps"):
-                    part = pp[pp.train.str.startswith(fam)]
+                    part = pp[pp.train.map(family_of) == fam]
                     if (part.programs == 264).any():
                         r = measured_gap_bound(part, fit)
                         print(f"{fam}, P = 264, {r['bursts']} bursts, median / p90 / signed error: " + "; ".join(
