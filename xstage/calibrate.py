@@ -78,6 +78,7 @@ class CalibrationPlan:
     k_folds: int = 4                             # held out by train
     max_nfev: int = 20                           # least-squares steps from the reference card's parameters
     fold_nfev: int = 5                           # ... of each held-out refit, from the optimum
+    polish: int = 8                              # rounds of the pattern search after least squares (stage_fit._polish)
 
     def sweeps(self, link: str) -> list[tuple[str, str, object]]:
         """(step, sub-folder, grid) of every sweep of the plan on ``link``, in the order they run."""
@@ -297,8 +298,28 @@ def run(link: str, out, source: str = "gpu", params_from=None, plan: Calibration
             run_burst_gap(grid, out / sub, source="gpu", command=command)
         bar.update()
     measure_s = time.perf_counter() - t0
-    obs = observations(out, link, trains=TRAIN_SUB)
-    d = measured_drain(out, link)
+    t1 = time.perf_counter()
+    bar.set_postfix_str("fit")
+    res = fit_recorded(out, link, start_from, plan, workers, progress=lambda label: bar.update())
+    fit_s = time.perf_counter() - t1
+    bar.close()
+    res.folder = str(out)
+    path = write_stage_fit(res, out, command=command)
+    text = summary(res, measure_s, fit_s, workers, source)
+    tmp = out / (SUMMARY + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out / SUMMARY)
+    return Calibration(res, path, text, measure_s, fit_s)
+
+
+def fit_recorded(folder, link: str = "host", start_from="auto", plan: CalibrationPlan = CalibrationPlan(),
+                 workers: int | None = None, progress=None) -> StageFit:
+    """The calibration's fit of the plan's records in ``folder`` (what :func:`run` fits after measuring; also a
+    recorded calibration fitted again, e.g. from another start): the link's full model, the measured drain fixed,
+    started from ``start_from`` (as in :func:`run`), held out by train. Writes nothing."""
+    workers = default_workers() if workers is None else int(workers)
+    obs = observations(folder, link, trains=TRAIN_SUB)
+    d = measured_drain(folder, link)
     measured = {}
     if d is not None:
         measured["drain_gbps"] = (d["drain_gbps"], d["low"], d["high"])
@@ -310,20 +331,9 @@ def run(link: str, out, source: str = "gpu", params_from=None, plan: Calibration
         start = reference_start(ref, link)
     if start and ref is not None:
         obs.sources["start"] = dict(file=str(Path(ref) / f"stage_fit_{link}.json.gz"))
-    t1 = time.perf_counter()
-    bar.set_postfix_str("fit")
-    res = fit_stage(obs, link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev if start else 40,
-                    measured=measured, start=start, workers=workers, prescan=start is None,
-                    progress=lambda label: bar.update(), fold_nfev=plan.fold_nfev)
-    fit_s = time.perf_counter() - t1
-    bar.close()
-    res.folder = str(out)
-    path = write_stage_fit(res, out, command=command)
-    text = summary(res, measure_s, fit_s, workers, source)
-    tmp = out / (SUMMARY + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out / SUMMARY)
-    return Calibration(res, path, text, measure_s, fit_s)
+    return fit_stage(obs, link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev if start else 40,
+                     measured=measured, start=start, workers=workers, prescan=start is None, progress=progress,
+                     fold_nfev=plan.fold_nfev, polish=plan.polish)
 
 
 def onsets(res: StageFit, slowdown: float = 1.5) -> pd.DataFrame:
@@ -396,7 +406,8 @@ def plan_evidence(folder, link: str = "host", plan: CalibrationPlan = Calibratio
     start = perturbed(reference_start(folder, link), factor)
     start = {k: v for k, v in start.items() if k in _rung_params(full_rung(link))}
     res = fit_stage(obs.take(plan_rows(obs, plan)), link, None, k_folds=plan.k_folds, max_nfev=plan.max_nfev,
-                    measured=measured, start=start, workers=workers, prescan=False, fold_nfev=plan.fold_nfev)
+                    measured=measured, start=start, workers=workers, prescan=False, fold_nfev=plan.fold_nfev,
+                    polish=plan.polish)
     v = res.values()
     full = {**ref["params"], "span_overhead_ns": ref["span_overhead_ns"]}
     rows = []
