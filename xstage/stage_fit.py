@@ -491,7 +491,8 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
     given start alone, for a start that is already near, e.g. another card's fit). ``progress``: called with a
     short label after each step (the fit, each fold). ``fold_nfev``: least-squares steps of each held-out refit
     from the optimum (None: max(max_nfev // 3, min(10, max_nfev))). ``polish``: rounds of the pattern search over
-    :data:`POLISH` after least squares (:func:`_polish`; 0: none), on the fit and on each held-out refit."""
+    :data:`POLISH` after least squares (:func:`_polish`; 0: none), on the fit (each held-out refit starts from its
+    optimum: least squares alone)."""
     rung = full_rung(link, rung)
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {', '.join(RUNGS)}, got {rung!r}")
@@ -511,15 +512,15 @@ def fit_stage(obs: Observations, link: str, rung: str | None = None, k_folds: in
                                    initializer=_pool_init, initargs=(obs, free, fixed, link))
         list(pool.map(time.sleep, [0.02] * int(workers)))
     try:
-        def solve(rows, x_start, nfev, scan=False):
+        def solve(rows, x_start, nfev, scan=False, rounds=0):
             o = obs if rows is None else obs.take(rows)
             ev = None if pool is None else _PoolEval(pool, obs, np.arange(len(obs.cfgs)) if rows is None else rows)
-            return _stage_solve(o, x_start, free, fixed, link, nfev, prescan=scan, ev=ev, polish=polish)
+            return _stage_solve(o, x_start, free, fixed, link, nfev, prescan=scan, ev=ev, polish=rounds)
 
         second = prescan and any(k in PRESCAN for k in free)   # a second start from the coarse grid
         with ThreadPoolExecutor(2 if pool is not None else 1) as th:
-            runs = [th.submit(solve, None, x0, max_nfev)] + ([th.submit(solve, None, x0, max_nfev, True)]
-                                                             if second else [])
+            runs = [th.submit(solve, None, x0, max_nfev, False, polish)] + (
+                [th.submit(solve, None, x0, max_nfev, True, polish)] if second else [])
             sols = [r.result() for r in runs]
         sol, mask = min(sols, key=lambda s: s[0].cost)   # the lower final cost wins (the first on a tie)
         step("fit")
