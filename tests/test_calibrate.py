@@ -159,7 +159,8 @@ def test_cards_puts_each_written_fit_beside_the_others(tmp_path):
     from xstage import records
 
     folders = {m: records.record("calibration", m, "host").path.parent
-               for m in ("h100x1", "h100x1_second", "h100x1_third")}
+               for m in (r.machine for r in records.records("calibration"))}
+    assert len(folders) == 5
     t = calibrate.cards({"h200x1": REF, **folders})
     assert list(t.columns) == ["unit", "h200x1", *folders]
     for label, folder in folders.items():   # every cell is the written value and its interval, from the file

@@ -22,7 +22,8 @@ LINKS = ("nvlink", "host", "local")
 MACHINES = {"h200x2": "2x NVIDIA H200 (NV18)", "h200x1": "one NVIDIA H200", "h100x1": "one NVIDIA H100",
             "h100x1_second": "a second NVIDIA H100 chip (GPU 6bcdfff2; h100x1's is ca9bfa86)",
             "h100x1_third": "a third NVIDIA H100 chip (GPU 2fee3816)",
-            "h100x1_fourth": "a fourth NVIDIA H100 chip (GPU 7c450ecd), calibrated with the polished fit",
+            "h100x1_fourth": "a fourth NVIDIA H100 chip (GPU 7c450ecd)",
+            "h100x1_fifth": "a fifth NVIDIA H100 chip (GPU 95d88f70)",
             "h200x8": "8x NVIDIA H200 (NVSwitch): predicted, nothing measured"}
 ARCHIVE = "archive"
 
@@ -424,6 +425,8 @@ RECORDS: tuple[Record, ...] = _records(
                        "a third H100 chip"),
     *_chip_calibration("h100x1_fourth", "bash scripts/calibrate_check.sh (fit started from data/h200x1's)",
                        "a fourth H100 chip"),
+    *_chip_calibration("h100x1_fifth", "xstage calibrate --link host, then xstage sweep families --targets host "
+                       "(the steps of scripts/calibrate_check.sh; fit started from data/h200x1's)", "a fifth H100 chip"),
     # BLOCK: launchers
     Record("launch_plain", "h100x1", "host", "launch_check/plain", "burst_gap", "OUT=... XSTAGE_GIT_COMMIT=<sha> bash scripts/launch_check.sh",
            "the plain command"),
