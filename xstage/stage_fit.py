@@ -314,18 +314,27 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False,
     def from_pred(pred):
         return w * (np.log(np.maximum(pred, 1e-3)) - logm)[mask]
 
+    last = {}   # the last residuals (least squares asks for the Jacobian where it has just evaluated them)
+
     def resid(x):
         if ev is not None:
-            return from_pred(ev.predict([x])[0])
-        prm, so = _stage_params(x, free, fixed, sm, link)
-        return from_pred(predict_observations(obs, prm, so))
+            r = from_pred(ev.predict([x])[0])
+        else:
+            prm, so = _stage_params(x, free, fixed, sm, link)
+            r = from_pred(predict_observations(obs, prm, so))
+        last.update(x=np.array(x, copy=True), r=r)
+        return r
 
     def jac(x):   # forward differences, steps 1e-3 * max(1, |x|) (turned back at the bounds), all points at once
         # (scipy's "2-point" with diff_step steps 1e-3 * |x|: 2.5e-5 for a spread near 0.5, where the cost is flat)
         h = 1e-3 * np.where(x >= 0, 1.0, -1.0) * np.maximum(1.0, np.abs(x))
         h = np.where((x + h > hi) | (x + h < lo), -h, h)
         pts = [x] + [x + np.eye(len(x))[i] * h[i] for i in range(len(x))]
-        f = [from_pred(p) for p in ev.predict(pts)] if ev is not None else [resid(p) for p in pts]
+        if ev is not None:   # every point at once on the pool
+            f = [from_pred(p) for p in ev.predict(pts)]
+        else:
+            f0 = last["r"] if "x" in last and np.array_equal(last["x"], x) else resid(x)
+            f = [f0] + [resid(p) for p in pts[1:]]
         dx = np.array([pts[i + 1][i] - x[i] for i in range(len(x))])
         return np.stack([(f[i + 1] - f[0]) / dx[i] for i in range(len(x))], axis=1)
 
@@ -334,15 +343,13 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False,
     # where a gradient step stalls: start from the best point of a coarse grid over them (the rest as given)
     scan = [i for i, k in enumerate(free) if k in PRESCAN] if prescan else []
     if scan:
-        def cost(r):   # the soft-L1 cost least_squares minimises (up to its constant factor)
-            return float((np.sqrt(1 + (r / STAGE_F_SCALE) ** 2) - 1).sum())
         grid = [x0]
         for vals in itertools.product(*(PRESCAN[free[i]] for i in scan)):
             x = x0.copy()
             x[scan] = [_to_x(free[i], v) for i, v in zip(scan, vals)]
             grid.append(x)
-        costs = ([cost(from_pred(p)) for p in ev.predict(grid)] if ev is not None
-                 else [cost(resid(x)) for x in grid])
+        costs = ([_soft_l1(from_pred(p)) for p in ev.predict(grid)] if ev is not None
+                 else [_soft_l1(resid(x)) for x in grid])
         x0 = grid[int(np.argmin(costs))]
     def solve(x_start, nfev):
         return least_squares(resid, x_start, jac=jac, loss="soft_l1", f_scale=STAGE_F_SCALE, method="trf",
