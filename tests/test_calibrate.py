@@ -59,9 +59,12 @@ def test_the_polish_moves_where_the_cost_moves_in_steps():
 
     sol = solve(np.array([0.041]), 20)
     assert abs(sol.x[0] - 0.041) < 0.01                # stalled on its step
-    pol = stage_fit._polish(sol, [0], np.array([-1.0]), np.array([1.0]), 20, None, resid, None, solve)
+    def resids(xs):
+        return [resid(x) for x in xs]
+
+    pol = stage_fit._polish(sol, [0], np.array([-1.0]), np.array([1.0]), 20, resids, solve)
     assert abs(pol.x[0] - 0.3) <= 0.011 and pol.cost < sol.cost
-    same = stage_fit._polish(pol, [0], np.array([-1.0]), np.array([1.0]), 20, None, resid, None, solve)
+    same = stage_fit._polish(pol, [0], np.array([-1.0]), np.array([1.0]), 20, resids, solve)
     assert same is pol                                 # nothing lower nearby: the solution as it was
 
 

@@ -325,18 +325,17 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False,
         last.update(x=np.array(x, copy=True), r=r)
         return r
 
+    def resids(xs):   # residuals at many points: at once on the pool, else one after another
+        return [from_pred(p) for p in ev.predict(xs)] if ev is not None else [resid(x) for x in xs]
+
     def jac(x):   # forward differences, steps 1e-3 * max(1, |x|) (turned back at the bounds), all points at once
         # (scipy's "2-point" with diff_step steps 1e-3 * |x|: 2.5e-5 for a spread near 0.5, where the cost is flat)
         h = 1e-3 * np.where(x >= 0, 1.0, -1.0) * np.maximum(1.0, np.abs(x))
         h = np.where((x + h > hi) | (x + h < lo), -h, h)
-        pts = [x] + [x + np.eye(len(x))[i] * h[i] for i in range(len(x))]
-        if ev is not None:   # every point at once on the pool
-            f = [from_pred(p) for p in ev.predict(pts)]
-        else:
-            f0 = last["r"] if "x" in last and np.array_equal(last["x"], x) else resid(x)
-            f = [f0] + [resid(p) for p in pts[1:]]
-        dx = np.array([pts[i + 1][i] - x[i] for i in range(len(x))])
-        return np.stack([(f[i + 1] - f[0]) / dx[i] for i in range(len(x))], axis=1)
+        pts = [x + np.eye(len(x))[i] * h[i] for i in range(len(x))]
+        f0 = last["r"] if "x" in last and np.array_equal(last["x"], x) else resid(x)
+        dx = np.array([pts[i][i] - x[i] for i in range(len(x))])
+        return np.stack([(fi - f0) / dx[i] for i, fi in enumerate(resids(pts))], axis=1)
 
     x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
     # prescan: the arbitration spread and the stall move the cost in steps (which program queues behind which),
@@ -348,8 +347,7 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False,
             x = x0.copy()
             x[scan] = [_to_x(free[i], v) for i, v in zip(scan, vals)]
             grid.append(x)
-        costs = ([_soft_l1(from_pred(p)) for p in ev.predict(grid)] if ev is not None
-                 else [_soft_l1(resid(x)) for x in grid])
+        costs = [_soft_l1(r) for r in resids(grid)]
         x0 = grid[int(np.argmin(costs))]
     def solve(x_start, nfev):
         return least_squares(resid, x_start, jac=jac, loss="soft_l1", f_scale=STAGE_F_SCALE, method="trf",
@@ -358,7 +356,7 @@ def _stage_solve(obs, x0, free, fixed, link, max_nfev=40, prescan: bool = False,
     sol = solve(x0, max_nfev)
     idx = [i for i, k in enumerate(free) if k in POLISH] if polish else []
     if idx:
-        sol = _polish(sol, idx, lo, hi, polish, from_pred, resid, ev, solve)
+        sol = _polish(sol, idx, lo, hi, polish, resids, solve)
     return sol, mask
 
 
@@ -368,11 +366,12 @@ def _soft_l1(r) -> float:
     return float(0.5 * STAGE_F_SCALE ** 2 * (2 * (np.sqrt(1 + z) - 1)).sum())
 
 
-def _polish(sol, idx, lo, hi, rounds, from_pred, resid, ev, solve):
+def _polish(sol, idx, lo, hi, rounds, resids, solve):
     """A pattern search over the parameters where the cost moves in steps (:data:`POLISH`), from least squares'
     optimum: each round tries every such parameter POLISH_STEPS up and down (transformed coordinates, all points at
     once on the pool) and moves to the best point that lowers the cost; then least squares again (POLISH_NFEV
-    steps) from there. The result is the lower-cost of the two solutions."""
+    steps) from there. The result is the lower-cost of the two solutions. ``resids(points)``: the residuals at
+    each point; ``solve(x, nfev)``: least squares from x."""
     x, c = sol.x.copy(), _soft_l1(sol.fun)
     moved = False
     for _ in range(int(rounds)):
@@ -383,8 +382,7 @@ def _polish(sol, idx, lo, hi, rounds, from_pred, resid, ev, solve):
                     y = x.copy()
                     y[i] = np.clip(y[i] + sgn * h, lo[i] + 1e-6, hi[i] - 1e-6)
                     pts.append(y)
-        rs = [from_pred(p) for p in ev.predict(pts)] if ev is not None else [resid(p) for p in pts]
-        cs = [_soft_l1(r) for r in rs]
+        cs = [_soft_l1(r) for r in resids(pts)]
         j = int(np.argmin(cs))
         if cs[j] >= c:
             break
